@@ -33,7 +33,9 @@ class Run:
         self.net = net
         self.xp = net.backend.xp
         self.train = train
-        self.observed = bool(net.observers)
+        # asked once per pass: observers that skip it cost nothing while it runs
+        self.listeners = [o for o in net.observers if o.wants(net.step_count)]
+        self.observed = bool(self.listeners)
 
     def resolve(self, child: Layer) -> Layer:
         """The layer a container child stands for: its remote-link target, if it has one."""
@@ -47,13 +49,13 @@ class Run:
         """Run ``layer`` forward; returns ``(y, token)`` where token feeds :meth:`back`."""
         y, cache = layer.forward(x, self, skip)
         if self.observed:
-            self.net._emit("forward", layer, y)
+            self.net._emit("forward", layer, y, self.listeners)
         return y, (layer, cache)
 
     def back(self, token, gy):
         layer, cache = token
         if self.observed:
-            self.net._emit("backward", layer, gy)
+            self.net._emit("backward", layer, gy, self.listeners)
         return layer.backward(cache, gy, self)
 
     @staticmethod
@@ -242,12 +244,12 @@ class VolumetricNetwork:
     def detach(self, observer: Observer) -> None:
         self.observers.remove(observer)
 
-    def _emit(self, direction: str, layer: Layer, tensor) -> None:
+    def _emit(self, direction: str, layer: Layer, tensor, listeners: list[Observer]) -> None:
         z, y, x, l = getattr(layer, "coords", (0, 0, 0, 0))  # noqa: E741
         event = LayerEvent(direction, z, y, x, l, lookup(LAYER_TYPES, layer.type_name).id,
                            LayerStats.of(tensor), self.step_count, getattr(layer, "path", ""),
                            mode=self.backend.name)
-        for obs in list(self.observers):
+        for obs in listeners:
             obs.on_event(event)
 
     # ----- description -------------------------------------------------------------

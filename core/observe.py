@@ -1,12 +1,16 @@
 """Observers of layer activity (Loom's PolyLayerEvent and LayerStats, spec §8).
 
 A network emits one :class:`LayerEvent` per executed layer and direction, but only while at least
-one observer is attached: with none attached no statistics are computed at all.
+one observer wants the pass: with none attached, or none wanting it, no statistics are computed.
+An observer with ``max_rate_hz`` sees at most that many passes a second, each one whole (forward
+and backward): a live view of a model decoding 70 tokens a second needs a few of them, and the
+skipped passes cost nothing.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -64,17 +68,46 @@ class LayerEvent:
 
 
 class Observer:
-    """Base observer: override :meth:`on_event`."""
+    """Base observer: override :meth:`on_event`.
+
+    ``max_rate_hz`` (None: every pass) limits the passes reported to at most that many a second,
+    timed by ``clock`` (seconds, monotonic).
+    """
+
+    max_rate_hz: float | None = None
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    _next_due: float = float("-inf")
+
+    def limit_rate(self, max_rate_hz: float | None, clock: Callable[[], float] | None = None) -> None:
+        if max_rate_hz is not None and not max_rate_hz > 0:
+            raise ValueError(f"max_rate_hz must be > 0 or None, got {max_rate_hz}")
+        self.max_rate_hz = max_rate_hz
+        if clock is not None:
+            self.clock = clock
+        self._next_due = float("-inf")
+
+    def wants(self, step: int) -> bool:
+        """Whether to report the pass numbered ``step``. The network asks once, before the pass
+        runs, so a pass is reported whole or not at all."""
+        if self.max_rate_hz is None:
+            return True
+        now = self.clock()
+        if now < self._next_due:
+            return False
+        self._next_due = now + 1.0 / self.max_rate_hz
+        return True
 
     def on_event(self, event: LayerEvent) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
 
 class CallbackObserver(Observer):
-    """Calls ``fn(event)`` for every event."""
+    """Calls ``fn(event)`` for every event of the passes it wants (see :class:`Observer`)."""
 
-    def __init__(self, fn: Callable[[LayerEvent], None]):
+    def __init__(self, fn: Callable[[LayerEvent], None], *, max_rate_hz: float | None = None,
+                 clock: Callable[[], float] | None = None):
         self.fn = fn
+        self.limit_rate(max_rate_hz, clock)
 
     def on_event(self, event: LayerEvent) -> None:
         self.fn(event)

@@ -3,8 +3,11 @@ layer's histogram and latest :class:`~loomlab.core.observe.LayerStats`.
 
 The panel attaches a core :class:`~loomlab.core.observe.CallbackObserver` whose callback only
 appends to a ring buffer: it runs on whatever thread drives the network (a chat or generation
-worker), so it never touches Qt. A :class:`QTimer` on the GUI thread drains the buffer at most
-``rate_hz`` times a second and redraws once per tick, however many events arrived.
+worker), so it never touches Qt. The observer samples at most ``sample_hz`` passes a second (each
+one whole: every layer, forward and backward); the passes in between cost the engine nothing,
+which is what keeps a decoding LLM within a few percent of its speed (bench_telemetry.py).
+A :class:`QTimer` on the GUI thread drains the buffer at most ``rate_hz`` times a second and
+redraws once per tick, however many events arrived.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ MAX_RATE_HZ = 30.0
 # Each refresh holds the GIL for a few ms (drain, redraw) and stalls a decoding worker meanwhile:
 # at 10 Hz that costs an LLM's decode a few percent, at 30 Hz several times more (bench_telemetry).
 DEFAULT_RATE_HZ = 10.0
+DEFAULT_SAMPLE_HZ = 10.0  # passes a second the heatmap records: one column per pass
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
 LABELLED_ROWS = 40  # up to this many rows the heatmap's axis names every layer
@@ -109,20 +113,26 @@ class TelemetryPanel(QWidget):
         How often the view is refreshed (at most 30 times a second).
     capacity:
         How many events the buffer holds between refreshes before dropping the oldest.
+    sample_hz:
+        How many passes a second are recorded (None: every pass); ``clock`` times them.
     """
 
     layer_selected = Signal(object)  # the selected layer's (z, y, x, l, path)
 
     def __init__(self, parent: QWidget | None = None, *, history: int = 128, rate_hz: float = DEFAULT_RATE_HZ,
-                 capacity: int = 1 << 16):
+                 capacity: int = 1 << 16, sample_hz: float | None = DEFAULT_SAMPLE_HZ, clock=None):
         super().__init__(parent)
         if not 0 < rate_hz <= MAX_RATE_HZ:
             raise ValueError(f"rate_hz must be in (0, {MAX_RATE_HZ:g}], got {rate_hz}")
         if history < 1 or capacity < 1:
             raise ValueError("history and capacity must be >= 1")
+        if sample_hz is not None and not sample_hz > 0:
+            raise ValueError(f"sample_hz must be > 0 or None, got {sample_hz}")
         pg.setConfigOptions(imageAxisOrder="row-major")
         self._history_len = history
         self._capacity = capacity
+        self._sample_hz = sample_hz
+        self._clock = clock
         self._net = None
         self._observer: CallbackObserver | None = None
         self._buffer = EventBuffer(capacity)
@@ -157,7 +167,8 @@ class TelemetryPanel(QWidget):
         else:
             # a fresh buffer per network: events of the old one still in flight land in the old one
             self._buffer = EventBuffer(self._capacity)
-            self._observer = net.attach(CallbackObserver(self._buffer.append))
+            self._observer = net.attach(CallbackObserver(self._buffer.append, max_rate_hz=self._sample_hz,
+                                                         clock=self._clock))
             self.timer.start()
         self._render()
         self._frame_heatmap()

@@ -556,7 +556,8 @@ class TopologyPanel(QWidget):
         """Colour by live activity: subscribe to the network's layer events."""
         if self._net is None or self._observer is not None:
             return
-        self._observer = self._net.attach(CallbackObserver(self._on_event))
+        # colours show the latest pass: sampling passes at the refresh rate loses nothing visible
+        self._observer = self._net.attach(CallbackObserver(self._on_event, max_rate_hz=1000 / REFRESH_MS))
         if self.colour_mode.currentData() == "type":
             self.colour_mode.setCurrentIndex(self.colour_mode.findData("rms"))
         self._timer.start()

@@ -69,6 +69,44 @@ def test_no_statistics_are_computed_without_observers(monkeypatch):
     net.forward(np.ones((1, 3), np.float32))
 
 
+class FakeClock:
+    """Seconds that advance by ``tick`` each time they are read."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_a_rate_limited_observer_sees_whole_passes_and_skipped_ones_cost_nothing(monkeypatch):
+    net = two_layer_net()
+    events = []
+    # 4 passes a second, one pass every 0.1 s: passes 0, 3, 6 are due (0.25 s apart, rounded up)
+    net.attach(CallbackObserver(events.append, max_rate_hz=4, clock=FakeClock(0.1)))
+    computed = []
+    of = observe.LayerStats.of.__func__
+    monkeypatch.setattr(observe.LayerStats, "of",
+                        classmethod(lambda cls, a: computed.append(1) or of(cls, a)))
+    for _ in range(8):
+        y = net.forward(np.ones((1, 3), np.float32), train=True)
+        net.backward(np.ones_like(y))
+    forward_steps = sorted({e.step_count for e in events if e.type == "forward"})
+    assert forward_steps == [0, 3, 6]
+    # each sampled pass is whole: 4 forward events, and the backward of the same pass
+    for step in forward_steps:
+        assert sum(e.type == "forward" and e.step_count == step for e in events) == 4
+        assert sum(e.type == "backward" and e.step_count == step + 1 for e in events) == 4
+    assert len(computed) == len(events) == 3 * 8
+
+
+def test_rate_limits_are_validated():
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_rate_hz"):
+            CallbackObserver(print, max_rate_hz=bad)
+
+
 def test_aggregating_observer_windows_and_ring_buffer():
     agg = AggregatingObserver(window=2, capacity=3)
     net = two_layer_net()

@@ -37,7 +37,7 @@ def small_net() -> VolumetricNetwork:
 
 @pytest.fixture
 def panel(qtbot):
-    panel = TelemetryPanel(history=HISTORY)
+    panel = TelemetryPanel(history=HISTORY, sample_hz=None)  # every pass, as the oracle sees them
     qtbot.addWidget(panel)
     panel.resize(900, 500)
     panel.show()
@@ -231,6 +231,31 @@ def test_shutdown_stops_the_timer_and_detaches(qtbot, panel):
     panel.set_network(second)
     panel.shutdown()
     assert not panel.timer.isActive() and second.observers == []
+
+
+def test_sampled_passes_fill_consecutive_columns(qtbot):
+    """With ``sample_hz`` the panel records whole passes at that rate, one heatmap column each."""
+    clock = iter(np.arange(1, 100) * 0.1)  # each pass starts 0.1 s after the one before
+    panel = TelemetryPanel(history=HISTORY, sample_hz=4, clock=lambda: next(clock))
+    qtbot.addWidget(panel)
+    net = small_net()
+    panel.set_network(net)
+    oracle = Oracle(net)
+    run_steps(net, 8)
+    wait_for_tick(qtbot, panel)
+    sampled = [e for e in oracle.events["forward"] if e.step_count in (0, 3, 6)]  # 0.25 s apart
+    expected = np.full((6, HISTORY), np.nan, np.float32)
+    keys = panel.layer_keys()
+    for e in sampled:
+        column = HISTORY - 3 + (0, 3, 6).index(e.step_count)
+        expected[keys.index((e.z, e.y, e.x, e.l, e.path)), column] = e.stats.avg
+    np.testing.assert_array_equal(panel.heatmap_values(), expected)
+    panel.shutdown()
+
+
+def test_sample_rate_is_validated(qtbot):
+    with pytest.raises(ValueError, match="sample_hz"):
+        TelemetryPanel(sample_hz=0)
 
 
 def test_rate_is_at_most_30_hz(qtbot):

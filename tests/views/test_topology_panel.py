@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -172,8 +173,13 @@ def test_forward_passes_on_another_thread_recolour_by_activity(qtbot):
     from loomlab.core import CallbackObserver
     net.attach(CallbackObserver(lambda e: seen.__setitem__((e.z, e.y, e.x, e.l, e.path), e.stats)
                                 if e.type == "forward" else None))
-    worker = threading.Thread(target=lambda: [net.forward(RNG.standard_normal((4, 8)).astype(np.float32))
-                                              for _ in range(3)])
+
+    def passes():  # 50 ms apart: the panel samples passes at <= 30 Hz, so it sees all three
+        for _ in range(3):
+            net.forward(RNG.standard_normal((4, 8)).astype(np.float32))
+            time.sleep(0.05)
+
+    worker = threading.Thread(target=passes)
     worker.start()
     worker.join()
     qtbot.waitUntil(lambda: not np.allclose(panel.scatter.color, before), timeout=3000)
