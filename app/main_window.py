@@ -12,8 +12,16 @@ from importlib.metadata import version
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QWidget
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QWidget,
+)
 
 from loomlab.core import save_network
 from loomlab.core.backend import get_backend
@@ -23,6 +31,7 @@ from loomlab.views.chat_panel import ChatPanel
 from loomlab.views.models_panel import ModelsPanel
 from loomlab.views.morph_panel import MorphPanel
 from loomlab.views.telemetry_panel import TelemetryPanel
+from loomlab.views.theme import THEMES, ThemeController
 from loomlab.views.topology_panel import TopologyPanel
 from loomlab.views.workers import JobRunner
 
@@ -104,12 +113,33 @@ class MainWindow(QMainWindow):
         view_menu = self.menuBar().addMenu("&View")
         for name in PANELS:
             view_menu.addAction(self.docks[name].toggleViewAction())
+        view_menu.addSeparator()
+        self._build_theme_menu(view_menu.addMenu("&Theme"))
 
         help_menu = self.menuBar().addMenu("&Help")
         self.about_action = self._action(f"&About {APP_NAME}", None, self.show_about)
         self.shortcuts_action = self._action("&Keyboard shortcuts", None, self.show_shortcuts)
         help_menu.addAction(self.about_action)
         help_menu.addAction(self.shortcuts_action)
+
+    def _build_theme_menu(self, menu) -> None:
+        """System / Light / Dark, persisted; "System" follows the desktop's scheme as it changes."""
+        saved = self.settings.value("theme", "system")
+        self.theme = ThemeController(QApplication.instance(), saved if saved in THEMES else "system", self)
+        group = QActionGroup(self)
+        self.theme_actions = {}
+        for choice in THEMES:
+            action = QAction(choice.capitalize(), self, checkable=True)
+            action.setChecked(choice == self.theme.choice)
+            action.triggered.connect(lambda _=False, c=choice: self.set_theme(c))
+            group.addAction(action)
+            menu.addAction(action)
+            self.theme_actions[choice] = action
+
+    def set_theme(self, choice: str) -> None:
+        self.theme.set_choice(choice)
+        self.theme_actions[choice].setChecked(True)
+        self.settings.setValue("theme", choice)
 
     def _action(self, text: str, shortcut, slot) -> QAction:
         action = QAction(text, self)

@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 import pytest
 from PySide6.QtCore import QSettings, QTimer
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from loomlab.app.main_window import PANELS, MainWindow
 from loomlab.core import load_network
@@ -49,7 +49,7 @@ def menu_actions(win: MainWindow) -> dict[str, list[str]]:
 def test_menus_and_docks(window):
     menus = menu_actions(window)
     assert menus["File"] == ["Open model...", "Open network...", "Save network as...", "Open recent", "Quit"]
-    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph"]
+    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Theme"]
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
@@ -84,6 +84,30 @@ def test_view_menu_hides_a_panel_and_the_layout_persists(qtbot, tmp_path):
     again = make_window(qtbot, tmp_path)
     assert not again.docks["telemetry"].isVisible() and again.docks["chat"].isVisible()
     again.close()
+
+
+def test_the_theme_choice_applies_and_persists(qtbot, tmp_path):
+    from PySide6.QtGui import QPalette
+
+    app = QApplication.instance()
+    saved_palette = app.palette()
+    window_lightness = lambda: app.palette().color(QPalette.ColorRole.Window).lightness()
+    try:
+        win = make_window(qtbot, tmp_path)
+        assert menu_actions(win)["View"][-1] == "Theme"
+        assert [a.text() for a in win.theme_actions.values()] == ["System", "Light", "Dark"]
+        assert win.theme_actions["system"].isChecked() and window_lightness() > 200  # Xvfb: no scheme
+        win.theme_actions["dark"].trigger()
+        assert window_lightness() < 80 and win.theme_actions["dark"].isChecked()
+        win.close()
+        again = make_window(qtbot, tmp_path)  # same settings file: starts dark
+        assert again.theme.choice == "dark" and again.theme_actions["dark"].isChecked()
+        assert window_lightness() < 80
+        again.set_theme("light")
+        assert window_lightness() > 200 and again.settings.value("theme") == "light"
+        again.close()
+    finally:
+        app.setPalette(saved_palette)
 
 
 def test_save_network_as_writes_the_open_network(window, qtbot, golden_net_path, tmp_path):
