@@ -69,6 +69,7 @@ class MainWindow(QMainWindow):
             "telemetry": TelemetryPanel(),
             "morph": MorphPanel(self.runner),
         }
+        self._tabbed = False
         self.docks = self._build_docks()
         self._build_menus()
         self._build_status_bar()
@@ -91,9 +92,18 @@ class MainWindow(QMainWindow):
             self.addDockWidget(areas[name], dock)
             docks[name] = dock
         self.tabifyDockWidget(docks["chat"], docks["topology"])
-        self.tabifyDockWidget(docks["telemetry"], docks["morph"])
         docks["chat"].raise_()
         return docks
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if not self._tabbed:
+            # The second pair is tabified once shown: tabifying it before the first layout leaves
+            # a stale copy of its tab bar drawn beside the real one (Qt 6.11). A restored state
+            # has its tabs already.
+            self._tabbed = True
+            if not self._restored:
+                self.tabifyDockWidget(self.docks["telemetry"], self.docks["morph"])
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
@@ -271,8 +281,7 @@ class MainWindow(QMainWindow):
         geometry, state = self.settings.value("geometry"), self.settings.value("state")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
-        if isinstance(state, QByteArray):
-            self.restoreState(state)
+        self._restored = isinstance(state, QByteArray) and self.restoreState(state)
 
     def shutdown(self) -> None:
         """Stop everything this window started; safe to call twice."""

@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 import pytest
 from PySide6.QtCore import QSettings, QTimer
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox, QTabBar
 
 from loomlab.app.main_window import PANELS, MainWindow
 from loomlab.core import load_network
@@ -53,6 +53,10 @@ def test_menus_and_docks(window):
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
+    # two tabbed pairs, one tab bar each (Qt drew a stale second copy of a pair tabified too early)
+    bars = [tuple(b.tabText(i) for i in range(b.count()))
+            for b in window.findChildren(QTabBar) if b.isVisible()]
+    assert sorted(bars) == [("Chat", "Topology 3D"), ("Telemetry", "Morph")]
 
 
 def test_about_and_status_bar(window, monkeypatch):
