@@ -1,0 +1,59 @@
+"""End to end, as a person would do it: the main window loads smollm2-135m, a typed message gets a
+streamed greedy reply equal to what ``loomlab chat --message`` prints for the same message, and
+after closing the window a new one (a restart) shows the conversation from the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from PySide6.QtCore import Qt
+
+from .test_main_window import make_window
+
+MESSAGE = "Name three primary colours."
+MAX_TOKENS = 24
+TIMEOUT_MS = 120_000
+
+
+def cli_reply() -> str:
+    """The reply ``loomlab chat`` prints (stdout: the text, then a newline; stats go to stderr)."""
+    command = [sys.executable, "-m", "loomlab.app.cli", "chat", "smollm2-135m", "--message", MESSAGE,
+               "--max-tokens", str(MAX_TOKENS)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert out.stdout.endswith("\n")
+    return out.stdout[:-1]
+
+
+def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
+    expected = cli_reply()
+    assert len(expected) > 10
+
+    win = make_window(qtbot, tmp_path)
+    chat = win.panels["chat"]
+    win.open_model("smollm2-135m")
+    qtbot.waitUntil(lambda: chat.model is not None, timeout=TIMEOUT_MS)
+    assert chat.sampling.spins["temperature"].value() == 0  # the default preset is greedy
+    chat.sampling.spins["max_tokens"].setValue(MAX_TOKENS)
+    shown = []  # the transcript each time the view changed: the reply must grow token by token
+    chat.view.textChanged.connect(lambda: shown.append(chat.view.toPlainText()))
+    qtbot.keyClicks(chat.input, MESSAGE)
+    with qtbot.waitSignal(chat.reply_finished, timeout=TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(chat.send_button, Qt.MouseButton.LeftButton)
+    reply = blocker.args[0]
+    assert reply.content == expected
+    assert expected in chat.view.toPlainText()
+    # the transcript ended in ever longer beginnings of the reply while it streamed
+    prefixes = {k for t in shown for k in range(4, len(expected)) if t.endswith(expected[:k])}
+    assert len(prefixes) >= MAX_TOKENS // 2, f"the reply did not stream: {sorted(prefixes)}"
+    win.close()
+
+    restarted = make_window(qtbot, tmp_path)  # same settings and database: a restart
+    chat = restarted.panels["chat"]
+    assert [chat.conversations.item(i).text() for i in range(chat.conversations.count())] == [MESSAGE]
+    stored = restarted.workspace.thread(chat.conversation_id)
+    assert [(m.role, m.content) for m in stored] == [("user", MESSAGE), ("assistant", expected)]
+    assert expected in chat.view.toPlainText()
+    restarted.close()
