@@ -36,8 +36,6 @@ def make_app(argv: list[str]) -> QApplication:
     # set before the QApplication exists: a floated 3-D dock needs GL contexts shared
     QCoreApplication.setAttribute(Qt.ApplicationAttribute.AA_ShareOpenGLContexts)
     app = QApplication.instance() or QApplication(argv)
-    # hand the GIL to the GUI thread more often while workers run Python code (default 5 ms)
-    sys.setswitchinterval(0.001)
     app.setApplicationName(APP_NAME)
     app.setApplicationVersion(version("loomlab"))
     pg.setConfigOptions(imageAxisOrder="row-major")
@@ -45,10 +43,19 @@ def make_app(argv: list[str]) -> QApplication:
 
 
 def warm_up() -> None:
-    """Import the language-model runtime before the window shows: importing numba and its
-    kernels in a worker later holds the GIL long enough to freeze the GUI for ~0.4 s."""
-    import loomlab.core.llm.quant  # noqa: F401
-    import loomlab.core.llm.textmodel  # noqa: F401
+    """Prepare the process for a GUI thread that shares the GIL with engine workers.
+
+    Load the language-model kernels before the window shows: numba's first call initialises its
+    compiler and reads the disk cache, holding the GIL for ~0.35 s, which in a worker later
+    froze the window. And hand the GIL over every 1 ms instead of 5: each Qt event the GUI
+    thread handles takes the GIL several times, and behind a worker running Python code the
+    waits added up to stalls.
+    """
+    import loomlab.core.llm.textmodel  # noqa: F401 - imported now rather than by the first load
+    from loomlab.core.llm import quant
+
+    quant.warm_up()
+    sys.setswitchinterval(0.001)
 
 
 def run_gui(argv: list[str], options: GuiOptions | None = None) -> int:

@@ -40,6 +40,7 @@ ORGANIZATION = "LoomLab"
 NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
+STEP_PAUSE_MS = 15  # between panels taking a new model (see _chain)
 PANELS = ("models", "chat", "topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
              ("Ctrl+Shift+S", "Save the network as"), ("Ctrl+Return", "Send a chat message"),
@@ -71,6 +72,7 @@ class MainWindow(QMainWindow):
         }
         self._tabbed = False
         self.docks = self._build_docks()
+        self.docks["morph"].visibilityChanged.connect(self.panels["morph"].set_shown)
         self._build_menus()
         self._build_status_bar()
         self._wire()
@@ -104,6 +106,7 @@ class MainWindow(QMainWindow):
             self._tabbed = True
             if not self._restored:
                 self.tabifyDockWidget(self.docks["telemetry"], self.docks["morph"])
+                self.docks["telemetry"].raise_()  # live during a chat; Morph works when opened
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
@@ -189,10 +192,17 @@ class MainWindow(QMainWindow):
         sum of them (a 10 ms timer keeps firing: tests/app/test_main_window.py)."""
         self.model = model
         label = f"model: {model.name or model.info()['architecture']}"
-        steps = [lambda: self.panels["chat"].set_model(model), lambda: self.panels["morph"].set_model(model),
-                 lambda: self._show_network(model.net, label)]
-        for step in steps:
-            QTimer.singleShot(0, lambda s=step: self.model is model and s())
+        self._chain(lambda: self.model is model, [
+            lambda: self.panels["chat"].set_model(model), lambda: self.panels["morph"].set_model(model),
+            lambda: self._show_network(model.net, label)])
+
+    def _chain(self, still_wanted, steps: list) -> None:
+        """Run ``steps`` one by one, each a pause after the one before has run, while
+        ``still_wanted()``. The pause lets the event loop go idle: repaints and due timers run
+        then (queued back to back with zero delay, Qt ran the steps and repaints in one stall)."""
+        if steps and still_wanted():
+            steps[0]()
+            QTimer.singleShot(STEP_PAUSE_MS, self, lambda: self._chain(still_wanted, steps[1:]))
 
     def clear_model(self) -> None:
         self.panels["chat"].clear_model()

@@ -7,7 +7,8 @@ layer (a language model's master is built lazily from the file's blocks, which i
 layers), and then measured: bytes saved against the network as it was set, and output drift on a
 probe against the unmorphed network (MSE for a network, KL divergence and top-1 agreement of the
 next-token distributions for a language model). Revert morphs every layer back to the dtype it had
-when the network was set; that is lossless because morphing never changes the master.
+when the network was set; that is lossless because morphing never changes the master. Jobs run one
+at a time, and only while the panel is visible: hidden behind another tab it costs nothing.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class MorphPanel(QWidget):
         self._bytes_original = 0
         self._drift: Callable[[], dict] | None = None  # set once the unmorphed reference exists
         self._queue: list[tuple[str, Callable, dict]] = []
+        self._pending_show: Callable[[], None] | None = None  # a network to show once on screen
+        self._shown = True  # see set_shown
         self._job: Job | None = None
         self._generation = 0  # bumped by set_network: results of older jobs are dropped
         self._closed = False
@@ -147,7 +150,42 @@ class MorphPanel(QWidget):
     # ----- public API ------------------------------------------------------------------------------
     def set_network(self, net: VolumetricNetwork) -> None:
         """Show ``net``; its current dtypes become what Revert returns to and its outputs on a probe
-        input (computed in a job) the reference for drift."""
+        input (computed in a job) the reference for drift. A hidden panel does this when shown."""
+        self._when_shown(lambda: self._set_network(net))
+
+    def set_model(self, model: Any, probe_text: str = DEFAULT_PROBE_TEXT, max_probe_tokens: int = 64) -> None:
+        """Show a language model's network (``model.net``); the reference for drift is its
+        next-token distributions over ``probe_text``. A hidden panel does this when shown."""
+        self._when_shown(lambda: self._set_model(model, probe_text, max_probe_tokens))
+
+    def _when_shown(self, show: Callable[[], None]) -> None:
+        """Run ``show`` now if the panel is visible, else when it is next shown (the latest only):
+        filling the table of a 30-block model takes the GUI thread ~60 ms, which a panel behind
+        another tab should not cost a model's load."""
+        self._pending_show = None
+        if self._on_screen():
+            show()
+        else:
+            self._pending_show = show
+
+    def set_shown(self, shown: bool) -> None:
+        """Whether the panel is on screen: a dock behind another dock's tab is not, though Qt
+        still calls it visible (the window reports its dock's ``visibilityChanged`` here)."""
+        self._shown = shown
+        if self._on_screen():
+            self._catch_up()
+
+    def _on_screen(self) -> bool:
+        return self._shown and self.isVisible()
+
+    def _catch_up(self) -> None:
+        """Show the network set while hidden, and start the jobs queued meanwhile."""
+        show, self._pending_show = self._pending_show, None
+        if show is not None:
+            show()
+        self._start_next()
+
+    def _set_network(self, net: VolumetricNetwork) -> None:
         self._show(net, f"Network {net.depth}×{net.rows}×{net.cols}×{net.layers_per_cell}")
 
         def reference(job: Job):
@@ -160,9 +198,7 @@ class MorphPanel(QWidget):
 
         self._submit("reference outputs", reference, on_success=use)
 
-    def set_model(self, model: Any, probe_text: str = DEFAULT_PROBE_TEXT, max_probe_tokens: int = 64) -> None:
-        """Show a language model's network (``model.net``); the reference for drift is its
-        next-token distributions over ``probe_text``."""
+    def _set_model(self, model: Any, probe_text: str, max_probe_tokens: int) -> None:
         self._show(model.net, f"Model {getattr(model, 'name', '') or type(model.net).__name__}")
 
         def use(reference) -> None:
@@ -232,6 +268,11 @@ class MorphPanel(QWidget):
     def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if self._on_screen():
+            self._catch_up()
 
     # ----- the table -------------------------------------------------------------------------------
     def _show(self, net: VolumetricNetwork, title: str) -> None:
@@ -424,7 +465,10 @@ class MorphPanel(QWidget):
         return lambda *args: None if self._closed or generation != self._generation else slot(*args)
 
     def _start_next(self) -> None:
-        if self._job is None and self._queue and not self._closed:
+        # Hidden (behind another dock's tab) the panel keeps its jobs queued until it is shown:
+        # the weight errors and the reference distributions of a model just loaded would
+        # otherwise take the CPU from the first chat reply.
+        if self._job is None and self._queue and not self._closed and self._on_screen():
             name, fn, slots = self._queue.pop(0)
             on_success, generation = slots.pop("on_success", None), self._generation
             self._job = self._runner.start(

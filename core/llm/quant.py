@@ -594,6 +594,20 @@ class QuantMatrix:
         return f"QuantMatrix({self.type_name}, shape={self.shape})"
 
 
+def warm_up() -> None:
+    """Run every kernel once on a one-block matrix, so none is loaded on first use.
+
+    numba's first call initialises its compiler and loads the cached machine code, holding the
+    GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
+    rather than let a worker's first matrix product freeze it.
+    """
+    for fmt in _FORMATS.values():
+        m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type, shape=(1, fmt.block_elems),
+                        name="warm-up")
+        m.matvec(np.zeros(fmt.block_elems, F32))
+        m.rows(np.zeros(1, np.int64))
+
+
 def _read_only(a: np.ndarray) -> np.ndarray:
     """A read-only view: kernels then always see the same array type as a memory-mapped file
     gives, so numba compiles (and caches) one specialization instead of two."""

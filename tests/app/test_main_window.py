@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QTabBar
 
 from loomlab.app.main_window import PANELS, MainWindow
 from loomlab.core import load_network
+from loomlab.core.morph import weighted_cells
 
 from ..core.goldens import forward_case
 
@@ -76,6 +77,10 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     assert window.network.parameter_count() == expected.parameter_count()
     assert f"{expected.parameter_count():,} parameters" in window.network_label.text()
     assert window._recent()[0] == str(golden_net_path)
+    morph = window.panels["morph"]  # behind the Telemetry tab: it fills its table once opened
+    assert morph.table.rowCount() == 0
+    window.docks["morph"].raise_()
+    qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(window.network)), timeout=10000)
 
 
 def test_view_menu_hides_a_panel_and_the_layout_persists(qtbot, tmp_path):
@@ -141,9 +146,10 @@ def test_closing_during_a_job_cancels_and_joins_it(qtbot, tmp_path):
 def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path):
     """A 10 ms timer keeps firing while smollm2 loads and answers (the issue's measure).
 
-    Generation must never stall the GUI thread for 100 ms. Loading is measured and printed but
-    not held to it: building the tokenizer inside the HF tokenizers library holds the GIL for
-    ~0.2 s (see the issue note)."""
+    Generation must never stall the GUI thread for 100 ms. Loading (until every panel has the
+    model) is held to 200 ms only: the HF tokenizers library builds its BPE model holding the GIL
+    (35 ms alone, up to ~95 ms beside the GUI under Xvfb's software OpenGL), which no worker can
+    split; the worst loading stall is printed (see the issue note)."""
     from loomlab.app.gui import warm_up
 
     warm_up()  # what run_gui does before showing the window
@@ -156,7 +162,9 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
     chat = win.panels["chat"]
     try:
         win.open_model("smollm2-135m")
-        qtbot.waitUntil(lambda: chat.model is not None, timeout=120000)
+        # loaded: every panel has the model (the telemetry panel takes it last)
+        qtbot.waitUntil(lambda: chat.model is not None
+                        and win.panels["telemetry"].network is chat.model.net, timeout=120000)
         generation_start = time.perf_counter()
         finished = []
         chat.reply_finished.connect(finished.append)
@@ -173,3 +181,4 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
     assert len(generating) > 20 and finished[0].token_count > 0
     worst = max(generating)
     assert worst < 0.1, f"the GUI thread stalled for {worst * 1000:.0f} ms while generating"
+    assert loading < 0.2, f"the GUI thread stalled for {loading * 1000:.0f} ms while loading"

@@ -109,6 +109,28 @@ def test_the_table_shows_core_reports_and_follows_morphs_made_elsewhere(qtbot, p
     assert panel.revert_button.isEnabled()
 
 
+def test_a_panel_off_screen_waits_until_shown(qtbot, panel, runner):
+    """Behind another dock's tab (``set_shown(False)``) the panel neither fills its table nor runs
+    jobs; once on screen it shows the latest network and measures it."""
+    first, net = small_net(), small_net(seed=1)
+    panel.set_shown(False)
+    panel.set_network(first)
+    panel.set_network(net)  # only the latest is shown later
+    qtbot.wait(50)
+    assert panel.table.rowCount() == 0 and not runner.active
+    panel.set_shown(True)
+    settle(qtbot, panel)
+    assert panel.table.rowCount() == 4
+    for row, r in enumerate(report(net)):
+        assert_row_is(panel, row, r)
+    panel.set_shown(False)
+    panel.refresh()  # queued while off screen
+    qtbot.wait(50)
+    assert panel.is_busy() and not runner.active
+    panel.set_shown(True)
+    settle(qtbot, panel)
+
+
 # ----- view -> model ------------------------------------------------------------------------------------
 def test_choosing_a_dtype_in_one_row_and_applying_morphs_exactly_that_layer(qtbot, panel):
     net, twin = small_net(), small_net()
