@@ -205,10 +205,15 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(STEP_PAUSE_MS, self, lambda: self._chain(still_wanted, steps[1:]))
 
     def clear_model(self) -> None:
+        """The model was unloaded: no panel keeps its grid (a Loom network opened since stays)."""
         self.panels["chat"].clear_model()
+        if self.model is not None and self.network is self.model.net:
+            self.panels["morph"].clear()
+            self.panels["topology"].set_network(None)
+            self.panels["telemetry"].set_network(None)
+            self.network = None
+            self.network_label.setText("No network open")
         self.model = None
-        self.network = None
-        self.network_label.setText("No network open")
 
     def set_network(self, net, label: str = "network") -> None:
         """A Loom network was opened: show it, watch it, morph it."""

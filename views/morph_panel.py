@@ -158,6 +158,19 @@ class MorphPanel(QWidget):
         next-token distributions over ``probe_text``. A hidden panel does this when shown."""
         self._when_shown(lambda: self._set_model(model, probe_text, max_probe_tokens))
 
+    def clear(self) -> None:
+        """Show nothing (the model was unloaded): drop the table, its jobs and what was pending."""
+        self._pending_show = None
+        self._generation += 1
+        self.cancel()
+        self._net, self._drift, self._reports, self._rows, self._row_of = None, None, {}, [], {}
+        self._bytes_original = 0
+        self.table.setRowCount(0)
+        self.title.setText("No network")
+        for label in (self.memory_label, self.error_label, self.drift_label):
+            label.setText("—")
+        self._sync_controls()
+
     def _when_shown(self, show: Callable[[], None]) -> None:
         """Run ``show`` now if the panel is visible, else when it is next shown (the latest only):
         filling the table of a 30-block model takes the GUI thread ~60 ms, which a panel behind

@@ -1,6 +1,7 @@
 """End to end, as a person would do it: the main window loads smollm2-135m, a typed message gets a
 streamed greedy reply equal to what ``loomlab chat --message`` prints for the same message, and
-after closing the window a new one (a restart) shows the conversation from the database."""
+after closing the window a new one (a restart) shows the conversation from the database.
+Unloading the model clears every panel that showed its grid."""
 
 from __future__ import annotations
 
@@ -48,6 +49,14 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
     # the transcript ended in ever longer beginnings of the reply while it streamed
     prefixes = {k for t in shown for k in range(4, len(expected)) if t.endswith(expected[:k])}
     assert len(prefixes) >= MAX_TOKENS // 2, f"the reply did not stream: {sorted(prefixes)}"
+
+    morph = win.panels["morph"]
+    win.docks["morph"].raise_()  # the Morph panel fills its table once on screen
+    qtbot.waitUntil(lambda: morph.table.rowCount() > 100, timeout=TIMEOUT_MS)
+    win.panels["models"].unload()  # no panel keeps the unloaded model's grid
+    assert chat.model is None and win.network is None and morph.table.rowCount() == 0
+    assert win.panels["topology"].network is None and win.panels["telemetry"].network is None
+    qtbot.waitUntil(lambda: not morph.is_busy(), timeout=TIMEOUT_MS)  # its cancelled job ends
     win.close()
 
     restarted = make_window(qtbot, tmp_path)  # same settings and database: a restart
