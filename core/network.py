@@ -35,7 +35,6 @@ class Run:
         self.train = train
         # asked once per pass: observers that skip it cost nothing while it runs
         self.listeners = [o for o in net.observers if o.wants(net.step_count)]
-        self.observed = bool(self.listeners)
 
     def resolve(self, child: Layer) -> Layer:
         """The layer a container child stands for: its remote-link target, if it has one."""
@@ -48,13 +47,13 @@ class Run:
     def call(self, layer: Layer, x, skip=None):
         """Run ``layer`` forward; returns ``(y, token)`` where token feeds :meth:`back`."""
         y, cache = layer.forward(x, self, skip)
-        if self.observed:
+        if self.listeners:
             self.net._emit("forward", layer, y, self.listeners)
         return y, (layer, cache)
 
     def back(self, token, gy):
         layer, cache = token
-        if self.observed:
+        if self.listeners:
             self.net._emit("backward", layer, gy, self.listeners)
         return layer.backward(cache, gy, self)
 

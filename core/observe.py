@@ -67,6 +67,13 @@ class LayerEvent:
         return asdict(self)
 
 
+def check_rate(rate_hz: float | None, name: str = "max_rate_hz") -> float | None:
+    """``rate_hz`` if it is a valid pass rate (> 0, or None for every pass), else ValueError."""
+    if rate_hz is not None and not rate_hz > 0:
+        raise ValueError(f"{name} must be > 0 or None, got {rate_hz}")
+    return rate_hz
+
+
 class Observer:
     """Base observer: override :meth:`on_event`.
 
@@ -79,9 +86,7 @@ class Observer:
     _next_due: float = float("-inf")
 
     def limit_rate(self, max_rate_hz: float | None, clock: Callable[[], float] | None = None) -> None:
-        if max_rate_hz is not None and not max_rate_hz > 0:
-            raise ValueError(f"max_rate_hz must be > 0 or None, got {max_rate_hz}")
-        self.max_rate_hz = max_rate_hz
+        self.max_rate_hz = check_rate(max_rate_hz)
         if clock is not None:
             self.clock = clock
         self._next_due = float("-inf")

@@ -161,14 +161,10 @@ class MorphPanel(QWidget):
     def clear(self) -> None:
         """Show nothing (the model was unloaded): drop the table, its jobs and what was pending."""
         self._pending_show = None
-        self._generation += 1
-        self.cancel()
-        self._net, self._drift, self._reports, self._rows, self._row_of = None, None, {}, [], {}
-        self._bytes_original = 0
+        self._forget(None)
+        self._rows, self._row_of, self._bytes_original = [], {}, 0
         self.table.setRowCount(0)
         self.title.setText("No network")
-        for label in (self.memory_label, self.error_label, self.drift_label):
-            label.setText("—")
         self._sync_controls()
 
     def _when_shown(self, show: Callable[[], None]) -> None:
@@ -288,10 +284,16 @@ class MorphPanel(QWidget):
             self._catch_up()
 
     # ----- the table -------------------------------------------------------------------------------
-    def _show(self, net: VolumetricNetwork, title: str) -> None:
+    def _forget(self, net: VolumetricNetwork | None) -> None:
+        """Drop what belonged to the network shown so far: its jobs, reference, reports, measures."""
         self._generation += 1
         self.cancel()
         self._net, self._drift, self._reports = net, None, {}
+        for label in (self.memory_label, self.error_label, self.drift_label):
+            label.setText("—")
+
+    def _show(self, net: VolumetricNetwork, title: str) -> None:
+        self._forget(net)
         self._rows = [_Row(index, layer, layer.cfg.dtype) for index, layer in weighted_cells(net)]
         self._row_of = {row.key: i for i, row in enumerate(self._rows)}
         self._bytes_original = net.memory_bytes()
@@ -303,8 +305,6 @@ class MorphPanel(QWidget):
             for i, row in enumerate(self._rows):
                 self._fill_row(i, row)
         self.all_combo.setCurrentText(NO_CHOICE)
-        for label in (self.memory_label, self.error_label, self.drift_label):
-            label.setText("—")
         self.refresh()
 
     def _fill_row(self, i: int, row: _Row) -> None:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from loomlab.core.observe import CallbackObserver, LayerEvent, LayerStats
+from loomlab.core.observe import CallbackObserver, LayerEvent, LayerStats, check_rate
 
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
 DIRECTIONS = ("forward", "backward")
@@ -126,8 +126,7 @@ class TelemetryPanel(QWidget):
             raise ValueError(f"rate_hz must be in (0, {MAX_RATE_HZ:g}], got {rate_hz}")
         if history < 1 or capacity < 1:
             raise ValueError("history and capacity must be >= 1")
-        if sample_hz is not None and not sample_hz > 0:
-            raise ValueError(f"sample_hz must be > 0 or None, got {sample_hz}")
+        check_rate(sample_hz, "sample_hz")  # here, not first when a network is set
         pg.setConfigOptions(imageAxisOrder="row-major")
         self._history_len = history
         self._capacity = capacity
