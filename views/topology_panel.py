@@ -282,6 +282,7 @@ class _ProgramPerView:
     gets a new context; pyqtgraph's own cache is left as it was, for other views' plain items."""
 
     _base: ClassVar[type]
+    _data_keys: ClassVar[tuple[str, ...]]  # what setData takes again to re-upload everything
 
     def getShaderProgram(self):
         cache = self.view().shader_programs
@@ -295,12 +296,24 @@ class _ProgramPerView:
         return program
 
 
+    def renew_buffers(self) -> None:
+        """For a new GL context: the old context's vertex buffers went with it, and the item
+        would bind their dead names (GL_INVALID_OPERATION). Make new ones and upload the data again."""
+        for name, value in list(vars(self).items()):
+            if isinstance(value, QOpenGLBuffer):
+                setattr(self, name, QOpenGLBuffer(value.type()))
+        if self.pos is not None:
+            self.setData(**{key: getattr(self, key) for key in self._data_keys})
+
+
 class ScatterItem(_ProgramPerView, gl.GLScatterPlotItem):
     _base = gl.GLScatterPlotItem
+    _data_keys = ("pos", "color", "size")
 
 
 class LineItem(_ProgramPerView, gl.GLLinePlotItem):
     _base = gl.GLLinePlotItem
+    _data_keys = ("pos", "color")
 
 
 def floor_grid(lo: np.ndarray, hi: np.ndarray, pitch: Pitch) -> np.ndarray:
@@ -325,6 +338,9 @@ class PickingView(gl.GLViewWidget):
 
     def initializeGL(self):
         self.shader_programs = {}  # a new context: programs of the old one are gone with it
+        for item in self.items:
+            if isinstance(item, _ProgramPerView):
+                item.renew_buffers()
         super().initializeGL()
 
     def mousePressEvent(self, ev):
@@ -489,8 +505,8 @@ class TopologyPanel(QWidget):
         # additive: no depth test, so the selection cross shows through its own point
         self.marker = LineItem(mode="lines", color=(1, 1, 1, 1), width=2.0, glOptions="additive")
         for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.scatter, self.marker):
-            item.setVisible(False)
             self.view.addItem(item)
+        self._warm_up_shaders()
 
         self.colour_mode = QComboBox()
         self.colour_mode.addItem("Colour: layer type", "type")
@@ -528,6 +544,16 @@ class TopologyPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(splitter)
+
+    def _warm_up_shaders(self) -> None:
+        """Give every item an invisible shape (a zero-length segment, a zero-size point) until a
+        network comes, so the empty view's first frame compiles their shaders. A software GL
+        (llvmpipe) spends ~60 ms compiling them on an item's first draw; left to the frame that
+        first shows a model, that froze the window just as the model finished loading."""
+        nowhere = np.zeros((2, 3), np.float32)
+        for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.marker):
+            item.setData(pos=nowhere)
+        self.scatter.setData(pos=nowhere[:1], size=np.float32(0), color=(0, 0, 0, 0))
 
     # ----- the model ---------------------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
+import pyqtgraph.opengl as gl
 import pytest
 from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt
 from PySide6.QtGui import QVector3D
@@ -235,11 +236,12 @@ def test_clicking_a_point_selects_its_layer_and_inspects_it(qtbot):
 def test_the_view_draws_again_in_a_new_gl_context(qtbot):
     # a dock floated into its own window re-creates the view's GL context; after another view
     # (an earlier test's) has compiled pyqtgraph's class-wide shader programs, plain items fail
-    # to draw there
+    # to draw there, and items drawn in the old context keep its (dead) vertex buffers
     net = small_net()
     panel = make_panel(qtbot, net)
     blue = np.round(np.array(TYPE_COLOURS["Dense"][:3]) * 255)
     view = panel.view
+    view.grabFramebuffer()  # drawn once in the docked context: its buffers are then that context's
     view.setParent(None)
     qtbot.addWidget(view)
     view.resize(500, 400)
@@ -248,6 +250,19 @@ def test_the_view_draws_again_in_a_new_gl_context(qtbot):
     panel.reset_camera()
     pixels = pg.imageToArray(view.grabFramebuffer(), copy=True)[..., [2, 1, 0]]  # BGRA -> RGB
     assert (np.abs(pixels.reshape(-1, 3) - blue).max(axis=1) <= 2).sum() > 100, "no Dense points drawn"
+    panel.shutdown()
+
+
+def test_the_empty_view_compiles_the_shaders_before_a_network_comes(qtbot):
+    # the first draw of an item compiles its shaders, ~60 ms through a software GL: done with
+    # the empty window, not in the frame that first shows a freshly loaded model
+    panel = make_panel(qtbot)
+    panel.view.grabFramebuffer()
+    assert set(panel.view.shader_programs) == {gl.GLScatterPlotItem, gl.GLLinePlotItem}
+    pixels = pg.imageToArray(panel.view.grabFramebuffer(), copy=True)[..., [2, 1, 0]]
+    assert (pixels.reshape(-1, 3) == pixels[0, 0]).all(), "the invisible warm-up shapes showed"
+    panel.set_network(small_net())
+    assert panel.scatter.visible() and len(panel.scatter.pos) == len(panel.topology.rows)
     panel.shutdown()
 
 
