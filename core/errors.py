@@ -43,3 +43,7 @@ class ModelFormatError(LoomError, ValueError):
 
 class ModelFetchError(LoomError):
     """A built-in model could not be fetched (network, pip, checksum) or was cancelled."""
+
+
+class EngineProcessError(LoomError):
+    """A helper process of the engine (a model's tokenizer process) ended, hung or broke its protocol."""

