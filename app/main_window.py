@@ -40,7 +40,7 @@ ORGANIZATION = "LoomLab"
 NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
-STEP_PAUSE_MS = 15  # between panels taking a new model (see _chain)
+STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
 PANELS = ("models", "chat", "topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
              ("Ctrl+Shift+S", "Save the network as"), ("Ctrl+Return", "Send a chat message"),
@@ -57,6 +57,7 @@ class MainWindow(QMainWindow):
         self.backend = get_backend(backend)
         self.settings = settings or QSettings(ORGANIZATION, APP_NAME)
         self.network = None  # the network shown: a Loom net or the loaded model's grid
+        self._shut_down = False  # pending _chain steps must not touch panels that have shut down
         self.model = None
         self.runner = JobRunner(self)
         self.workspace = Workspace(workspace_path)
@@ -197,12 +198,16 @@ class MainWindow(QMainWindow):
             lambda: self._show_network(model.net, label)])
 
     def _chain(self, still_wanted, steps: list) -> None:
-        """Run ``steps`` one by one, each a pause after the one before has run, while
-        ``still_wanted()``. The pause lets the event loop go idle: repaints and due timers run
-        then (queued back to back with zero delay, Qt ran the steps and repaints in one stall)."""
-        if steps and still_wanted():
-            steps[0]()
-            QTimer.singleShot(STEP_PAUSE_MS, self, lambda: self._chain(still_wanted, steps[1:]))
+        """Run ``steps`` one by one, each a pause after the one before (the first a pause after
+        now), while ``still_wanted()``. The pause lets each step's repaint run on its own, with
+        due timers between: queued back to back, Qt ran the steps and repaints in one stall."""
+        def run() -> None:
+            if not self._shut_down and still_wanted():
+                steps[0]()
+                self._chain(still_wanted, steps[1:])
+
+        if steps:
+            QTimer.singleShot(STEP_PAUSE_MS, self, run)
 
     def clear_model(self) -> None:
         """The model was unloaded: no panel keeps its grid (a Loom network opened since stays)."""
@@ -222,10 +227,10 @@ class MainWindow(QMainWindow):
 
     def _show_network(self, net, label: str) -> None:
         self.network = net
-        self.panels["topology"].set_network(net)
-        QTimer.singleShot(0, lambda: self.network is net and self.panels["telemetry"].set_network(net))
         s = net.summary()
         self.network_label.setText(f"{label} — {s['layers']} cells, {s['parameters']:,} parameters")
+        self._chain(lambda: self.network is net, [lambda: self.panels["topology"].set_network(net),
+                                                  lambda: self.panels["telemetry"].set_network(net)])
 
     # ----- file actions ----------------------------------------------------------------------
     def choose_model(self) -> None:
@@ -300,6 +305,7 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Stop everything this window started; safe to call twice."""
+        self._shut_down = True
         self.memory_timer.stop()
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("state", self.saveState())

@@ -6,12 +6,14 @@ import json
 import time
 from importlib.metadata import version
 
+import numpy as np
 import pytest
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QTabBar
 
-from loomlab.app.main_window import PANELS, MainWindow
+from loomlab.app.main_window import PANELS, STEP_PAUSE_MS, MainWindow
 from loomlab.core import load_network
+from loomlab.core.llm.tokenizer_process import TokenizerProcess
 from loomlab.core.morph import weighted_cells
 
 from ..core.goldens import forward_case
@@ -73,6 +75,8 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     window.open_network(str(golden_net_path))
     qtbot.waitUntil(lambda: window.network is not None, timeout=10000)
     expected = load_network(golden_net_path)
+    # the panels take it one by one, each in its own event-loop turn
+    qtbot.waitUntil(lambda: window.panels["telemetry"].network is window.network, timeout=10000)
     assert window.panels["topology"].network is window.network
     assert window.network.parameter_count() == expected.parameter_count()
     assert f"{expected.parameter_count():,} parameters" in window.network_label.text()
@@ -81,6 +85,15 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     assert morph.table.rowCount() == 0
     window.docks["morph"].raise_()
     qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(window.network)), timeout=10000)
+
+
+def test_closing_while_panels_take_a_network_stops_the_handover(qtbot, tmp_path, golden_net_path):
+    win = make_window(qtbot, tmp_path)
+    win.open_network(str(golden_net_path))
+    qtbot.waitUntil(lambda: win.network is not None, timeout=10000)
+    win.close()
+    qtbot.wait(3 * STEP_PAUSE_MS + 100)  # past every pending step (the fixture checks for timers)
+    assert win.panels["topology"].network is None and win.panels["telemetry"].network is None
 
 
 def test_view_menu_hides_a_panel_and_the_layout_persists(qtbot, tmp_path):
@@ -144,14 +157,12 @@ def test_closing_during_a_job_cancels_and_joins_it(qtbot, tmp_path):
 
 
 def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path):
-    """A 10 ms timer keeps firing while smollm2 loads and answers (the issue's measure).
+    """A 10 ms timer keeps firing, never 100 ms apart, while smollm2 loads and answers (the
+    issue's measure; Xvfb with llvmpipe's software OpenGL draws the window).
 
-    Generation must never stall the GUI thread for 100 ms. Loading (until every panel has the
-    model) is printed and held to 500 ms only, a guard against numba's first-call freeze coming
-    back (0.35 s on top of the rest before the kernels were warmed up): the HF tokenizers
-    library builds its BPE model holding the GIL (35 ms alone, up to ~95 ms beside the GUI under
-    Xvfb's software OpenGL), which no worker can split; typical loading stalls are 75-155 ms,
-    and one full-suite run in five showed 333 ms (see the issue note)."""
+    Loading runs from the click to the window at rest with the model in every panel; the
+    message is sent only then, as a person would, so the last panel's repaint and the send's
+    are not measured as one. The window's own first frames (startup) come before the click."""
     from loomlab.app.gui import warm_up
 
     warm_up()  # what run_gui does before showing the window
@@ -161,12 +172,20 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
     timer.setInterval(10)
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
     timer.start()
+
+    def wait_until_at_rest() -> None:  # 20 ticks in a row from now on, none 30 ms after the one before
+        start = len(ticks)
+        qtbot.waitUntil(lambda: len(ticks) > start + 21 and np.diff(ticks[-21:]).max() < 0.03, timeout=10000)
+
     chat = win.panels["chat"]
     try:
+        wait_until_at_rest()
+        load_start = time.perf_counter()
         win.open_model("smollm2-135m")
-        # loaded: every panel has the model (the telemetry panel takes it last)
+        # loaded: every panel has the model (the telemetry panel takes it last), all drawn
         qtbot.waitUntil(lambda: chat.model is not None
                         and win.panels["telemetry"].network is chat.model.net, timeout=120000)
+        wait_until_at_rest()
         generation_start = time.perf_counter()
         finished = []
         chat.reply_finished.connect(finished.append)
@@ -176,11 +195,12 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
         timer.stop()
         win.close()
     gaps = [(b - a, a) for a, b in zip(ticks, ticks[1:], strict=False)]
-    loading = max(g for g, at in gaps if at < generation_start)
+    loading = max(g for g, at in gaps if load_start <= at < generation_start)
     generating = [g for g, at in gaps if at >= generation_start]
     print(f"worst GUI stall while loading {loading * 1000:.0f} ms, "
           f"while generating {max(generating) * 1000:.0f} ms over {len(generating)} ticks")
     assert len(generating) > 20 and finished[0].token_count > 0
+    assert isinstance(chat.model.tokenizer, TokenizerProcess)  # built outside this process's GIL
     worst = max(generating)
     assert worst < 0.1, f"the GUI thread stalled for {worst * 1000:.0f} ms while generating"
-    assert loading < 0.5, f"the GUI thread stalled for {loading * 1000:.0f} ms while loading"
+    assert loading < 0.1, f"the GUI thread stalled for {loading * 1000:.0f} ms while loading"
