@@ -14,6 +14,7 @@ from loomlab.core import load_network, save_network
 from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm import model_info, registry
 from loomlab.core.llm.textmodel import TextModel, load_model
+from loomlab.core.llm.tokenizer_process import TokenizerProcess
 from loomlab.views.models_panel import ModelsPanel, NetworkEntry
 from loomlab.views.workers import JobRunner
 
@@ -132,6 +133,7 @@ def test_load_preview_unload(make_panel, qtbot, monkeypatch):
         qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
     model = loaded.args[0]
     assert isinstance(model, TextModel) and panel.model is model and busy == [True, False]
+    assert isinstance(model.tokenizer, TokenizerProcess) and model.tokenizer.running  # off this GIL
     # it moved, to the end (the job throttles progress to ~30 updates a second, so a fast load
     # shows only a few steps)
     assert len(set(values)) >= 2 and values[-1] == panel.progress_bar.maximum()
@@ -153,9 +155,22 @@ def test_load_preview_unload(make_panel, qtbot, monkeypatch):
     monkeypatch.setattr(model, "close", lambda: (closed.append(True), close()))
     with qtbot.waitSignal(panel.model_unloaded, timeout=1000):
         qtbot.mouseClick(panel.unload_button, Qt.MouseButton.LeftButton)
-    assert closed == [True] and panel.model is None
+    assert closed == [True] and panel.model is None and not model.tokenizer.running
     assert not panel.preview_edit.isEnabled() and panel.preview_tokens() == []
     assert not panel.unload_button.isEnabled()
+
+
+def test_shutting_down_mid_load_ends_the_tokenizer_process(make_panel, qtbot, monkeypatch):
+    started: list[TokenizerProcess] = []
+    start = TokenizerProcess.__init__
+    monkeypatch.setattr(TokenizerProcess, "__init__",
+                        lambda self, path: (started.append(self), start(self, path))[1])
+    panel = make_panel([])
+    panel.select(SMOLLM)
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(started), timeout=10000)
+    assert panel.shutdown()  # joins the load, then closes the model nobody took
+    assert panel.model is None and not started[0].running
 
 
 def _assert_preview_shows(panel: ModelsPanel, model: TextModel, text: str) -> None:
