@@ -88,10 +88,10 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         window.docks[options.panel].raise_()
     if options.network is not None:
         window.open_network(options.network)
-        _wait(window, lambda: window.network is not None, "opening the network")
+        _wait(window, lambda: window.network is not None and _everywhere(window), "opening the network")
     if options.model is not None:
         window.open_model(options.model)
-        _wait(window, lambda: window.model is not None, "loading the model")
+        _wait(window, lambda: window.model is not None and _everywhere(window), "loading the model")
     if options.prompt is not None:
         if window.model is None:
             raise RuntimeError("--prompt needs --model")
@@ -102,11 +102,18 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         _wait(window, lambda: bool(replies), "waiting for the reply")
 
 
+def _everywhere(window: MainWindow) -> bool:
+    """Every panel has what the window opened (they take it one by one, see MainWindow._chain)."""
+    panels = window.panels
+    return (panels["topology"].network is window.network and panels["telemetry"].network is window.network
+            and (window.model is None or panels["chat"].model is window.model))
+
+
 def _wait(window: MainWindow, done: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + STATE_TIMEOUT_S
     while not done():
         QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-        if not window.runner.active and not done():
+        if not window.runner.active and not window.handing_over and not done():
             _settle(window, 0.2)  # a job's result may still be queued
             if not done():
                 raise RuntimeError(f"{what} failed: {window.panels['models'].status_label.text()}")

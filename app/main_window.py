@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings(ORGANIZATION, APP_NAME)
         self.network = None  # the network shown: a Loom net or the loaded model's grid
         self._shut_down = False  # pending _chain steps must not touch panels that have shut down
+        self._steps_pending = 0
         self.model = None
         self.runner = JobRunner(self)
         self.workspace = Workspace(workspace_path)
@@ -202,12 +203,19 @@ class MainWindow(QMainWindow):
         now), while ``still_wanted()``. The pause lets each step's repaint run on its own, with
         due timers between: queued back to back, Qt ran the steps and repaints in one stall."""
         def run() -> None:
+            self._steps_pending -= 1
             if not self._shut_down and still_wanted():
                 steps[0]()
                 self._chain(still_wanted, steps[1:])
 
         if steps:
+            self._steps_pending += 1
             QTimer.singleShot(STEP_PAUSE_MS, self, run)
+
+    @property
+    def handing_over(self) -> bool:
+        """True while panels are still to take what was just opened (see :meth:`_chain`)."""
+        return self._steps_pending > 0
 
     def clear_model(self) -> None:
         """The model was unloaded: no panel keeps its grid (a Loom network opened since stays)."""

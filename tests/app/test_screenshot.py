@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -30,6 +31,27 @@ def test_screenshot_of_a_network_in_the_topology_panel(tmp_path, qapp):
     pixels = np.array([image.pixel(x, y) for x in range(0, image.width(), 37)
                        for y in range(0, image.height(), 37)])
     assert len(np.unique(pixels)) > 20  # a real picture, not a blank window
+
+
+def test_screenshot_of_a_reply_from_a_loaded_model(tmp_path, qapp):
+    # --model loads it (every panel takes it, one by one) before --prompt sends; the reply is
+    # the model's greedy one (the chat panel's default preset), as the engine gives it
+    from loomlab.core.llm.textmodel import load_model
+
+    env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    out = tmp_path / "chat.png"
+    argv = ["--screenshot", str(out), "--model", "smollm2-135m", "--prompt", "Name a colour.",
+            "--panel", "chat"]
+    done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", *argv], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert out.stat().st_size > 10_000
+    with sqlite3.connect(tmp_path / "data" / "workspace.sqlite3") as db:
+        (reply,) = db.execute("SELECT content FROM messages WHERE role = 'assistant'").fetchone()
+    with load_model("smollm2-135m") as model:
+        expected = "".join(r.text for r in model.chat([{"role": "user", "content": "Name a colour."}],
+                                                      temperature=0, max_tokens=256))
+    assert reply == expected and reply
 
 
 @pytest.mark.parametrize("argv, message", [(["--screenshot"], "expected one argument"),
