@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,6 +53,8 @@ class TokenizerProcess:
         self._info: dict[str, Any] | None = None
         self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, bufsize=0)
+        # also run if the object is dropped unclosed, or at exit: no child outlives its use
+        self._stop = weakref.finalize(self, _stop, self._proc)
         try:
             _send(self._proc.stdin, {"hf" if path.is_dir() else "gguf": str(path)})
         except OSError:  # the child died at once; the first use reports how
@@ -115,16 +118,7 @@ class TokenizerProcess:
 
     def close(self) -> None:
         """End the child (idempotent). Later calls raise :class:`EngineProcessError`."""
-        proc = self._proc
-        if proc.returncode is not None:
-            return
-        try:
-            proc.stdin.close()  # end of input: the child leaves its loop
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        self._stop()
 
     @property
     def running(self) -> bool:
@@ -180,6 +174,18 @@ class TokenizerProcess:
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
         return f"TokenizerProcess({str(self.path)!r}, {state})"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.returncode is None:
+        try:
+            proc.stdin.close()  # end of input: the child leaves its loop
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()
 
 
 # ---- wire format ---------------------------------------------------------------------------------

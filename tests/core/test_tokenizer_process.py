@@ -112,6 +112,13 @@ def test_close_ends_the_child_and_later_calls_fail_typed():
         child.encode("hello")
 
 
+def test_a_dropped_tokenizer_process_ends_its_child():
+    child = TokenizerProcess(registry.fetch("smollm2-135m")).wait_ready()
+    proc = child._proc
+    del child
+    assert proc.returncode == 0 and proc.stdout.closed
+
+
 def test_closing_the_model_ends_its_tokenizer_process():
     with load_model("smollm2-135m", tokenizer_process=True) as model:
         assert isinstance(model.tokenizer, TokenizerProcess) and model.tokenizer.running
