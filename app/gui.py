@@ -88,10 +88,10 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         window.docks[options.panel].raise_()
     if options.network is not None:
         window.open_network(options.network)
-        _wait(window, lambda: window.network is not None and _everywhere(window), "opening the network")
+        _wait(window, lambda: window.network is not None and not window.handing_over, "opening the network")
     if options.model is not None:
         window.open_model(options.model)
-        _wait(window, lambda: window.model is not None and _everywhere(window), "loading the model")
+        _wait(window, lambda: window.model is not None and not window.handing_over, "loading the model")
     if options.prompt is not None:
         if window.model is None:
             raise RuntimeError("--prompt needs --model")
@@ -100,13 +100,6 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         chat.reply_finished.connect(replies.append)
         chat.send(options.prompt)
         _wait(window, lambda: bool(replies), "waiting for the reply")
-
-
-def _everywhere(window: MainWindow) -> bool:
-    """Every panel has what the window opened (they take it one by one, see MainWindow._chain)."""
-    panels = window.panels
-    return (panels["topology"].network is window.network and panels["telemetry"].network is window.network
-            and (window.model is None or panels["chat"].model is window.model))
 
 
 def _wait(window: MainWindow, done: Callable[[], bool], what: str) -> None:

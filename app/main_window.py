@@ -214,7 +214,8 @@ class MainWindow(QMainWindow):
 
     @property
     def handing_over(self) -> bool:
-        """True while panels are still to take what was just opened (see :meth:`_chain`)."""
+        """True while panels are still to take what was just opened (see :meth:`_chain`); False
+        once every panel has it."""
         return self._steps_pending > 0
 
     def clear_model(self) -> None:

@@ -98,8 +98,7 @@ class TextModel:
 
     def close(self) -> None:
         self.net.close()
-        if isinstance(self.tokenizer, TokenizerProcess):
-            self.tokenizer.close()
+        self.tokenizer.close()
 
     # ----- description ---------------------------------------------------------------------
     def info(self) -> dict:
@@ -358,13 +357,9 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     else:
         path = Path(alias_or_path).expanduser()
     child = TokenizerProcess(path) if tokenizer_process else None
+    net = None
     try:
         net = load_causal_lm(path, progress)
-    except BaseException:
-        if child is not None:
-            child.close()
-        raise
-    try:
         source = net.source
         if child is not None:
             tokenizer = child.wait_ready()
@@ -375,9 +370,9 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
         meta = source.metadata if source.kind == "gguf" else _tokenizer_config(Path(path))
         template = ChatTemplate.for_model(meta, net.args.architecture)
     except BaseException:
-        net.close()
-        if child is not None:
-            child.close()
+        for part in (net, child):
+            if part is not None:
+                part.close()
         raise
     return TextModel(net, tokenizer, template, name)
 

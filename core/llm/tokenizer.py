@@ -218,6 +218,10 @@ class Tokenizer:
     def special_ids(self) -> frozenset[int]:
         return self._special
 
+    def close(self) -> None:
+        """Nothing to free (the HF tokenizer is plain memory); here so a model closes whichever
+        tokenizer it has, this one or a :class:`~.tokenizer_process.TokenizerProcess`."""
+
     def _encoding(self, text: str, add_special_tokens: bool, allow_special: bool):
         if not isinstance(text, str):
             raise LoomConfigError(f"text to encode must be a str, not {type(text).__name__}")
