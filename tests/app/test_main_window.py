@@ -156,6 +156,19 @@ def test_closing_during_a_job_cancels_and_joins_it(qtbot, tmp_path):
     assert time.perf_counter() - t < 5 and not win.runner.active
 
 
+def test_warm_up_leaves_the_startup_heap_out_of_the_garbage_collector():
+    """A full collection walks only what the collector still tracks: after warm_up that must
+    be a small remainder, not the ~200k objects startup built (a 120-200 ms walk, GIL held)."""
+    import gc
+
+    from loomlab.app.gui import warm_up
+
+    before = len(gc.get_objects())
+    warm_up()
+    assert gc.get_freeze_count() >= 0.9 * before
+    assert len(gc.get_objects()) < 0.01 * before
+
+
 def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path):
     """A 10 ms timer keeps firing while smollm2 loads and answers (the issue's measure; Xvfb
     with llvmpipe's software OpenGL draws the window).
@@ -163,9 +176,7 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
     Loading runs from the click to the window at rest with the model in every panel; the
     message is sent only then, as a person would, so the last panel's repaint and the send's
     are not measured as one. The window's own first frames (startup) come before the click.
-    Generating is held to 100 ms. Loading is printed and held to 500 ms only: it measures
-    46-65 ms in most runs, but one clean-clone CI run in about fifteen runs showed 289 ms, cause not
-    yet found (see the issue note)."""
+    Both are held to 100 ms; the worst gaps are printed (pytest -s)."""
     from loomlab.app.gui import warm_up
 
     warm_up()  # what run_gui does before showing the window
@@ -206,4 +217,4 @@ def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path)
     assert isinstance(chat.model.tokenizer, TokenizerProcess)  # built outside this process's GIL
     worst = max(generating)
     assert worst < 0.1, f"the GUI thread stalled for {worst * 1000:.0f} ms while generating"
-    assert loading < 0.5, f"the GUI thread stalled for {loading * 1000:.0f} ms while loading"
+    assert loading < 0.1, f"the GUI thread stalled for {loading * 1000:.0f} ms while loading"
