@@ -174,6 +174,8 @@ BENCH_PROMPT = ("The history of computing is a story of people and machines: fro
 def cmd_bench(args) -> int:
     import platform
 
+    from loomlab.core.procinfo import machine
+
     if args.tokens < 1 or args.repeat < 1:
         raise CliError("--tokens and --repeat must be >= 1")
     with _load(args.model) as model:
@@ -191,7 +193,7 @@ def cmd_bench(args) -> int:
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
         best["peak_rss_mib"] = round(model.metrics().peak_rss_bytes / 2**20, 1)
-    result = {"model": args.model, "machine": f"{platform.machine()}, {_cpus()} CPUs",
+    result = {"model": args.model, "machine": machine(),
               "python": platform.python_version(), **best}
     if args.json:
         print(json.dumps(result, indent=2))
@@ -199,12 +201,6 @@ def cmd_bench(args) -> int:
         for k, v in result.items():
             print(f"{k:<24} {v}")
     return 0
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
 
 
 def _ids(text: str) -> list[int]:

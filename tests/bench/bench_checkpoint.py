@@ -11,13 +11,14 @@ import argparse
 import json
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from benchtools import best
 
 from loomlab.core import VolumetricNetwork, load_network, make_layer, save_network
 from loomlab.core.morph import morph_all
+from loomlab.core.procinfo import machine
 
 
 def build(params: int, dtype: str) -> VolumetricNetwork:
@@ -31,15 +32,6 @@ def build(params: int, dtype: str) -> VolumetricNetwork:
     if dtype != "float32":
         morph_all(net, dtype)
     return net
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:
@@ -60,7 +52,7 @@ def main() -> None:
             results[suffix] = {"save_s": round(save_s, 4), "load_s": round(load_s, 4),
                                "bytes": path.stat().st_size}
     print(json.dumps({
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": machine(),
         "python": platform.python_version(), "parameters": net.parameter_count(), "dtype": args.dtype,
         "json": results[".json"], "loom": results[".loom"],
         "load_speedup": round(results[".json"]["load_s"] / results[".loom"]["load_s"], 1),

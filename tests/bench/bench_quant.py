@@ -19,33 +19,18 @@ import time
 
 import numba
 import numpy as np
+from benchtools import best
 from gguf import GGUFReader
 
 from loomlab.core.llm import quant, registry
 from loomlab.core.llm.quant import MATMUL_MIN_T, QuantMatrix
+from loomlab.core.procinfo import cpu_name
 
 
 def load_matrices() -> dict[str, QuantMatrix]:
     reader = GGUFReader(registry.fetch("smollm2-135m"))
     return {t.name: QuantMatrix(t.data, int(t.tensor_type), (int(t.shape[1]), int(t.shape[0])), name=t.name)
             for t in reader.tensors if len(t.shape) == 2}
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def main() -> None:

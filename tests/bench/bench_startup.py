@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from loomlab.core.procinfo import machine
+
 CHILD = """
 import json, time
 t0 = time.perf_counter()
@@ -55,7 +57,7 @@ def main() -> None:
     runs = [one_run() for _ in range(args.repeat)]
     best = min(runs, key=lambda r: r["shown_s"])
     print(json.dumps({
-        "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
+        "machine": machine(), "python": platform.python_version(),
         "runs": args.repeat,
         "best": {k: round(v, 3) for k, v in best.items()},
         "median_shown_s": round(statistics.median(r["shown_s"] for r in runs), 3),

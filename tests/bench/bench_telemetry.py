@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 
 from PySide6.QtCore import QEventLoop
 from PySide6.QtWidgets import QApplication
 
 from loomlab.core.llm.textmodel import TextModel, load_model
+from loomlab.core.procinfo import machine
 from loomlab.views.telemetry_panel import DEFAULT_RATE_HZ, DEFAULT_SAMPLE_HZ, TelemetryPanel
 from loomlab.views.workers import JobRunner
 
@@ -79,7 +79,7 @@ def main() -> None:
     base, observed = max(without), max(with_panel)
     slowdown = 100.0 * (1.0 - observed / base)
     print(json.dumps({
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs", "model": args.model,
+        "machine": machine(), "python": platform.python_version(), "model": args.model,
         "tokens": args.tokens, "repeat": args.repeat, "refresh_hz": round(1000 / panel.timer.interval(), 1),
         "sample_hz": sample_hz,
         "decode_tokens_per_s": {"without_panel": round(base, 1), "with_panel": round(observed, 1)},

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
 
 from loomlab.core.llm import registry
 from loomlab.core.llm.textmodel import load_model
+from loomlab.core.procinfo import machine
 
 PROMPT = ("The history of computing is a story of people and machines: from mechanical calculators "
           "and punched cards to transistors, integrated circuits and the networks that")
@@ -76,7 +76,7 @@ def main() -> None:
         sys.exit(f"llama.cpp run failed: {done.stderr.strip().splitlines()[-1:]}")
     theirs = json.loads(done.stdout)
     print(json.dumps({
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs", "model": args.model,
+        "machine": machine(), "python": platform.python_version(), "model": args.model,
         "loomlab": {k: round(v, 1) for k, v in ours.items()},
         "llama_cpp": {k: round(v, 1) for k, v in theirs.items()},
         "decode_ratio": round(ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"], 2),
