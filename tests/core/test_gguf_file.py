@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 import time
-import tracemalloc
 
 import gguf
 import numpy as np
@@ -16,6 +15,8 @@ from gguf import GGUFReader
 from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm import registry
 from loomlab.core.llm.gguf_file import open_gguf
+
+from .bad_input import raises_quickly_and_small
 
 # ---------------------------------------------------------------- real files, against gguf-py
 
@@ -303,18 +304,9 @@ def test_bad_file_raises_one_typed_error_quickly_and_small(case, tmp_path):
     make, field = BAD_FILES[case]
     path = tmp_path / "bad.gguf"
     path.write_bytes(make())
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        with pytest.raises(ModelFormatError) as e:
-            open_gguf(path)
-        elapsed = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert e.value.field == field, str(e.value)
-    assert e.value.offset is not None and 0 <= e.value.offset <= path.stat().st_size, str(e.value)
-    assert elapsed < 0.5 and peak < 2e6, (elapsed, peak)
+    error = raises_quickly_and_small(lambda: open_gguf(path), ModelFormatError, seconds=0.5, peak_bytes=2e6)
+    assert error.field == field, str(error)
+    assert error.offset is not None and 0 <= error.offset <= path.stat().st_size, str(error)
 
 
 def test_error_offsets_point_at_the_culprit(tmp_path):

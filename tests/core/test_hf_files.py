@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import time
-import tracemalloc
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, which safetensors.numpy needs
@@ -18,6 +16,8 @@ from safetensors.numpy import load_file, save_file
 
 from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm.hf_files import open_hf
+
+from .bad_input import raises_quickly_and_small
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-hf"
 DTYPE_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
@@ -179,17 +179,7 @@ def test_bad_safetensors_raise_one_typed_error_quickly_and_small(case, tmp_path)
 
 
 def open_expecting_error(folder: Path) -> ModelFormatError:
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        with pytest.raises(ModelFormatError) as e:
-            open_hf(folder)
-        elapsed = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert elapsed < 1.0 and peak < 4e6, (elapsed, peak)
-    return e.value
+    return raises_quickly_and_small(lambda: open_hf(folder), ModelFormatError, seconds=1.0, peak_bytes=4e6)
 
 
 def test_the_safetensors_library_also_rejects_the_offset_tricks(tmp_path):
