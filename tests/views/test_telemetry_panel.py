@@ -81,6 +81,17 @@ def wait_for_tick(qtbot, panel) -> None:
         pass
 
 
+def run_watched(qtbot, panel, steps: int):
+    """A fresh small net shown in ``panel`` and an oracle on it, after ``steps`` training steps and
+    one panel tick; returns (net, oracle, each step's input, output and gradient)."""
+    net = small_net()
+    panel.set_network(net)
+    oracle = Oracle(net)
+    io = run_steps(net, steps)
+    wait_for_tick(qtbot, panel)
+    return net, oracle, io
+
+
 def test_rows_are_every_layer_in_traversal_order(panel):
     net = small_net()
     panel.set_network(net)
@@ -90,11 +101,7 @@ def test_rows_are_every_layer_in_traversal_order(panel):
 
 
 def test_forward_and_backward_fill_the_heatmap_with_the_cores_stats(qtbot, panel):
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    io = run_steps(net, 5)
-    wait_for_tick(qtbot, panel)
+    _, oracle, io = run_watched(qtbot, panel, 5)
     keys = panel.layer_keys()
     # the oracle's own numbers are LayerStats.of on the tensors: every grid layer's output,
     # recomputed by an unobserved twin of the network, and the gradient reaching the last layer
@@ -119,11 +126,7 @@ def test_forward_and_backward_fill_the_heatmap_with_the_cores_stats(qtbot, panel
 
 
 def test_the_heatmap_scrolls_to_the_last_steps(qtbot, panel):
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    run_steps(net, 3)
-    wait_for_tick(qtbot, panel)
+    net, oracle, _ = run_watched(qtbot, panel, 3)
     run_steps(net, HISTORY + 2, seed=7)  # more steps than the heatmap holds, in one tick
     wait_for_tick(qtbot, panel)
     np.testing.assert_array_equal(panel.heatmap_values(),
@@ -131,11 +134,7 @@ def test_the_heatmap_scrolls_to_the_last_steps(qtbot, panel):
 
 
 def test_the_statistic_box_switches_the_image(qtbot, panel):
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    run_steps(net, 3)
-    wait_for_tick(qtbot, panel)
+    _, oracle, _ = run_watched(qtbot, panel, 3)
     keys = panel.layer_keys()
     np.testing.assert_array_equal(panel.image.image, oracle.expected(keys, "forward", "mean"))
     panel.statistic_box.setFocus()
@@ -153,11 +152,7 @@ def click_row(qtbot, panel, row: int) -> None:
 
 
 def test_clicking_a_heatmap_row_selects_that_layer_and_shows_its_stats(qtbot, panel):
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    run_steps(net, 4)
-    wait_for_tick(qtbot, panel)
+    _, oracle, _ = run_watched(qtbot, panel, 4)
     key = panel.layer_keys()[2]
     with qtbot.waitSignal(panel.layer_selected) as selected:
         click_row(qtbot, panel, 2)
@@ -177,11 +172,7 @@ def test_clicking_a_heatmap_row_selects_that_layer_and_shows_its_stats(qtbot, pa
 
 
 def test_picking_from_the_list_selects_and_follows_the_direction(qtbot, panel):
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    run_steps(net, 2)
-    wait_for_tick(qtbot, panel)
+    _, oracle, _ = run_watched(qtbot, panel, 2)
     item = panel.layer_list.item(4)
     rect = panel.layer_list.visualItemRect(item)
     qtbot.mouseClick(panel.layer_list.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
@@ -238,11 +229,7 @@ def test_sampled_passes_fill_consecutive_columns(qtbot):
     clock = iter(np.arange(1, 100) * 0.1)  # each pass starts 0.1 s after the one before
     panel = TelemetryPanel(history=HISTORY, sample_hz=4, clock=lambda: next(clock))
     qtbot.addWidget(panel)
-    net = small_net()
-    panel.set_network(net)
-    oracle = Oracle(net)
-    run_steps(net, 8)
-    wait_for_tick(qtbot, panel)
+    _, oracle, _ = run_watched(qtbot, panel, 8)
     sampled = [e for e in oracle.events["forward"] if e.step_count in (0, 3, 6)]  # 0.25 s apart
     expected = np.full((6, HISTORY), np.nan, np.float32)
     keys = panel.layer_keys()
