@@ -54,8 +54,8 @@ def warm_up() -> None:
     numpy, numba) out of the cyclic garbage collector's reach: a full collection over them
     took 120-200 ms with the GIL held, whichever thread set it off, and one landing during a
     model load was the GUI's worst stall. Afterwards a full collection walks only what came
-    later (~5k objects with a model loaded: ~3 ms). Those startup objects live as long as the
-    process, so none of their garbage is kept.
+    later (~5k objects with a model loaded: ~3 ms). Frozen objects are never collected, which
+    costs nothing here: modules, classes and the app's singletons live as long as the process.
     """
     import loomlab.core.llm.textmodel  # noqa: F401 - imported now rather than by the first load
     from loomlab.core.llm import quant
