@@ -15,18 +15,10 @@ SYSTEM_PACKAGES=(
     libgl1-mesa-dri libegl1 libgl1 libglib2.0-0 libfontconfig1 libdbus-1-3
 )
 
-# Debian's and Ubuntu's own python3 refuse `pip install` outside a virtual environment (PEP 668).
-externally_managed() {
-    python3 -c 'import os, sys, sysconfig
-managed = os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
-sys.exit(0 if managed and sys.prefix == sys.base_prefix else 1)'
-}
-
-PYTHON=python3
-if externally_managed; then
-    SYSTEM_PACKAGES+=(python3-venv)
-    PYTHON=.venv/bin/python
-fi
+# Always the project's own virtual environment: installing editable into whatever python3 is on
+# PATH (pyenv, conda, the system's) would replace a `loomlab` someone installed there.
+SYSTEM_PACKAGES+=(python3-venv)
+PYTHON=.venv/bin/python
 
 if command -v dpkg-query >/dev/null; then
     missing=()
@@ -42,7 +34,7 @@ else
     echo "not a Debian/Ubuntu system: install the equivalents of: ${SYSTEM_PACKAGES[*]}" >&2
 fi
 
-if [ "$PYTHON" = .venv/bin/python ] && [ ! -x .venv/bin/python ]; then
+if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 "$PYTHON" -m pip install -e '.[dev]'
