@@ -1,11 +1,14 @@
-"""The chat panel: conversations from the workspace database, streamed replies, branches.
+"""The chat panel: conversations from the workspace database, streamed replies, branches, and a
+completion mode for base models.
 
 A :class:`ChatPanel` is handed a :class:`~loomlab.views.workers.JobRunner` and a
-:class:`~loomlab.core.store.Workspace`; :meth:`ChatPanel.set_model` gives it a loaded
-:class:`~loomlab.core.llm.textmodel.TextModel`. Generation runs as a job that iterates
-``model.chat(..., cancel=job.is_cancelled, logprobs=5)`` and streams each ``TokenRecord``
-to the GUI thread. There every token is appended to the stored reply at once (a crash loses
-only text not yet shown), while the view is repainted from a buffer by a timer (<= 30 Hz).
+:class:`~loomlab.core.workspace.store.Workspace`; :meth:`ChatPanel.set_model` gives it a loaded
+:class:`~loomlab.core.llm.textmodel.TextModel`. What a chat does — the conversation, the request,
+storing each token and finishing the reply with its metrics — is a Qt-free
+:class:`~loomlab.core.workspace.chat.ChatSession` (``loomlab chat`` uses the same one). The panel
+streams a session's :class:`~loomlab.core.workspace.chat.Reply` in a job and only draws: a timer
+(one frame, ~30 Hz) draws the tokens that arrived since the last frame, so the generating thread
+sends no event per token and the GUI thread does one small piece of work a frame.
 
 The thread is drawn into a ``QTextBrowser`` with a ``QTextCursor``; each generated token is a
 link (``tok:<message>:<position>``) so a click shows its top alternatives, and links in the
@@ -19,10 +22,10 @@ import json
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QCoreApplication, QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
@@ -34,6 +37,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -54,6 +58,7 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QTextBrowser,
     QToolButton,
     QVBoxLayout,
@@ -62,16 +67,17 @@ from PySide6.QtWidgets import (
 
 from loomlab.core.errors import LoomError
 from loomlab.core.io.atomic import write_atomic
-from loomlab.core.llm.chat_template import encode_chat
-from loomlab.core.llm.textmodel import Metrics, TextModel, TokenRecord
-from loomlab.core.store import Message, Workspace, metrics_line
+from loomlab.core.llm.textmodel import TextModel, TokenRecord
+from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_summary
+from loomlab.core.workspace.store import Message, Workspace
 
 from .workers import Job, JobRunner
 
 TOP_ALTERNATIVES = 5  # logprobs asked of the model per token
 KEPT_REPLIES = 32  # replies whose TokenRecords stay in memory for the alternatives view
-FLUSH_MS = 33  # the streamed text reaches the view at most ~30 times a second
-NEW_TITLE = "New chat"
+FRAME_MS = 33  # the streamed text reaches the view once a frame, ~30 times a second
+COMPLETION_TAB = 1
+SHUTDOWN_WAIT_S = 10.0  # a reply finishes in the store right after its job ends
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 
 #: Named sampling presets; they set only the knobs they name (max tokens and seed stay).
@@ -247,44 +253,45 @@ def _bold() -> QFont:
 
 @dataclass
 class _Stream:
-    """The reply being generated."""
+    """The reply on screen while it is generated: the session's Reply, what is drawn of it, and
+    the job that streams it."""
 
-    conv_id: int
-    message_id: int
+    reply: Reply
     job: Job | None = None
-    records: list[TokenRecord] = field(default_factory=list)
-    shown: int = 0  # records already drawn in the view
-    metrics: Metrics | None = None
+    shown: int = 0  # records already drawn
     first_token_at: float = 0.0
+    completion: bool = False  # continues the completion box instead of the chat thread
 
 
 class ChatPanel(QWidget):
-    """Chat with the loaded model; conversations live in ``workspace``.
+    """Chat with the loaded model; conversations live in ``workspace`` (through a
+    :class:`~loomlab.core.workspace.chat.ChatSession`, which ``loomlab chat`` uses too).
 
     Signals:
-        reply_finished(Message): a reply ended (any finish reason) and is stored.
+        reply_finished(Message): a stored chat reply ended (any finish reason).
+        completion_finished(Reply): a completion (Completion tab) ended.
         tokens_per_second(float): a live estimate while a reply streams, the final figure at its end.
     """
 
     reply_finished = Signal(object)
+    completion_finished = Signal(object)
     tokens_per_second = Signal(float)
 
     def __init__(self, runner: JobRunner, workspace: Workspace, parent: QWidget | None = None):
         super().__init__(parent)
         self.runner = runner
         self.workspace = workspace
-        self._model: TextModel | None = None
-        self._conv_id: int | None = None
+        self.session = ChatSession(workspace, logprobs=TOP_ALTERNATIVES)
         self._stream: _Stream | None = None
         self._stream_cursor: QTextCursor | None = None  # where the streaming reply's next token goes
         self._stream_position: int | None = None
         self._records: OrderedDict[int, list[TokenRecord]] = OrderedDict()
         self._editing: int | None = None  # the past message the input box is rewriting
         self._context_used = 0
-        self._flush_timer = QTimer(self)
-        self._flush_timer.setSingleShot(True)
-        self._flush_timer.setInterval(FLUSH_MS)
-        self._flush_timer.timeout.connect(self._flush)
+        # the streamed text reaches the view once a frame: no event per token crosses threads
+        self._frame_timer = QTimer(self)
+        self._frame_timer.setInterval(FRAME_MS)
+        self._frame_timer.timeout.connect(self._draw_new_tokens)
         self._build()
         self.refresh_conversations()
         first = self.conversations.item(0)
@@ -297,10 +304,10 @@ class ChatPanel(QWidget):
     def _build(self) -> None:
         splitter = QSplitter(Qt.Orientation.Horizontal, self)
         splitter.addWidget(self._build_conversation_side())
-        splitter.addWidget(self._build_chat_side())
+        splitter.addWidget(self._build_middle())
         splitter.addWidget(self._build_settings_side())
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([200, 640, 260])
+        splitter.setSizes([200, 620, 320])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(splitter)
@@ -325,13 +332,29 @@ class ChatPanel(QWidget):
             buttons.addWidget(b)
         return _column(self.search_box, self.conversations, buttons)
 
-    def _build_chat_side(self) -> QWidget:
+    def _build_middle(self) -> QWidget:
         self.model_label = QLabel()
+        self.mode_notice = QLabel()
+        self.mode_notice.setWordWrap(True)
+        self.mode_notice.hide()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self._build_chat_tab(), "Chat")
+        self.tabs.addTab(self._build_completion_tab(), "Completion")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.status, 1)
+        bottom.addWidget(self.stop_button)
+        return _column(self.model_label, self.mode_notice, self.tabs, bottom)
+
+    def _build_chat_tab(self) -> QWidget:
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
         self.view.document().setUndoRedoEnabled(False)
         self.view.anchorClicked.connect(self._on_link)
-        self.edit_banner = QLabel()
+        self.edit_banner = QLabel("Editing a past message: Send makes a new branch (the old one stays).")
         self.edit_banner.setWordWrap(True)
         self.cancel_edit_button = QPushButton("Cancel edit")
         self.cancel_edit_button.clicked.connect(self.cancel_edit)
@@ -343,9 +366,9 @@ class ChatPanel(QWidget):
         self.input.submitted.connect(self._send_clicked)
         self.send_button = QPushButton("Send")
         self.send_button.clicked.connect(self._send_clicked)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(self.stop)
         self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Another reply to the last message, sampled (greedy decoding would "
+                                          "repeat the same words); its seed is shown under it")
         self.regenerate_button.clicked.connect(self.regenerate)
         self.copy_button = QPushButton("Copy chat")
         self.copy_button.clicked.connect(self.copy_conversation)
@@ -356,49 +379,73 @@ class ChatPanel(QWidget):
         menu.addAction("JSON…", lambda: self._choose_export("json"))
         self.export_button.setMenu(menu)
         actions = QHBoxLayout()
-        for b in (self.send_button, self.stop_button, self.regenerate_button):
+        for b in (self.send_button, self.regenerate_button):
             actions.addWidget(b)
         actions.addStretch(1)
         actions.addWidget(self.copy_button)
         actions.addWidget(self.export_button)
         self.context_bar = QProgressBar()
         self.context_bar.setTextVisible(True)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
         self._show_edit_banner(False)
-        return _column(self.model_label, self.view, banner, self.input, actions, self.context_bar,
-                       self.status)
+        return _column(self.view, banner, self.input, actions, self.context_bar)
+
+    def _build_completion_tab(self) -> QWidget:
+        self.completion_box = QPlainTextEdit(placeholderText="Write the beginning of a text; Continue lets "
+                                             "the model write on (plain text, no chat template).")
+        self.continue_button = QPushButton("Continue")
+        self.continue_button.clicked.connect(lambda: self.complete(self.completion_box.toPlainText()))
+        actions = QHBoxLayout()
+        actions.addWidget(self.continue_button)
+        actions.addStretch(1)
+        return _column(self.completion_box, actions)
 
     def _build_settings_side(self) -> QWidget:
         self.system_prompt = QPlainTextEdit(placeholderText="System prompt (optional)")
-        self.system_prompt.setMaximumHeight(100)
+        self.system_prompt.setMaximumHeight(80)
         self.system_prompt.textChanged.connect(self._on_system_prompt)
         self.sampling = SamplingControls()
         self.sampling.changed.connect(self._on_sampling)
+        self.colour_tokens = QCheckBox("Colour tokens by probability")
+        self.colour_tokens.setChecked(True)
+        self.colour_tokens.toggled.connect(lambda _on: self._render())
+        self.legend = _HeatLegend()
         self.token_label = QLabel("Click a token of a reply to see its alternatives.")
         self.token_label.setWordWrap(True)
         self.alternatives = AlternativesTable()
-        return _column(_group("System prompt", self.system_prompt), _group("Sampling", self.sampling),
-                       _group("Token alternatives", _column(self.token_label, self.alternatives)))
+        tokens = _column(self.colour_tokens, self.legend, self.token_label, self.alternatives)
+        side = _column(_group("System prompt", self.system_prompt), _group("Sampling", self.sampling),
+                       _group("Token alternatives", tokens))
+        side.setMinimumWidth(side.sizeHint().width())
+        return side
 
     # ----- model -------------------------------------------------------------------------------
     def set_model(self, model: TextModel) -> None:
-        """Chat with ``model`` from now on (a reply streaming from another model goes on)."""
-        self._model = model
-        self.sampling.set_max_tokens_limit(model.net.args.context_length)
+        """Chat with ``model`` from now on (a reply streaming from another model goes on). A model
+        without a chat template opens on the Completion tab, with a notice saying why."""
+        self.session.set_model(model)
+        self.sampling.set_max_tokens_limit(model.context_length)
+        if model.supports_chat:
+            self.mode_notice.hide()
+        else:
+            self.mode_notice.setText(
+                f"<b>{html.escape(model.name)}</b> is a base model without a chat template: it continues "
+                "text rather than answering messages. Use the Completion tab.")
+            self.mode_notice.show()
+            self.tabs.setCurrentIndex(COMPLETION_TAB)
         self._update_actions()
         self._update_context()
 
     def clear_model(self) -> None:
         """Forget the model (it is being unloaded): a streaming reply is stopped."""
         self.stop()
-        self._model = None
+        self.session.set_model(None)
+        self.mode_notice.hide()
         self._update_actions()
         self._update_context()
 
     @property
     def model(self) -> TextModel | None:
-        return self._model
+        return self.session.model
 
     @property
     def generating(self) -> bool:
@@ -407,7 +454,7 @@ class ChatPanel(QWidget):
     # ----- conversations -------------------------------------------------------------------------
     @property
     def conversation_id(self) -> int | None:
-        return self._conv_id
+        return self.session.conversation_id
 
     def refresh_conversations(self) -> None:
         """Fill the list from the workspace (matches of the search box only), keeping the selection."""
@@ -420,23 +467,23 @@ class ChatPanel(QWidget):
                 item.setToolTip(f"{conv.model or 'no model'} · {when}")
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
                 self.conversations.addItem(item)
-                if conv.id == self._conv_id:
+                if conv.id == self.conversation_id:
                     self.conversations.setCurrentItem(item)
 
     def new_conversation(self, title: str = NEW_TITLE) -> int:
         """Create an empty conversation with the current system prompt and sampling, and open it."""
-        conv = self.workspace.create_conversation(title, self._model.name if self._model else "",
-                                                  self.system_prompt.toPlainText(), self.sampling.values())
+        self.session.set_system_prompt(self.system_prompt.toPlainText())
+        self.session.set_sampling(self.sampling.values())
+        conv = self.session.new(title)
         self.open_conversation(conv.id)
         return conv.id
 
     def open_conversation(self, conv_id: int) -> None:
-        if self.generating and conv_id != self._conv_id:
+        if self.generating and conv_id != self.conversation_id:
             self._say("A reply is streaming: stop it before switching chats.")
             self.refresh_conversations()
             return
-        conv = self.workspace.get(conv_id)
-        self._conv_id = conv.id
+        conv = self.session.open(conv_id)
         self.cancel_edit()
         with _blocked(self.system_prompt):
             self.system_prompt.setPlainText(conv.system_prompt)
@@ -449,21 +496,21 @@ class ChatPanel(QWidget):
         self.refresh_conversations()
 
     def delete_conversation(self, conv_id: int) -> None:
-        if self.generating and conv_id == self._conv_id:
+        if self.generating and conv_id == self.conversation_id:
             self._say("Stop the streaming reply before deleting its chat.")
             return
         self.workspace.delete(conv_id)
-        if conv_id == self._conv_id:
-            self._conv_id = None
+        if conv_id == self.conversation_id:
+            self.session.close_conversation()
         self.refresh_conversations()
         first = self.conversations.item(0)
-        if self._conv_id is None and first is not None:
+        if self.conversation_id is None and first is not None:
             self.open_conversation(first.data(Qt.ItemDataRole.UserRole))
         else:
             self._render()
 
     def _on_current_item(self, item: QListWidgetItem | None, _previous=None) -> None:
-        if item is not None and item.data(Qt.ItemDataRole.UserRole) != self._conv_id:
+        if item is not None and item.data(Qt.ItemDataRole.UserRole) != self.conversation_id:
             self.open_conversation(item.data(Qt.ItemDataRole.UserRole))
 
     def _on_item_renamed(self, item: QListWidgetItem) -> None:
@@ -488,56 +535,40 @@ class ChatPanel(QWidget):
             self.delete_conversation(item.data(Qt.ItemDataRole.UserRole))
 
     def _on_system_prompt(self) -> None:
-        if self._conv_id is not None:
-            self.workspace.update(self._conv_id, system_prompt=self.system_prompt.toPlainText())
+        self.session.set_system_prompt(self.system_prompt.toPlainText())
         self._update_context()
 
     def _on_sampling(self) -> None:
-        if self._conv_id is not None:
-            self.workspace.update(self._conv_id, sampling=self.sampling.values())
+        self.session.set_sampling(self.sampling.values())
 
     # ----- sending, stopping, regenerating, editing ---------------------------------------------
     def send(self, text: str) -> None:
         """Add ``text`` as a user message under the active leaf and stream the reply."""
-        text = text.strip()
-        if not text or not self._can_generate():
-            return
-        if self._conv_id is None:
-            self.new_conversation(_title_from(text))
-        elif self._untitled_and_empty(self._conv_id):
-            self.workspace.rename(self._conv_id, _title_from(text))
-        user = self.workspace.add_message(self._conv_id, "user", text)
-        self._start_reply(user)
-
-    def _untitled_and_empty(self, conv_id: int) -> bool:
-        # a chat made with "New" is named after its first message
-        return self.workspace.get(conv_id).title == NEW_TITLE and not self.workspace.thread(conv_id)
+        if text.strip():
+            self._start(lambda: self.session.send(text))
 
     def regenerate(self) -> None:
-        """A new reply, as a sibling of the current one, to the last user message of the thread."""
-        if self._conv_id is None or not self._can_generate():
-            return
-        users = [m for m in self.workspace.thread(self._conv_id) if m.role == "user"]
-        if not users:
-            self._say("Nothing to regenerate: send a message first.")
-            return
-        self._start_reply(users[-1])
+        """Another reply, a sibling of the current one, to the thread's last user message; it
+        samples (see :meth:`ChatSession.regenerate`) and its seed is shown under it."""
+        if self.conversation_id is not None:
+            self._start(self.session.regenerate)
 
     def edit_message(self, message_id: int, text: str) -> None:
         """Replace a past message by a new sibling branch with ``text``; a user message is resent."""
         if not text.strip() or not self._can_generate():
             return
-        edited = self.workspace.edit_and_branch(message_id, text.strip())
         self.cancel_edit()
-        if edited.role == "user":
-            self._start_reply(edited)
-        else:
-            self._render()
+        self._start(lambda: self.session.edit(message_id, text))
+
+    def complete(self, text: str) -> None:
+        """Let the model continue ``text`` in the Completion tab (plain text, no chat template)."""
+        if text:
+            self._start(lambda: self.session.complete(text), completion=True)
 
     def stop(self) -> None:
         """Cancel the streaming reply; the model stops within one token and the reply is kept."""
-        if self._stream is not None and self._stream.job is not None:
-            self._stream.job.cancel()
+        if self._stream is not None:
+            self._stream.reply.cancel()
 
     def begin_edit(self, message_id: int) -> None:
         """Put a past message into the input box; Send then makes a new branch from it."""
@@ -554,9 +585,9 @@ class ChatPanel(QWidget):
 
     def show_branch(self, message_id: int) -> None:
         """Show the thread through ``message_id`` (down to its newest leaf)."""
-        if self.generating or self._conv_id is None:
+        if self.generating or self.conversation_id is None:
             return
-        self.workspace.set_active_leaf(self._conv_id, self.workspace.latest_leaf(message_id).id)
+        self.session.show_branch(message_id)
         self._render()
 
     def _send_clicked(self) -> None:
@@ -570,7 +601,7 @@ class ChatPanel(QWidget):
             self.send(text)
 
     def _can_generate(self) -> bool:
-        if self._model is None:
+        if self.model is None:
             self._say("Load a model first (Models panel).")
             return False
         if self.generating:
@@ -578,59 +609,61 @@ class ChatPanel(QWidget):
             return False
         return True
 
-    def _start_reply(self, parent: Message) -> None:
-        """Store an empty reply under ``parent`` and start the job that streams into it."""
-        conv_id = parent.conversation_id
-        history = self._chat_messages(self.workspace.thread(conv_id, parent.id))
-        model, sampling = self._model, self.sampling.values()
-        if self.workspace.get(conv_id).model != model.name:
-            self.workspace.update(conv_id, model=model.name)
-        reply = self.workspace.begin_reply(conv_id, parent.id)
-        self._stream = _Stream(conv_id, reply.id)
-        self._keep_records(reply.id, self._stream.records)
+    def _start(self, make_reply, completion: bool = False) -> None:
+        """Make a reply with the session (stored and validated in this thread: it is quick) and
+        start the job that streams it."""
+        if not self._can_generate():
+            return
+        try:
+            reply = make_reply()
+        except LoomError as exc:
+            self._say(str(exc))
+            self._render()
+            return
+        if reply is None:  # an edited assistant message: nothing to generate
+            self._render()
+            return
+        self._stream = stream = _Stream(reply, completion=completion)
+        if reply.message_id is not None:
+            self._keep_records(reply.message_id, reply.records)
 
         def work(job: Job) -> None:
-            for record in model.chat(history, cancel=job.is_cancelled, logprobs=TOP_ALTERNATIVES, **sampling):
-                job.emit_item(record)
-            # the metrics are complete only once the generator is exhausted; an item, so that a
-            # cancelled job (which reports no result) still delivers them
-            job.emit_item(replace(model.metrics()))
+            for _record in reply.stream(cancel=job.is_cancelled):
+                pass
 
-        self._stream.job = self.runner.start(work, name="chat", on_item=self._on_item,
-                                             on_success=self._on_done, on_cancel=self._on_done,
-                                             on_failure=self._on_failed)
-        self._say(f"Generating with {model.name}…")
+        stream.job = self.runner.start(work, name="chat", on_success=self._on_done, on_cancel=self._on_done,
+                                       on_failure=self._on_done)
+        self._frame_timer.start()
+        self._say(f"Generating with {reply.model.name}…" + (f" (seed {reply.seed})" if reply.seed is not None
+                                                             else ""))
         self._update_actions()
-        self._render()
+        if not completion:
+            self._render()
 
-    def _on_item(self, item) -> None:
+    def _draw_new_tokens(self) -> None:
+        """Once a frame: draw the tokens that arrived since the last frame."""
         stream = self._stream
         if stream is None:
             return
-        if isinstance(item, Metrics):
-            stream.metrics = item
+        records = stream.reply.records
+        count = len(records)  # the worker only appends, so the first `count` are complete
+        if count == stream.shown:
             return
-        if not stream.records:
+        if not stream.first_token_at:
             stream.first_token_at = time.perf_counter()
-        stream.records.append(item)
-        if item.text:
-            self.workspace.append_to_reply(stream.message_id, item.text)  # saved before it is shown
-        if not self._flush_timer.isActive():
-            self._flush_timer.start()
-
-    def _flush(self) -> None:
-        """Draw the tokens that arrived since the last flush at the end of the streaming reply."""
-        stream, cursor = self._stream, self._stream_cursor
-        if stream is None or cursor is None:
-            return
-        bar = self.view.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
-        for position in range(stream.shown, len(stream.records)):
-            self._insert_token(cursor, stream.message_id, position, stream.records[position])
-        stream.shown = len(stream.records)
-        if at_bottom:
-            bar.setValue(bar.maximum())
-        tokens = sum(r.id >= 0 for r in stream.records)
+        if stream.completion:
+            cursor = self.completion_box.textCursor()
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText("".join(r.text for r in records[stream.shown:count]))
+        elif self._stream_cursor is not None:
+            bar = self.view.verticalScrollBar()
+            at_bottom = bar.value() >= bar.maximum() - 4
+            for position in range(stream.shown, count):
+                self._insert_token(self._stream_cursor, stream.reply.message_id, position, records[position])
+            if at_bottom:
+                bar.setValue(bar.maximum())
+        stream.shown = count
+        tokens = sum(r.id >= 0 for r in records[:count])
         elapsed = time.perf_counter() - stream.first_token_at
         if tokens > 1 and elapsed > 0:
             self.tokens_per_second.emit((tokens - 1) / elapsed)
@@ -639,27 +672,23 @@ class ChatPanel(QWidget):
         stream = self._stream
         if stream is None:
             return
-        last = stream.records[-1].finish_reason if stream.records else None
-        reason = last or ("cancelled" if stream.job is not None and stream.job.is_cancelled() else "error")
-        self._finish(reason)
-
-    def _on_failed(self, error: str) -> None:
-        if self._stream is not None:
-            self._finish("error", error)
-
-    def _finish(self, reason: str, error: str | None = None) -> None:
-        stream, self._stream = self._stream, None
-        self._flush_timer.stop()
-        m = stream.metrics
-        generated = m is not None and m.generated_tokens > 0
-        message = self.workspace.finish_reply(
-            stream.message_id, reason, token_count=sum(r.id >= 0 for r in stream.records),
-            tokens_per_s=m.decode_tokens_per_s if generated else None,
-            ttft_s=m.time_to_first_token_s if generated else None,
-            extra={"error": error} if error else None)
-        self._say(f"Error: {error}" if error else _metrics_text(message))
+        self._draw_new_tokens()
+        self._stream = None
+        self._frame_timer.stop()
+        reply = stream.reply
         self._update_actions()
-        if stream.conv_id == self._conv_id:
+        if stream.completion:
+            m = reply.metrics
+            self._say(f"Error: {reply.error}" if reply.error else
+                      f"{reply.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tokens/s · "
+                      f"finish: {reply.finish_reason}")
+            self.completion_finished.emit(reply)
+            if reply.generated_tokens > 1:
+                self.tokens_per_second.emit(m.decode_tokens_per_s)
+            return
+        message = reply.message
+        self._say(f"Error: {reply.error}" if reply.error else reply_summary(message))
+        if reply.conversation_id == self.conversation_id:
             self._render()
         self.refresh_conversations()
         self.reply_finished.emit(message)
@@ -680,11 +709,10 @@ class ChatPanel(QWidget):
                                  f"{self._token_text(record.id, record.text)}  (p = {p:.4f})")
         self.alternatives.show_record(record, self._token_text)
 
-    def _token_text(self, token_id: int, raw: str) -> str:
-        # the tokenizer's piece ("Ġworld") means little to a reader: show the decoded text, quoted
-        if self._model is not None and token_id >= 0:
-            raw = self._model.tokenizer.decode([token_id])
-        return repr(raw)
+    def _token_text(self, token_id: int, text: str) -> str:
+        if self.model is not None and token_id >= 0:
+            text = self.model.token_text(token_id)
+        return repr(text)
 
     # ----- copy and export -----------------------------------------------------------------------
     def copy_message(self, message_id: int) -> None:
@@ -692,27 +720,28 @@ class ChatPanel(QWidget):
         self._say("Message copied.")
 
     def copy_conversation(self) -> None:
-        if self._conv_id is not None:
-            QGuiApplication.clipboard().setText(self.workspace.export_markdown(self._conv_id))
+        if self.conversation_id is not None:
+            QGuiApplication.clipboard().setText(self.workspace.export_markdown(self.conversation_id))
             self._say("Chat copied as Markdown.")
 
     def export_to(self, path: str | Path, fmt: str) -> None:
         """Write the open conversation's active thread as ``"markdown"`` or ``"json"`` (atomically)."""
-        if self._conv_id is None:
+        if self.conversation_id is None:
             raise LoomError("no conversation is open")
         if fmt == "markdown":
-            text = self.workspace.export_markdown(self._conv_id)
+            text = self.workspace.export_markdown(self.conversation_id)
         elif fmt == "json":
-            text = json.dumps(self.workspace.export_json(self._conv_id), indent=2, ensure_ascii=False) + "\n"
+            text = json.dumps(self.workspace.export_json(self.conversation_id), indent=2,
+                              ensure_ascii=False) + "\n"
         else:
             raise LoomError(f"export format must be 'markdown' or 'json', got {fmt!r}")
         write_atomic(path, text.encode("utf-8"))
 
     def _choose_export(self, fmt: str) -> None:
-        if self._conv_id is None:
+        if self.conversation_id is None:
             return
         suffix, kind = (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
-        title = self.workspace.get(self._conv_id).title
+        title = self.workspace.get(self.conversation_id).title
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", _file_stem(title) + suffix, kind)
         if path:
             try:
@@ -724,54 +753,53 @@ class ChatPanel(QWidget):
     # ----- context usage -------------------------------------------------------------------------
     def context_usage(self) -> tuple[int, int]:
         """(prompt tokens of the current thread, context length); (0, 0) without a model."""
-        return self._context_used, self._model.net.args.context_length if self._model else 0
+        return (self._context_used, self.model.context_length) if self.model is not None else (0, 0)
 
     def _update_context(self) -> None:
-        if self._model is None:
+        if self.model is None:
             self._context_used = 0
             self.context_bar.setRange(0, 1)
             self.context_bar.setValue(0)
             self.context_bar.setFormat("Context: no model loaded")
             return
-        thread = self.workspace.thread(self._conv_id) if self._conv_id is not None else []
         try:
-            used = len(encode_chat(self._model.tokenizer, self._model.template, self._chat_messages(thread)))
+            used, total = self.session.context_usage()
         except LoomError as exc:
             self.context_bar.setFormat(f"Context: cannot render the chat template ({exc})")
             return
-        total = self._model.net.args.context_length
         self._context_used = used
         self.context_bar.setRange(0, total)
         self.context_bar.setValue(min(used, total))
         self.context_bar.setFormat(f"Context: {used} / {total} tokens ({100 * used / total:.1f}%)")
 
-    def _chat_messages(self, thread: list[Message]) -> list[dict]:
-        """What the model is given: the system prompt, then the thread (empty failed replies left out)."""
-        system = self.system_prompt.toPlainText()
-        head = [{"role": "system", "content": system}] if system.strip() else []
-        return head + [{"role": m.role, "content": m.content} for m in thread
-                       if m.content or m.role != "assistant"]
-
     # ----- drawing the thread --------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._render()  # the transcript's colours were taken from the palette when drawn
+
     def _render(self) -> None:
-        """Redraw the active thread (the streaming reply's tokens continue from ``_stream_cursor``)."""
+        """Redraw the active thread (the streaming reply's tokens continue from ``_stream_cursor``)
+        and the status line (the shown thread's last reply)."""
         doc = self.view.document()
         doc.clear()
         self._stream_cursor = None
         cursor = QTextCursor(doc)
-        thread = self.workspace.thread(self._conv_id) if self._conv_id is not None else []
+        thread = self.session.thread()
         if not thread:
-            hint = ("Send a message to start." if self._model is not None
+            hint = ("Send a message to start." if self.model is not None
                     else "Load a model in the Models panel, then type a message.")
             cursor.insertText(hint, self._format(muted=True))
         self._stream_position = None
         for i, message in enumerate(thread):
             self._insert_message(cursor, message, first=i == 0)
-        if self._stream is not None and self._stream_position is not None:
+        stream = self._stream
+        if stream is not None and not stream.completion and self._stream_position is not None:
             # the streaming reply is the thread's last message, so nothing after its text moves
             self._stream_cursor = QTextCursor(doc)
             self._stream_cursor.setPosition(self._stream_position)
-            self._stream.shown = len(self._stream.records)
+        elif not self.generating:
+            self._say(self.session.status_line())
         self.view.verticalScrollBar().setValue(self.view.verticalScrollBar().maximum())
         self._update_actions()
         self._update_context()
@@ -792,8 +820,12 @@ class ChatPanel(QWidget):
             tint.setAlpha(40)
             body.setBackground(tint)
         cursor.insertBlock(body)
-        streaming = self._stream is not None and self._stream.message_id == message.id
+        stream = self._stream
+        streaming = stream is not None and stream.reply.message_id == message.id
         records = self._records.get(message.id)
+        if streaming:
+            records = stream.reply.records[:]  # a snapshot: the worker appends meanwhile
+            stream.shown = len(records)
         if records is not None and (streaming or "".join(r.text for r in records) == message.content):
             for position, record in enumerate(records):
                 self._insert_token(cursor, message.id, position, record)
@@ -803,7 +835,7 @@ class ChatPanel(QWidget):
             self._stream_position = cursor.position()
         if message.role == "assistant":
             cursor.insertBlock(QTextBlockFormat())
-            footer = "generating…" if streaming else _metrics_text(message)
+            footer = "generating…" if streaming else reply_summary(message)
             cursor.insertText(footer, self._format(muted=True, small=True))
 
     def _insert_header_links(self, cursor: QTextCursor, message: Message) -> None:
@@ -830,10 +862,9 @@ class ChatPanel(QWidget):
         fmt.setAnchor(True)
         fmt.setAnchorHref(f"tok:{message_id}:{position}")
         fmt.setToolTip(f"p = {math.exp(record.logprob):.3f} (click for alternatives)")
-        # unlikely tokens get a warmer background: the reply reads as a confidence map
-        heat = QColor(255, 140, 0)
-        heat.setAlpha(int(150 * (1.0 - math.exp(record.logprob))))
-        fmt.setBackground(heat)
+        if self.colour_tokens.isChecked():
+            # unlikely tokens get a warmer background: the reply reads as a confidence map
+            fmt.setBackground(heat_colour(math.exp(record.logprob)))
         cursor.insertText(record.text, fmt)
 
     def _format(self, bold: bool = False, muted: bool = False, small: bool = False) -> QTextCharFormat:
@@ -862,32 +893,33 @@ class ChatPanel(QWidget):
             self.begin_edit(args[0])
         elif kind == "copy":
             self.copy_message(args[0])
-        elif kind == "branch":
-            self._step_branch(*args)
-
-    def _step_branch(self, message_id: int, step: int) -> None:
-        siblings = [m.id for m in self.workspace.branches(message_id)]
-        target = siblings[(siblings.index(message_id) + step) % len(siblings)]
-        self.show_branch(target)
+        elif kind == "branch" and not self.generating:
+            self.session.step_branch(*args)
+            self._render()
 
     # ----- state of the controls -----------------------------------------------------------------
     def _update_actions(self) -> None:
-        idle, ready = not self.generating, self._model is not None and not self.generating
-        self.send_button.setEnabled(ready)
+        model = self.model
+        idle, ready = not self.generating, model is not None and not self.generating
+        chat_ready = ready and model.supports_chat
+        self.send_button.setEnabled(chat_ready)
+        self.continue_button.setEnabled(ready)
         self.stop_button.setEnabled(not idle)
-        self.regenerate_button.setEnabled(ready and self._conv_id is not None)
+        self.regenerate_button.setEnabled(chat_ready and self.conversation_id is not None)
         # one reply streams at a time, into the open chat: leaving or changing it waits for the end
         for w in (self.conversations, self.new_button, self.rename_button, self.delete_button,
                   self.search_box):
             w.setEnabled(idle)
-        has_chat = self._conv_id is not None
+        has_chat = self.conversation_id is not None
         self.copy_button.setEnabled(has_chat)
         self.export_button.setEnabled(has_chat)
-        self.model_label.setText(f"Model: <b>{html.escape(self._model.name)}</b>" if self._model is not None
-                                 else "No model loaded")
+        if model is None:
+            self.model_label.setText("No model loaded")
+        else:
+            mode = "chat" if model.supports_chat else "completion only"
+            self.model_label.setText(f"Model: <b>{html.escape(model.name)}</b> ({mode})")
 
     def _show_edit_banner(self, visible: bool) -> None:
-        self.edit_banner.setText("Editing a past message: Send makes a new branch (the old one stays).")
         self.edit_banner.setVisible(visible)
         self.cancel_edit_button.setVisible(visible)
 
@@ -896,21 +928,44 @@ class ChatPanel(QWidget):
 
     # ----- shutdown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Stop a streaming reply and wait for its job, storing what was generated; stop the timer."""
+        """Stop a streaming reply and wait for its job (the session stores what was generated as
+        "cancelled"); stop the frame timer."""
         stream = self._stream
-        if stream is not None and stream.job is not None:
-            stream.job.cancel()
-            stream.job.wait()
-            # deliver the tokens and the end signal still queued for this thread, so the reply is
-            # finished in the workspace as "cancelled" rather than left open
-            QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
-            if self._stream is stream:
-                self._finish("cancelled")
-        self._flush_timer.stop()
+        if stream is not None:
+            stream.reply.cancel()
+            if stream.job is not None:
+                stream.job.wait()
+            stream.reply.wait(SHUTDOWN_WAIT_S)
+            self._on_done()
+        self._frame_timer.stop()
 
     def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)
+
+
+def heat_colour(p: float) -> QColor:
+    """The background of a token of probability ``p``: clear when certain, orange when unlikely."""
+    heat = QColor(255, 140, 0)
+    heat.setAlpha(int(150 * (1.0 - p)))
+    return heat
+
+
+class _HeatLegend(QLabel):
+    """What the token colours mean: a strip from a likely token (clear) to an unlikely one."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        cells = "".join(f'<td style="background-color: {_css(heat_colour(p))}">&nbsp;&nbsp;&nbsp;</td>'
+                        for p in (1.0, 0.75, 0.5, 0.25, 0.0))
+        self.setText(f'<table cellspacing="0"><tr><td>likely&nbsp;</td>{cells}<td>&nbsp;unlikely</td>'
+                     "</tr></table>")
+        self.setToolTip("A token's background shows how likely the model found it: the more orange, "
+                        "the less likely.")
+
+
+def _css(colour: QColor) -> str:
+    return f"rgba({colour.red()}, {colour.green()}, {colour.blue()}, {colour.alpha()})"
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -932,19 +987,6 @@ def _group(title: str, content: QWidget) -> QGroupBox:
     layout = QVBoxLayout(box)
     layout.addWidget(content)
     return box
-
-
-def _metrics_text(message: Message) -> str:
-    line = metrics_line(message)
-    parts = [line] if line else []
-    if message.extra.get("error"):
-        parts.append(message.extra["error"])
-    return " · ".join(parts) or "no reply (interrupted)"
-
-
-def _title_from(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 40 else line[:39].rstrip() + "…"
 
 
 def _file_stem(title: str) -> str:

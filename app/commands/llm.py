@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from ..cli import CliError, progress_bar
 
@@ -25,6 +26,8 @@ def register(sub) -> None:
     chat.add_argument("--system", help="system prompt")
     chat.add_argument("--drop-oldest", action="store_true",
                       help="when the conversation outgrows the context, drop the oldest turns")
+    chat.add_argument("--save", action="store_true",
+                      help="keep the conversation in the workspace, where the window lists it")
     _sampling_args(chat)
     chat.set_defaults(handler=cmd_chat)
 
@@ -87,14 +90,11 @@ def _emit(records, as_json: bool) -> list:
     return out
 
 
-def _summary(model, records, as_json: bool) -> None:
-    m = model.metrics()
-    finish = records[-1].finish_reason if records else None
+def _summary(m, records, finish: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"finish_reason": finish, "text": "".join(r.text for r in records),
                           "ids": [r.id for r in records if r.id >= 0], **_metrics_dict(m)}))
     else:
-        print()
         print(f"[{m.generated_tokens} tokens, {m.decode_tokens_per_s:.1f} tok/s, "
               f"first token {m.time_to_first_token_s * 1000:.0f} ms, finish: {finish}]", file=sys.stderr)
 
@@ -109,50 +109,74 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else _ids(args.ids)
     with _load(args.model) as model:
         records = _emit(model.generate(prompt, **sampling), args.json)
-        _summary(model, records, args.json)
+        if not args.json:
+            print()
+        _summary(model.metrics(), records, records[-1].finish_reason if records else None, args.json)
     return 0
 
 
 def cmd_chat(args) -> int:
+    """A conversation through the same ChatSession the window uses. It is kept in a throw-away
+    workspace unless ``--save`` keeps it in the user's (where the window lists it)."""
+    import tempfile
+
+    from loomlab.core.workspace.chat import ChatSession
+    from loomlab.core.workspace.store import Workspace, default_path
+
     sampling = _sampling(args)
-    policy = "drop_oldest" if args.drop_oldest else "error"
-    with _load(args.model) as model:
-        system = [{"role": "system", "content": args.system}] if args.system else []
-        history: list[dict] = []
+    logprobs = sampling.pop("logprobs")
+    if args.drop_oldest:
+        sampling["context_policy"] = "drop_oldest"
+    with tempfile.TemporaryDirectory(prefix="loomlab-chat-") as scratch, _load(args.model) as model, \
+            Workspace(default_path() if args.save else Path(scratch) / "chat.sqlite3") as workspace:
+        session = ChatSession(workspace, model, logprobs=logprobs)
+        session.set_system_prompt(args.system or "")
+        session.set_sampling(sampling)
         if args.message is not None:
-            records = _emit(model.chat(system + [{"role": "user", "content": args.message}],
-                                       context_policy=policy, **sampling), args.json)
-            _summary(model, records, args.json)
+            _chat_turn(session, args.message, args.json)
             return 0
-        print("chat with the model; /reset clears the conversation, /system TEXT sets the system prompt, "
-              "Ctrl-D quits, Ctrl-C stops a reply", file=sys.stderr)
+        interactive = sys.stdin.isatty()
+        if interactive:
+            print("chat with the model; /reset starts a new conversation, /system TEXT sets the system "
+                  "prompt, Ctrl-D quits, Ctrl-C stops a reply", file=sys.stderr)
         while True:
             try:
-                line = input("> ")
+                # the prompt goes to stderr, so stdout holds only the replies (also when piped)
+                line = input("> " if interactive else "")
             except EOFError:
-                print(file=sys.stderr)
+                if interactive:
+                    print(file=sys.stderr)
                 return 0
-            if line.strip() == "/reset":
-                history.clear()
-                continue
-            if line.startswith("/system"):
-                text = line[len("/system"):].strip()
-                system = [{"role": "system", "content": text}] if text else []
-                continue
-            if not line.strip():
-                continue
-            history.append({"role": "user", "content": line})
-            stream = model.chat(system + history, context_policy=policy, **sampling)
-            try:
-                records = _emit(stream, args.json)
-            except KeyboardInterrupt:
-                stream.close()
-                records = []
-                print("\n[stopped]", file=sys.stderr)
-            reply = "".join(r.text for r in records)
-            history.append({"role": "assistant", "content": reply})
-            if records:
-                _summary(model, records, args.json)
+            command, _, rest = line.strip().partition(" ")
+            if command == "/reset":
+                session.close_conversation()
+                kept = f'kept: "{session.system_prompt}"' if session.system_prompt else "none set"
+                print(f"[new conversation; system prompt {kept}]", file=sys.stderr)
+            elif command == "/system":
+                session.set_system_prompt(rest.strip())
+                print(f'[system prompt: "{rest.strip()}"]' if rest.strip() else "[system prompt cleared]",
+                      file=sys.stderr)
+            elif line.strip():
+                _chat_turn(session, line, args.json)
+
+
+def _chat_turn(session, text: str, as_json: bool) -> None:
+    """Send one message and print the reply as it streams; Ctrl-C stops it (the part written is kept)."""
+    from loomlab.core.errors import LoomError
+
+    try:
+        reply = session.send(text)
+    except LoomError as exc:
+        raise CliError(str(exc)) from None
+    tokens = reply.stream()
+    try:
+        records = _emit(tokens, as_json)
+    except KeyboardInterrupt:
+        tokens.close()
+        records = reply.records
+    if not as_json:
+        print(flush=True)  # the reply's line ends, however it ended
+    _summary(reply.metrics, records, reply.finish_reason, as_json)
 
 
 def cmd_tokenize(args) -> int:

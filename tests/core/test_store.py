@@ -19,7 +19,7 @@ import pytest
 
 from loomlab.core.errors import LoomError
 from loomlab.core.llm.sampling import SamplingParams
-from loomlab.core.store import (
+from loomlab.core.workspace.store import (
     FILENAME,
     SCHEMA_VERSION,
     Conversation,
@@ -318,7 +318,7 @@ def test_append_cost_is_far_below_a_token_time(ws):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys
-    from loomlab.core.store import Workspace
+    from loomlab.core.workspace.store import Workspace
     ws = Workspace(sys.argv[1])
     conv = ws.create_conversation("killed")
     ws.add_message(conv.id, "user", "Talk forever.")

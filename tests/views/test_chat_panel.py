@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from loomlab.core.llm.chat_template import encode_chat
 from loomlab.core.llm.textmodel import load_model
-from loomlab.core.store import Workspace
+from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import PRESETS, ChatPanel
 from loomlab.views.workers import JobRunner
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import LoomError
+from ..errors import LoomError
 
 ROLES = ("system", "user", "assistant", "tool")
 FILENAME = "workspace.sqlite3"
