@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
 from .network import Trace, VolumetricNetwork
-from .train import require_value, stop_check
+from .train import require_value
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -189,7 +190,7 @@ def _steps(batches: Sequence[Batch], size: int):
 
 
 def tween_train(net: VolumetricNetwork, batches: Sequence[Batch], config: TweenConfig | None = None,
-                on_epoch: Callable[[int, float], None] | None = None, cancel=None) -> TweenResult:
+                on_epoch: Callable[[int, float], None] | None = None, cancel: Cancel = None) -> TweenResult:
     """Train ``net`` by target propagation on ``(x, target)`` batches (``[B, ...]`` arrays).
 
     Epoch loss = Loom's mse over every output element of the epoch, each step measured before
@@ -202,7 +203,7 @@ def tween_train(net: VolumetricNetwork, batches: Sequence[Batch], config: TweenC
     if config.epochs and not batches:
         raise LoomConfigError("tween_train() needs at least one batch")
     momentum = _Momentum(config.momentum)
-    stop = stop_check(cancel)
+    stop = as_cancel_check(cancel)
     result = TweenResult()
     for epoch in range(config.epochs):
         sse, count, sums, steps = 0.0, 0, {}, 0

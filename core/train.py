@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
 from .network import VolumetricNetwork
@@ -207,7 +208,7 @@ class TrainResult(list):
 
 
 def train(net: VolumetricNetwork, batches: Sequence[Batch], config: TrainConfig | None = None,
-          on_epoch: Callable[[int, float], None] | None = None, cancel=None) -> TrainResult:
+          on_epoch: Callable[[int, float], None] | None = None, cancel: Cancel = None) -> TrainResult:
     """Train ``net`` on ``(x, target)`` batches; returns the epoch loss history.
 
     Loom's rules per batch: a NaN/Inf loss stops the epoch's remaining batches; a NaN/Inf
@@ -222,7 +223,7 @@ def train(net: VolumetricNetwork, batches: Sequence[Batch], config: TrainConfig 
         raise LoomConfigError("train() needs at least one batch")
     loss_fn = get_loss(config.loss)
     optimizer = config.make_optimizer()
-    stop = stop_check(cancel)
+    stop = as_cancel_check(cancel)
     history = TrainResult()
     for epoch in range(config.epochs):
         total = 0.0
@@ -269,9 +270,3 @@ def _loss(loss_fn: LossFn, y, target) -> tuple[float, np.ndarray]:
     if t.size != y.size:
         raise LoomShapeError(f"target of shape {t.shape} does not fit output of shape {y.shape}")
     return loss_fn(y, t.reshape(y.shape))
-
-
-def stop_check(cancel) -> Callable[[], bool]:
-    if cancel is None:
-        return lambda: False
-    return cancel.is_set if hasattr(cancel, "is_set") else cancel
