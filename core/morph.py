@@ -102,6 +102,14 @@ class DtypeSweepRow:
     output_drift: float  # ||y_dtype - y_float32|| / ||y_float32|| on the probe input
 
 
+def output_drift(reference: np.ndarray, outputs: np.ndarray) -> float:
+    """How far ``outputs`` moved from ``reference``: ``||y - y_ref|| / ||y_ref||`` (the plain
+    norm when the reference is all zeros). Relative, so it reads the same at any output scale."""
+    reference = np.asarray(reference, dtype=np.float64)
+    diff = np.asarray(outputs, dtype=np.float64) - reference
+    return float(np.linalg.norm(diff) / (np.linalg.norm(reference) or 1.0))
+
+
 def probe_input(net: VolumetricNetwork, seed: int = 0, batch: int = 2) -> np.ndarray:
     """A seeded input that fits the network's first layer (token ids for an Embedding)."""
     rng = np.random.default_rng(seed)
@@ -139,8 +147,7 @@ def dtype_sweep(load, probe: np.ndarray, dtype_names=None, on_progress=None,
         net = load()
         morph_all(net, name)
         y = net.backend.to_numpy(net.forward(probe)).astype(np.float64)
-        drift = float(np.linalg.norm(y - y32) / (np.linalg.norm(y32) or 1.0))
-        rows.append(DtypeSweepRow(name, net.memory_bytes(), _weight_error(net), drift))
+        rows.append(DtypeSweepRow(name, net.memory_bytes(), _weight_error(net), output_drift(y32, y)))
         if on_progress is not None:
             on_progress(i + 1, len(names), name)
     return rows

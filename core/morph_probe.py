@@ -1,6 +1,7 @@
 """How far a morphed network has drifted from its unmorphed self (the Morph panel's measures).
 
-Small networks are compared on a probe input by the mean squared difference of their outputs;
+Small networks are compared on a probe input by the relative drift of their outputs (the number
+``net morph-report`` prints, :func:`~loomlab.core.morph.output_drift`);
 language models by their next-token distributions over a probe text: the KL divergence
 KL(reference || current) at every position and how often the most likely token is the same.
 Also here: :func:`current_report`, a report that skips building a float32 layer's master.
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .layers.base import Layer
-from .morph import MorphReport, layer_report
+from .morph import MorphReport, layer_report, output_drift
 from .network import VolumetricNetwork
 
 
@@ -37,8 +38,9 @@ def net_outputs(net: VolumetricNetwork, probe: np.ndarray) -> np.ndarray:
 
 
 def net_drift(reference_outputs: np.ndarray, net: VolumetricNetwork, probe: np.ndarray) -> float:
-    """Mean squared difference between ``net``'s outputs on ``probe`` and ``reference_outputs``."""
-    return float(np.mean((net_outputs(net, probe) - reference_outputs) ** 2))
+    """Relative drift of ``net``'s outputs on ``probe`` from ``reference_outputs``:
+    ``||y - y_ref|| / ||y_ref||``, the definition ``net morph-report`` uses."""
+    return output_drift(reference_outputs, net_outputs(net, probe))
 
 
 # ----- language models ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ events.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -253,16 +254,26 @@ class VolumetricNetwork:
 
     # ----- description -------------------------------------------------------------
     def parameter_count(self) -> int:
-        return sum(len(la.weights) for la in self.all_layers() if la.weights is not None)
+        """Elements of every weight tensor, a tensor shared by two layers counted once (a language
+        model's tied LM head multiplies with its embedding's own matrix)."""
+        sizes: dict[int, int] = {}
+        for la in self.weighted_layers():
+            sizes.update(_tensors(la.weights))
+        return sum(sizes.values())
 
     def memory_bytes(self) -> int:
         """Loom's CalculateTotalMemory: packed bytes of every weight in its dtype (spec §4.9)."""
         return sum(self.memory_by_dtype().values())
 
     def memory_by_dtype(self) -> dict[str, int]:
+        """Packed bytes per dtype; layers holding the same tensors in the same dtype (a tied head
+        not morphed apart from its embedding) are one copy in memory, so they count once."""
         out: dict[str, int] = {}
-        for la in self.all_layers():
-            if la.weights is not None:
+        seen: set[tuple] = set()
+        for la in self.weighted_layers():
+            held = (la.cfg.dtype, *sorted(_tensors(la.weights)))
+            if held not in seen:
+                seen.add(held)
                 out[la.cfg.dtype] = out.get(la.cfg.dtype, 0) + dtype_nbytes(la.cfg.dtype, len(la.weights))
         return out
 
@@ -275,13 +286,34 @@ class VolumetricNetwork:
         return rows
 
     def summary(self) -> dict:
+        """Sizes for a status line: ``cells`` is depth x rows x cols, each holding up to
+        ``layers_per_cell`` layers; ``layers`` counts the grid layers present (nested children not)."""
         return {
             "shape": list(self.shape),
+            "cells": self.depth * self.rows * self.cols,
+            "layers_per_cell": self.layers_per_cell,
             "layers": sum(1 for _ in self.layers()),
             "parameters": self.parameter_count(),
             "memory_bytes": self.memory_bytes(),
             "memory_by_dtype": self.memory_by_dtype(),
         }
+
+
+def _tensors(store) -> dict[int, int]:
+    """``{identity: elements}`` of the tensors a weight store holds. A language model's store
+    names its file matrices (``blocks``), which two layers may share; any other store is one
+    tensor of its own."""
+    blocks = getattr(store, "blocks", None)
+    if blocks is None:
+        return {id(store): len(store)}
+    return {id(m): math.prod(m.shape) for name, m in blocks.items() if not is_filler_bias(name, m)}
+
+
+def is_filler_bias(part: str, m) -> bool:
+    """Whether a language-model store's part is a bias of zeros: the layer builders fill the
+    bias slots of Loom's layout that the file lacks with zeros, which are not the model's
+    parameters (a file's own all-zero bias, which adds nothing, is taken for one too)."""
+    return part.startswith("b") and isinstance(m, np.ndarray) and m.ndim == 1 and not m.any()
 
 
 def _place(layer: Layer, coords: Coord, path: str) -> None:

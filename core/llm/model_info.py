@@ -1,11 +1,15 @@
-"""What a model file is, without loading it: architecture, sizes, quantization, context, memory."""
+"""What a model file is, without loading it: architecture, sizes, quantization, context, memory,
+and whether it can chat (:func:`supports_chat`)."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import ModelFormatError
 from .gguf_file import open_gguf
@@ -13,6 +17,26 @@ from .hf_files import open_hf
 
 # An f32 K and V row per layer and position: what a full-context KV cache costs on top of weights.
 KV_BYTES = 4
+CHAT, COMPLETION = "chat", "completion only"
+# How instruction-tuned releases are named ("SmolLM2-135M-Instruct", "gemma-3-270m-it", "…-chat"):
+# "it" only as a word of its own, so "Digit" or "Smith" do not count.
+_INSTRUCT_NAME = re.compile(r"instruct|chat|(?<![a-z0-9])it(?![a-z0-9])", re.IGNORECASE)
+# Where a file says what it is: GGUF general.* keys, an HF config's origin.
+_NAME_KEYS = ("general.name", "general.finetune", "general.basename", "_name_or_path")
+
+
+def supports_chat(template_in_file: bool, path: str | Path, metadata: Mapping[str, Any]) -> bool:
+    """Whether a model can hold a chat, or only continue text.
+
+    A model that ships its own chat template was trained on it. Without one, a built-in family
+    template (see ``ChatTemplate.for_model``) suits an instruction-tuned release named as one
+    (``-Instruct``, ``-it``, ``chat`` in its file or metadata names); a base model never learned
+    the turn markers and echoes the prompt back, so it is completion only.
+    """
+    if template_in_file:
+        return True
+    names = [Path(path).name, *(str(metadata[k]) for k in _NAME_KEYS if k in metadata)]
+    return any(_INSTRUCT_NAME.search(name) for name in names)
 
 
 @dataclass(frozen=True)
@@ -30,9 +54,15 @@ class ModelInfo:
     context_length: int
     vocab_size: int
     tensor_types: dict[str, int] = field(default_factory=dict)  # quant type -> tensor count
-    chat_template: bool = False
+    chat_template: bool = False  # the file carries its own template
     file_bytes: int = 0
     kv_cache_bytes: int = 0  # at the full context length
+    supports_chat: bool = False  # see supports_chat()
+
+    @property
+    def mode(self) -> str:
+        """What the model is for: :data:`CHAT` or :data:`COMPLETION` (a base model)."""
+        return CHAT if self.supports_chat else COMPLETION
 
     @property
     def estimated_memory(self) -> int:
@@ -70,7 +100,8 @@ def _describe_gguf(path: Path) -> ModelInfo:
             len(tokens) if tokens is not None else 0,
             dict(Counter(t.type_name for t in g.tensors.values()).most_common()),
             "tokenizer.chat_template" in meta, g.file_size,
-            2 * blocks * ctx * kv_heads * head_dim * KV_BYTES)
+            2 * blocks * ctx * kv_heads * head_dim * KV_BYTES,
+            supports_chat("tokenizer.chat_template" in meta, path, meta))
 
 
 def _describe_hf(path: Path) -> ModelInfo:
@@ -94,4 +125,5 @@ def _describe_hf(path: Path) -> ModelInfo:
             sum(math.prod(t.shape) for t in hf.tensors.values()), blocks, d, heads, kv_heads, head_dim, ctx,
             int(c.get("vocab_size", 0)),
             dict(Counter(t.dtype for t in hf.tensors.values()).most_common()), template,
-            sum(Path(f).stat().st_size for f in files), 2 * blocks * ctx * kv_heads * head_dim * KV_BYTES)
+            sum(Path(f).stat().st_size for f in files), 2 * blocks * ctx * kv_heads * head_dim * KV_BYTES,
+            supports_chat(template, path, c))

@@ -1,5 +1,6 @@
-"""Drift measures for morphed networks: KL / top-1 agreement by hand, MSE on a probe, and per-layer
-morphing of nested layers (spelled like core.morph's reports)."""
+"""Drift measures for morphed networks: KL / top-1 agreement by hand, relative output drift on a
+probe (the number `net morph-report` prints), and per-layer morphing of nested layers (spelled like
+core.morph's reports)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import numpy as np
 import pytest
 
 from loomlab.core import LoomConfigError, VolumetricNetwork, make_layer
-from loomlab.core.morph import layer_report, morph_all, morph_sublayer, probe_input, report, weighted_cells
+from loomlab.core.morph import (
+    dtype_sweep,
+    layer_report,
+    morph_all,
+    morph_sublayer,
+    output_drift,
+    probe_input,
+    report,
+    weighted_cells,
+)
 from loomlab.core.morph_probe import (
     ProbeResult,
     compare,
@@ -80,16 +90,24 @@ def test_probes_of_different_tokens_do_not_compare():
 
 
 # ----- small networks -----------------------------------------------------------------------------
-def test_net_drift_is_the_mean_squared_output_difference_and_zero_after_revert():
+def test_net_drift_is_the_relative_drift_net_morph_report_prints_and_zero_after_revert():
     net = nested_net()
     x = probe_input(net)
     y0 = net_outputs(net, x)
     assert y0.dtype == np.float64
     morph_all(net, "int4")
     y = np.asarray(net.forward(x), dtype=np.float64)
-    assert net_drift(y0, net, x) == pytest.approx(np.mean((y - y0) ** 2), rel=1e-12) and np.any(y != y0)
+    by_hand = math.sqrt(np.sum((y - y0) ** 2) / np.sum(y0 ** 2))
+    assert net_drift(y0, net, x) == pytest.approx(by_hand, rel=1e-12) and by_hand > 1e-3
+    [row] = dtype_sweep(nested_net, x, ["int4"])  # what `loomlab net morph-report` prints
+    assert net_drift(y0, net, x) == row.output_drift
     morph_all(net, "float32")
     assert net_drift(y0, net, x) == 0.0
+
+
+def test_output_drift_of_an_all_zero_reference_is_the_plain_norm():
+    assert output_drift(np.zeros(4), np.array([3.0, 0, 4, 0])) == 5.0
+    assert output_drift(np.array([[1.0, 2.0], [2.0, 4.0]]), np.array([[1.0, 2.0], [2.0, 9.0]])) == 1.0
 
 
 def test_weighted_cells_follow_the_order_of_core_reports():
