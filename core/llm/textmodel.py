@@ -127,16 +127,6 @@ class TextModel:
         path, meta = (source.path, source.metadata) if source is not None else (self.name, {})
         return supports_chat(self.template.source == "file", path, meta)
 
-    @property
-    def supports_chat(self) -> bool:
-        """Whether :meth:`chat` suits this model; False for a base model, which only continues
-        text (:meth:`generate`). The rule is :func:`~loomlab.core.llm.model_info.supports_chat`."""
-        from .model_info import supports_chat
-
-        source = self.net.source
-        path, meta = (source.path, source.metadata) if source is not None else (self.name, {})
-        return supports_chat(self.template.source == "file", path, meta)
-
     def metrics(self) -> Metrics:
         return self._metrics
 
