@@ -47,3 +47,23 @@ class ModelFetchError(LoomError):
 
 class EngineProcessError(LoomError):
     """A helper process of the engine (a model's tokenizer process) ended, hung or broke its protocol."""
+
+
+class ModelNotFoundError(LoomConfigError):
+    """A model name that names nothing: not a built-in alias, not a file or folder, not a model
+    found in the folders searched. The message names the built-ins and those folders.
+
+    ``searched`` is None when only the built-ins were asked about (fetching by alias).
+    """
+
+    def __init__(self, name: str, builtins: list[str], searched: list[str] | None):
+        self.name = name
+        self.builtins = builtins
+        self.searched = searched
+        if searched is None:
+            message = f"no built-in model {name!r}; built-in: {', '.join(builtins)}"
+        else:
+            where = f", and no model of that name in {', '.join(searched)}" if searched else ""
+            message = (f"no model {name!r}: not a built-in ({', '.join(builtins)}), no file or folder "
+                       f"of that name{where}; `loomlab models list` shows the models found")
+        super().__init__(message)

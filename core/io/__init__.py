@@ -18,7 +18,7 @@ def save_network(net: VolumetricNetwork, path: str | os.PathLike) -> None:
     JSON, ``.loom`` Loom Lab's compact checkpoint (safetensors)."""
     saver = _SAVERS.get(Path(path).suffix.lower())
     if saver is None:
-        raise LoomFormatError("$", f"cannot save to {str(path)!r}: use a .json or .loom file")
+        raise LoomFormatError(str(path), "cannot save a network here: name the file .json or .loom")
     saver(net, path)
 
 

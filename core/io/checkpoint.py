@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import LoomFormatError
 from ..network import VolumetricNetwork
 from .atomic import write_atomic
-from .loom_json import MAX_FILE_BYTES, _parse_json, network_to_dict, read_network
+from .loom_json import MAX_FILE_BYTES, _parse_json, foreign_format, network_to_dict, read_network
 
 METADATA_KEY = "loomlab"
 FORMAT = "loomlab-checkpoint/1"
@@ -42,18 +42,25 @@ def save_checkpoint(net: VolumetricNetwork, path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, *, backend: str = "numpy") -> VolumetricNetwork:
-    """Read a ``.loom`` checkpoint; any defect raises :class:`LoomFormatError`."""
+    """Read a ``.loom`` checkpoint; any defect raises :class:`LoomFormatError` (naming the file
+    for a problem with the file as a whole)."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    origin = str(path)
     try:
         size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(16)
     except OSError as e:
-        raise LoomFormatError("$", f"cannot read {path}: {e.strerror}") from None
+        raise LoomFormatError(origin, f"cannot read: {e.strerror}") from None
     if size > 64 * MAX_FILE_BYTES:
-        raise LoomFormatError("$", f"{path} is {size} bytes; the limit is {64 * MAX_FILE_BYTES}")
+        raise LoomFormatError(origin, f"{size} bytes; the limit for a checkpoint is {64 * MAX_FILE_BYTES}")
+    what = foreign_format(head, "checkpoint")
+    if what is not None:
+        raise LoomFormatError(origin, what)
     try:
-        with safe_open(str(path), framework="numpy") as f:
+        with safe_open(origin, framework="numpy") as f:
             meta = (f.metadata() or {}).get(METADATA_KEY, "")
             blobs: dict[str, np.ndarray] = {}
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
@@ -62,13 +69,13 @@ def load_checkpoint(path: str | os.PathLike, *, backend: str = "numpy") -> Volum
                     raise LoomFormatError(f"$.{name}", f"tensor must be 1-D uint8, got {t.dtype} {t.shape}")
                 blobs[name] = t  # an array we own: the float32 master can be a view of it
     except SafetensorError as e:
-        raise LoomFormatError("$", f"not a valid safetensors file: {e}") from None
+        raise LoomFormatError(origin, f"not a valid safetensors file: {e}") from None
     except (OSError, ValueError) as e:
         if isinstance(e, LoomFormatError):
             raise
-        raise LoomFormatError("$", f"cannot read checkpoint: {e}") from None
+        raise LoomFormatError(origin, f"cannot read checkpoint: {e}") from None
     doc = _parse_json(meta.encode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else doc
-        raise LoomFormatError("$", f"not a Loom Lab checkpoint (format {found!r}, expected {FORMAT!r})")
+        raise LoomFormatError(origin, f"not a Loom Lab checkpoint (format {found!r}, expected {FORMAT!r})")
     return read_network(doc.get("network"), schema="persistence", backend=backend, blobs=blobs)

@@ -1,7 +1,8 @@
 """Loom's JSON wire format (spec §2–§3): read both schemas, write the persistence schema.
 
 Reading is strict where Loom is lenient: every problem raises one :class:`LoomFormatError` that
-names the JSON path of the culprit, and nothing is returned until the whole network is built.
+names the JSON path of the culprit (or, for a file that cannot be read or is not JSON at all,
+the file, and what it is instead), and nothing is returned until the whole network is built.
 docs/compat.md lists each deliberate difference from Loom.
 """
 
@@ -71,7 +72,8 @@ def load_json(source: str | os.PathLike | bytes, *, schema: str = "auto",
     """
     if schema not in ("auto", "persistence", "build"):
         raise LoomFormatError("$", f"unknown schema {schema!r}")
-    doc = _parse_json(_read_source(source))
+    data, origin = _read_source(source)
+    doc = _parse_json(data, origin)
     if schema == "auto":
         schema = "persistence" if _has_weights(doc) else "build"
     return read_network(doc, schema=schema, seed=seed, backend=backend)
@@ -92,41 +94,63 @@ def read_network(doc, *, schema: str = "persistence", seed: int | None = None, b
     return net
 
 
-def _read_source(source) -> bytes:
+def _read_source(source) -> tuple[bytes, str]:
+    """The bytes of ``source`` and what errors about them as a whole name: the file, or ``$``."""
     if isinstance(source, bytes | bytearray):
-        data = bytes(source)
+        data, origin = bytes(source), "$"
     elif isinstance(source, str) and source.lstrip().startswith("{"):
-        data = source.encode("utf-8")
+        data, origin = source.encode("utf-8"), "$"
     else:
         path = Path(source)
+        origin = str(path)
         try:
             size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise LoomFormatError(origin, f"{size} bytes; the limit for a network is {MAX_FILE_BYTES}")
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
         except OSError as e:
-            raise LoomFormatError("$", f"cannot read {path}: {e.strerror}") from None
-        if size > MAX_FILE_BYTES:
-            raise LoomFormatError("$", f"{path} is {size} bytes; the limit is {MAX_FILE_BYTES}")
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            raise LoomFormatError(origin, f"cannot read: {e.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise LoomFormatError("$", f"network text is over {MAX_FILE_BYTES} bytes")
-    return data
+        raise LoomFormatError(origin, f"network text is over {MAX_FILE_BYTES} bytes")
+    return data, origin
 
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse_json(data: bytes) -> Any:
+def foreign_format(head: bytes, reading: str = "json") -> str | None:
+    """What a file starting with ``head`` (16 bytes are enough) is when it is recognisably not
+    the network format being read (``reading``: ``"json"`` or ``"checkpoint"``), said so that the
+    user knows what to do with it; None otherwise."""
+    if head.startswith(b"GGUF"):
+        return "a GGUF language model, not a Loom network: use `loomlab models info` (or chat, generate)"
+    if head.startswith(b"\x93NUMPY"):
+        return "a numpy array (.npy), not a Loom network: pass it to `loomlab net run --input`"
+    # safetensors: an 8-byte little-endian header length (under 4 GiB: high bytes zero), then JSON
+    if reading == "json" and len(head) >= 10 and head[4:8] == bytes(4) and head[8:10] == b'{"':
+        return "a safetensors file, not Loom JSON (a Loom Lab checkpoint must be named .loom)"
+    if reading == "checkpoint" and head.lstrip().startswith(b"{"):
+        return "Loom JSON text, not a checkpoint (a .loom file is safetensors): name it .json"
+    return None
+
+
+def _parse_json(data: bytes, origin: str = "$") -> Any:
+    """The parsed JSON of ``data``; a problem with it as a whole raises naming ``origin``."""
+    what = foreign_format(data[:16])
+    if what is not None:
+        raise LoomFormatError(origin, what)
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as e:
-        raise LoomFormatError("$", f"not UTF-8 text (byte {e.start})") from None
+        raise LoomFormatError(origin, f"not UTF-8 text (byte {e.start}), so not Loom JSON") from None
     except json.JSONDecodeError as e:
-        raise LoomFormatError("$", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise LoomFormatError(origin, f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
-        raise LoomFormatError("$", f"invalid JSON: {e}") from None
+        raise LoomFormatError(origin, f"invalid JSON: {e}") from None
     except RecursionError:
-        raise LoomFormatError("$", "invalid JSON: nested too deeply") from None
+        raise LoomFormatError(origin, "invalid JSON: nested too deeply") from None
 
 
 def _has_weights(doc) -> bool:

@@ -1,18 +1,24 @@
-"""Finding local models: folders the user names, the Hugging Face hub cache, LM Studio's folders.
+"""Finding local models: folders the user names, the Hugging Face hub cache, LM Studio's folders;
+and :func:`resolve`, the one place a model name a user typed becomes a file or folder.
 
 A model is a ``.gguf`` file, or a Hugging Face directory (``config.json`` beside
 ``model.safetensors`` or a sharded ``model.safetensors.index.json``). Any layout is accepted:
-flat, nested, symlinked (symlink loops are visited once).
+flat, nested, symlinked (symlink loops are visited once). Each candidate gets a cheap check (a
+GGUF file's 24-byte header, an HF folder's config.json); one that fails is still listed, with
+the reason in ``problem``, so that a listing can say why a file is not a model.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import LoomConfigError, ModelFormatError, ModelNotFoundError
 from . import registry
+from .gguf_file import HEADER, check_header
 
 MAX_DEPTH = 8
 
@@ -25,6 +31,7 @@ class ModelEntry:
     source: str  # "builtin" | "folder" | "hf-cache" | "lmstudio"
     size: int  # bytes of weights on disk (0 for a built-in not yet fetched)
     fetched: bool = True
+    problem: str = ""  # why this file or folder cannot be a model ("" when it passed the cheap check)
 
 
 def default_roots() -> list[tuple[Path, str]]:
@@ -47,7 +54,11 @@ def builtin_entries() -> list[ModelEntry]:
 
 def discover(folders: Iterable[str | os.PathLike] = (), *, include_defaults: bool = True,
              include_builtins: bool = True) -> list[ModelEntry]:
-    """Every model found, built-ins first, then by source and path; each path listed once."""
+    """Every model found, built-ins first, then by source and path; each path listed once.
+
+    Files that look like models by name but fail the cheap check are included with their
+    ``problem`` set; a folder that does not exist adds nothing.
+    """
     roots = [(Path(f).expanduser(), "folder") for f in folders]
     if include_defaults:
         roots += default_roots()
@@ -84,14 +95,41 @@ def _scan(root: Path, source: str) -> Iterable[ModelEntry]:
         names = set(filenames)
         if "config.json" in names and ({"model.safetensors", "model.safetensors.index.json"} & names):
             yield ModelEntry(_hf_name(here, root), here, "hf", source,
-                             sum(_size(here / n) for n in names if n.endswith(".safetensors")))
+                             sum(_size(here / n) for n in names if n.endswith(".safetensors")),
+                             problem=_hf_problem(here))
         for name in sorted(filenames):
             if name.lower().endswith(".gguf"):
                 yield _gguf_entry(here / name, source)
 
 
 def _gguf_entry(path: Path, source: str) -> ModelEntry:
-    return ModelEntry(path.stem, path, "gguf", source, _size(path))
+    return ModelEntry(path.stem, path, "gguf", source, _size(path), problem=_gguf_problem(path))
+
+
+def _gguf_problem(path: Path) -> str:
+    """Why ``path`` is not a GGUF model, judged by its fixed header alone: a listing must stay
+    fast, and reading the metadata takes 50-140 ms for the built-ins."""
+    try:
+        with open(path, "rb") as f:
+            check_header(f.read(HEADER.size), os.fstat(f.fileno()).st_size)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    except ModelFormatError as e:
+        return f"not a GGUF model: {e}"
+    return ""
+
+
+def _hf_problem(folder: Path) -> str:
+    """Why ``folder`` is not an HF model, judged by its config.json (small) alone."""
+    try:
+        config = json.loads((folder / "config.json").read_bytes())
+    except OSError as e:
+        return f"cannot read config.json: {e.strerror}"
+    except ValueError as e:
+        return f"config.json is not valid JSON: {e}"
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        return "config.json has no model_type"
+    return ""
 
 
 def _hf_name(path: Path, root: Path) -> str:
@@ -109,8 +147,47 @@ def _size(path: Path) -> int:
         return 0
 
 
-def resolve(name_or_path: str) -> Path:
-    """A built-in alias (fetched on demand by the caller) or a path to a model file/folder."""
-    if name_or_path in registry.BUILTINS:
-        return registry.model_path(name_or_path)
-    return Path(name_or_path).expanduser()
+def resolve(name_or_path: str | os.PathLike, *, progress: Callable[[str, int, int], None] | None = None,
+            cancel: Callable[[], bool] | None = None) -> Path:
+    """The model file or folder meant by ``name_or_path``, tried in this order:
+
+    1. a built-in alias: fetched into the cache first when it is not there (``progress`` and
+       ``cancel`` as in :func:`registry.fetch`);
+    2. an existing file or folder;
+    3. the name ``loomlab models list`` shows for a model in the default folders (HF hub cache,
+       LM Studio), e.g. ``HuggingFaceTB/SmolLM2-135M``.
+
+    Anything else raises :class:`ModelNotFoundError` naming the built-ins and the folders
+    searched; a name two different models share raises :class:`LoomConfigError` naming both.
+    """
+    name = str(name_or_path)
+    if name in registry.BUILTINS:
+        return registry.fetch(name, progress=progress, cancel=cancel)
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    roots = default_roots()
+    matches = [e.path for root, source in roots for e in _scan(root, source) if e.name == name]
+    distinct = list(dict.fromkeys(p.resolve() for p in matches))
+    if len(distinct) > 1:
+        raise LoomConfigError(f"{len(distinct)} models are named {name!r} ({', '.join(map(str, matches))}); "
+                              "give the path of the one you mean")
+    if matches:
+        return matches[0]
+    raise ModelNotFoundError(name, list(registry.BUILTINS), [_home_relative(root) for root, _ in roots])
+
+
+def in_file(error: ModelFormatError, path: str | os.PathLike) -> ModelFormatError:
+    """``error``, about the contents of the model at ``path``, saying which file it is about: the
+    readers name only the field and byte offset (``magic at byte 0: ...``)."""
+    if str(path) in str(error):
+        return error
+    return ModelFormatError(f"{path}: {error.field}", error.detail, error.offset)
+
+
+def _home_relative(path: Path) -> str:
+    """``~/.cache/...`` rather than ``/home/someone/.cache/...``: shorter, and what people type."""
+    try:
+        return str(Path("~") / path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)

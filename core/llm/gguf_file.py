@@ -158,18 +158,24 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     path = Path(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size < HEADER.size:
-            raise ModelFormatError("header", f"file has {size} bytes; a GGUF header needs {HEADER.size}", 0)
+        header = check_header(f.read(HEADER.size), size)  # before mmap, which refuses an empty file
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _parse(path, mapping, size)
+        return _parse(path, mapping, size, header)
     except BaseException:
         mapping.close()
         raise
 
 
-def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFFile:
-    magic, version, n_tensors, n_kv = HEADER.unpack_from(buf, 0)
+def check_header(head: bytes, size: int) -> tuple[int, int, int]:
+    """Validate the fixed header (the first ``HEADER.size`` bytes of a ``size``-byte file):
+    magic, version, and counts that fit the file. Returns (version, tensor count, kv count).
+
+    Cheap enough for listing folders of models; it reads none of the metadata.
+    """
+    if size < HEADER.size or len(head) < HEADER.size:
+        raise ModelFormatError("header", f"file has {size} bytes; a GGUF header needs {HEADER.size}", 0)
+    magic, version, n_tensors, n_kv = HEADER.unpack_from(head, 0)
     if magic != MAGIC:
         raise ModelFormatError("magic", f"expected {MAGIC!r}, found {magic!r}: not a GGUF file", 0)
     if version not in VERSIONS:
@@ -181,6 +187,11 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFFile:
         raise ModelFormatError("tensor_count", f"{n_tensors} tensors cannot fit in a {size}-byte file", 8)
     if n_kv > (room - n_tensors * MIN_TENSOR_INFO_BYTES) // MIN_KV_BYTES:
         raise ModelFormatError("kv_count", f"{n_kv} metadata pairs cannot fit in a {size}-byte file", 16)
+    return version, n_tensors, n_kv
+
+
+def _parse(path: Path, buf: mmap.mmap, size: int, header: tuple[int, int, int]) -> GGUFFile:
+    version, n_tensors, n_kv = header
     cur = _Cursor(buf, size, HEADER.size)
     metadata, kv_offsets = _read_metadata(cur, n_kv)
     alignment = _alignment(metadata, kv_offsets)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LoomConfigError, ModelFetchError
+from ..errors import ModelFetchError, ModelNotFoundError
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 CHUNK = 1 << 22
@@ -67,7 +67,7 @@ def builtin(alias: str) -> BuiltinModel:
     try:
         return BUILTINS[alias]
     except KeyError:
-        raise LoomConfigError(f"unknown model alias {alias!r}; built-in: {sorted(BUILTINS)}") from None
+        raise ModelNotFoundError(alias, list(BUILTINS), None) from None
 
 
 def model_path(alias: str) -> Path:

@@ -107,6 +107,8 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"
+        if not path.is_file():
+            raise ModelFormatError(str(path), f"missing; {_found_files(path.parent)}")
         try:
             hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for bad JSON or unknown parts
@@ -464,3 +466,15 @@ def _config_ids(config: dict, key: str, hf: HFTokenizer) -> list[int]:
     values = value if isinstance(value, list) else [value]
     n = hf.get_vocab_size(with_added_tokens=True)
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n]
+
+
+def _found_files(folder: Path) -> str:
+    """What ``folder`` does hold, for an error about a file it lacks."""
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError as e:
+        return f"the folder cannot be listed ({e.strerror})"
+    if not names:
+        return "the folder is empty"
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return f"the folder holds {shown}"

@@ -186,9 +186,56 @@ def test_files_over_256_mb_are_refused_before_reading(tmp_path):
         load_network(big)
 
 
-def test_missing_file_is_a_format_error(tmp_path):
-    with pytest.raises(LoomFormatError):
-        load_network(tmp_path / "nope.json")
+def test_missing_file_is_a_format_error_naming_the_file(tmp_path):
+    for name in ("nope.json", "nope.loom"):
+        with pytest.raises(LoomFormatError) as err:
+            load_network(tmp_path / name)
+        assert err.value.path == str(tmp_path / name)
+        assert str(err.value) == f"{tmp_path / name}: cannot read: {os.strerror(2)}"
+
+
+def _safetensors_bytes() -> bytes:
+    from safetensors.numpy import save
+
+    return save({"w": np.zeros(3, np.float32)})
+
+
+# (file name, contents, words the error must say): files that are something else than the format
+# their name promises. The error names the file (not the JSON path "$") and says what it is.
+FOREIGN = {
+    "gguf as json": ("model.gguf", b"GGUF" + (3).to_bytes(4, "little") + bytes(16) + b"\xff" * 700,
+                     "a GGUF language model, not a Loom network: use `loomlab models info`"),
+    "gguf as loom": ("model.loom", b"GGUF" + bytes(40), "a GGUF language model"),
+    "npy as json": ("in.json", None, "a numpy array (.npy), not a Loom network"),
+    "safetensors as json": ("net.json", "safetensors", "a safetensors file, not Loom JSON"),
+    "json as loom": ("net.loom", b'  {"depth": 1}', "Loom JSON text, not a checkpoint"),
+    "binary as json": ("noise.json", b"{\xff\xfe", "not UTF-8 text (byte 1)"),
+    "text as json": ("notes.json", b"hello", "invalid JSON: Expecting value at line 1 column 1"),
+    "random bytes as loom": ("noise.loom", bytes(range(7, 200)), "not a valid safetensors file"),
+}
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_a_file_of_another_kind_is_named_and_said_what_it_is(name, tmp_path):
+    filename, data, words = FOREIGN[name]
+    path = tmp_path / filename
+    if data is None:
+        np.save(path.with_suffix(".npy"), np.zeros(4, np.float32))
+        path.with_suffix(".npy").rename(path)
+    else:
+        path.write_bytes(_safetensors_bytes() if data == "safetensors" else data)
+    with pytest.raises(LoomFormatError) as err:
+        load_network(path)
+    assert err.value.path == str(path) and words in str(err.value), str(err.value)
+    assert str(err.value).startswith(f"{path}: ")
+
+
+def test_text_and_bytes_sources_still_name_the_json_root():
+    # no file to name: the whole-document problems are at "$"
+    for source in (b"GGUF\x03\x00\x00\x00", b"{", "{ nope"):
+        with pytest.raises(LoomFormatError) as err:
+            load_network(source)
+        assert err.value.path == "$"
 
 
 def test_build_schema_refuses_a_parameter_bomb():

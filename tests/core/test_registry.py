@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from loomlab.core.errors import LoomConfigError, ModelFetchError
+from loomlab.core.errors import LoomConfigError, ModelFetchError, ModelNotFoundError
 from loomlab.core.llm import registry
 
 
@@ -49,5 +49,7 @@ def test_bad_checksum_is_refused(tmp_path, monkeypatch):
 
 
 def test_unknown_alias():
-    with pytest.raises(LoomConfigError, match="built-in"):
+    with pytest.raises(ModelNotFoundError) as err:
         registry.fetch("gpt-17")
+    assert isinstance(err.value, LoomConfigError) and err.value.builtins == list(registry.BUILTINS)
+    assert str(err.value) == f"no built-in model 'gpt-17'; built-in: {', '.join(registry.BUILTINS)}"

@@ -292,8 +292,21 @@ def test_from_file_rejects_bad_files(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelFormatError, match="not a valid tokenizer.json"):
         Tokenizer.from_file(tmp_path)
-    with pytest.raises(ModelFormatError, match="not a valid tokenizer.json"):
+
+
+def test_a_missing_tokenizer_json_is_named_with_what_the_folder_holds(tmp_path):
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ModelFormatError) as err:
+        Tokenizer.from_file(tmp_path)
+    assert str(err.value) == (f"{tmp_path / 'tokenizer.json'}: missing; the folder holds "
+                              "config.json, model.safetensors, tokenizer.model")
+    with pytest.raises(ModelFormatError, match="missing.json: missing; the folder holds config.json"):
         Tokenizer.from_file(tmp_path / "missing.json")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelFormatError, match="tokenizer.json: missing; the folder is empty"):
+        Tokenizer.from_file(empty)
 
 
 def test_tiny_hf_checkpoints_carry_no_tokenizer():
