@@ -48,6 +48,7 @@ from .workers import Job, JobRunner
 SOURCES = {"golden": "Golden-style probe", "random": "Random (seeded)", "file": "File (.npy / .json)"}
 LANGUAGE_MODEL_NOTICE = "Language models run in the Chat panel."
 SHOWN_VALUES = 8  # the output's first values listed
+MAX_EPOCHS = 100_000  # the whole curve is handed to the plot on every redraw: keep it small
 DEFAULT_PLOT_RATE_HZ = 10.0  # the loss curve is redrawn at most this often, whatever the epoch rate
 
 
@@ -133,7 +134,7 @@ class RunPanel(QWidget):
         self.lr_box.setSingleStep(0.01)
         self.lr_box.setValue(0.05)
         self.epochs_box = QSpinBox()
-        self.epochs_box.setRange(1, 1_000_000)
+        self.epochs_box.setRange(1, MAX_EPOCHS)
         self.epochs_box.setValue(200)
         self.train_button = QPushButton("Train")
         self.train_button.clicked.connect(self.train)
@@ -153,6 +154,8 @@ class RunPanel(QWidget):
         self.loss_plot.setLabel("bottom", "epoch")
         self.loss_plot.setLabel("left", "loss")
         self.loss_curve = self.loss_plot.plot([], [], pen=pg.mkPen("#f0a030", width=2))
+        self.loss_curve.setDownsampling(auto=True, method="peak")  # a long run draws as fast as a short one
+        self.loss_curve.setClipToView(True)
         training = QGroupBox("Training")
         training_layout = QVBoxLayout(training)
         training_layout.addLayout(train_form)
@@ -178,6 +181,10 @@ class RunPanel(QWidget):
 
     def set_network(self, net: VolumetricNetwork | None) -> None:
         """Run and train ``net`` from now on (None: nothing). A language model is refused."""
+        if isinstance(getattr(net, "net", None), CausalLM):  # a loaded TextModel
+            net = net.net
+        if net is not None and not isinstance(net, VolumetricNetwork):
+            raise TypeError(f"expected a VolumetricNetwork or None, got {type(net).__name__}")
         self._forget()
         self.output_view.clear()
         self._set_losses([])

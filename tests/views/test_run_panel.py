@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from loomlab.core.io.loom_json import read_network
 from loomlab.core.run_inputs import fit_input, golden_probe, random_input
 from loomlab.core.train import TrainConfig, train
 from loomlab.core.train_tasks import make_task
-from loomlab.views.run_panel import LANGUAGE_MODEL_NOTICE, RunPanel, describe_output
+from loomlab.views.run_panel import LANGUAGE_MODEL_NOTICE, MAX_EPOCHS, RunPanel, describe_output
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.theme import dark_palette
 from loomlab.views.workers import JobRunner
@@ -118,6 +119,12 @@ def test_a_language_model_is_refused(qtbot, panel):
         assert not button.isEnabled()
     qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)  # disabled: nothing starts
     assert not panel.is_busy() and panel.last_output is None
+
+    shown(qtbot, panel, mlp())
+    panel.set_network(SimpleNamespace(net=lm))  # a loaded TextModel holds its network as .net
+    assert LANGUAGE_MODEL_NOTICE in panel.title.text() and panel.network is None
+    with pytest.raises(TypeError, match="expected a VolumetricNetwork or None, got str"):
+        panel.set_network("net.json")
 
 
 def test_a_network_without_an_input_size_says_so(qtbot, panel):
@@ -234,7 +241,7 @@ def test_training_gives_cores_losses_and_trains_the_network_in_place(qtbot, pane
 def test_stop_cancels_within_an_epoch(qtbot, panel):
     net, twin = mlp(2, 8, 1), mlp(2, 8, 1)  # XOR: one batch per epoch, so every epoch is whole
     shown(qtbot, panel, net)
-    set_training(qtbot, panel, epochs=1_000_000, lr=0.05)
+    set_training(qtbot, panel, epochs=MAX_EPOCHS, lr=0.05)
     qtbot.mouseClick(panel.train_button, Qt.MouseButton.LeftButton)
     assert panel.stop_button.isEnabled() and not panel.train_button.isEnabled()
     qtbot.waitUntil(lambda: len(panel.losses) >= 3, timeout=20000)  # the curve follows while training
@@ -292,7 +299,7 @@ def test_telemetry_sees_forward_and_backward_passes_of_training(qtbot, panel):
 def test_a_new_network_during_training_stops_it_and_takes_the_new_one(qtbot, panel):
     first, second = mlp(2, 8, 1), mlp(1, 4, 1)
     shown(qtbot, panel, first)
-    set_training(qtbot, panel, epochs=1_000_000, lr=0.05)
+    set_training(qtbot, panel, epochs=MAX_EPOCHS, lr=0.05)
     trained = []
     panel.trained.connect(trained.append)
     qtbot.mouseClick(panel.train_button, Qt.MouseButton.LeftButton)
