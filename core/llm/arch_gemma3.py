@@ -14,22 +14,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .architectures import (
-    FULL,
+from .causal_lm import CausalLM
+from .layer_builders import (
     GGUF_BLOCK_NAMES,
-    SLIDING,
-    CausalLM,
-    ModelArgs,
-    RopeConfig,
-    Settings,
+    assemble_causal_lm,
     attention_layer,
-    causal_lm,
     decoder_block,
-    hf_rope,
     mlp_layer,
     norm_layer,
 )
-from .llm_layers import Matrix, Rope
+from .llm_layers import Matrix
+from .model_args import FULL, SLIDING, ModelArgs, Settings, hf_rope
+from .rope import Rope, RopeConfig
 
 GGUF_BLOCK_NAMES = {**GGUF_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                     "post_attention_norm": "post_attention_layernorm",
@@ -103,4 +99,5 @@ def build(args: Args, weights: dict[str, Matrix]) -> CausalLM:
              mlp_layer(args, weights, i, "GELU"),
              norm_layer(args, weights, p + "post_feedforward_layernorm.weight")]))
     # transformers keeps sqrt(d) as a float32 tensor: the scale is rounded to float32
-    return causal_lm(args, weights, blocks, embed_scale=float(np.float32(math.sqrt(args.hidden_size))))
+    embed_scale = float(np.float32(math.sqrt(args.hidden_size)))
+    return assemble_causal_lm(args, weights, blocks, embed_scale=embed_scale)

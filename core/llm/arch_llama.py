@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .architectures import GGUF_BLOCK_NAMES, SLIDING, ModelArgs, Settings, build_decoder
+from .layer_builders import GGUF_BLOCK_NAMES, build_decoder
+from .model_args import SLIDING, ModelArgs, Settings
 
 __all__ = ["Args", "GGUF_BLOCK_NAMES", "build"]
 

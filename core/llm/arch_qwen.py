@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .architectures import GGUF_BLOCK_NAMES, ModelArgs, Settings, build_decoder
+from .layer_builders import GGUF_BLOCK_NAMES, build_decoder
+from .model_args import ModelArgs, Settings
 
 __all__ = ["Args", "GGUF_BLOCK_NAMES", "build"]
 

@@ -10,9 +10,9 @@ place) or a float32 array. The float32 master in Loom's flat layout is only buil
 asks for it (morphing, DNA); until the master changes or the layer is morphed, forward multiplies
 with the named matrices directly. The layers are inference-only: backward raises.
 
-A layer's ``forward(x, ctx)`` reads ``ctx.caches`` when the context has one: a list with one entry
-per batch row, each a list of :class:`KVCache` (one per attention layer). Without it, every call
-is a fresh sequence starting at position 0.
+Attention continues sequences when its run context is a :class:`~.kv_cache.CachedRun` (the
+decode path, ``CausalLM.step``): a list of :class:`~.kv_cache.KVCache` per batch row, one per
+attention layer. Under any other run every call is a fresh sequence starting at position 0.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from ..layers.embedding import Embedding
 from ..layers.norms import RMSNorm
 from ..layers.swiglu import SwiGLU
 from ..weights import WeightStore
+from .kv_cache import CachedRun
+from .rope import Rope
 
 Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
 
@@ -162,36 +164,6 @@ class LLMRMSNorm(InferenceOnly, RMSNorm):
 
 
 @dataclass(frozen=True, eq=False)
-class Rope:
-    """Rotary position embedding with per-pair inverse frequencies ``inv_freq[head_dim // 2]``.
-
-    ``interleaved`` rotates pairs ``(0,1), (2,3), ...``: GGUF stores llama's Q/K rows permuted so
-    that this equals transformers' half-split rotation of the original rows.
-    """
-
-    inv_freq: np.ndarray
-    interleaved: bool = False
-
-    def __call__(self, positions: np.ndarray, *vs: np.ndarray) -> list[np.ndarray]:
-        """Rotate each ``v[B, T, heads, head_dim]`` at ``positions[B, T]``."""
-        # float32 angles, as transformers computes them
-        angle = positions.astype(np.float32)[:, :, None, None] * self.inv_freq
-        cos, sin = np.cos(angle), np.sin(angle)
-        return [self._rotate(v, cos, sin) for v in vs]
-
-    def _rotate(self, v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        half = self.inv_freq.size
-        if self.interleaved:
-            a, b = v[..., 0:2 * half:2], v[..., 1:2 * half:2]
-            out = np.empty_like(v)
-            out[..., 0:2 * half:2] = a * cos - b * sin
-            out[..., 1:2 * half:2] = b * cos + a * sin
-            return out
-        a, b = v[..., :half], v[..., half:2 * half]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-
-
-@dataclass(frozen=True, eq=False)
 class AttentionSpec:
     """What one attention layer does beyond its matrices."""
 
@@ -202,54 +174,6 @@ class AttentionSpec:
     window: int | None = None  # sliding window: positions a query sees, itself included
     scale: float | None = None  # score scale; head_dim ** -0.5 when None
     norm_eps: float = 1e-6  # eps of the per-head Q/K norms (qwen3, gemma3)
-
-
-class KVCache:
-    """Keys and values of one sequence in one attention layer, ``[n_kv_heads, capacity, head_dim]``.
-
-    The buffers are allocated for ``capacity`` positions up front and grow in steps of
-    :attr:`step` up to ``max_size`` (the model's context); more raises :class:`LoomShapeError`.
-    """
-
-    step = 256
-
-    def __init__(self, n_kv_heads: int, head_dim: int, max_size: int, capacity: int = 0):
-        capacity = min(max(capacity, 0), max_size)
-        self.keys = np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32)
-        self.values = np.zeros_like(self.keys)
-        self.max_size = max_size
-        self.offset = 0
-
-    def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append ``k``/``v`` ``[n_kv_heads, T, head_dim]``; return every position's keys and values
-        so far (views, valid until the next update)."""
-        end = self.offset + k.shape[1]
-        if end > self.max_size:
-            raise LoomShapeError(f"{end} positions exceed the context length {self.max_size}")
-        if end > self.keys.shape[1]:
-            self._grow(end)
-        self.keys[:, self.offset:end] = k
-        self.values[:, self.offset:end] = v
-        self.offset = end
-        return self.keys[:, :end], self.values[:, :end]
-
-    def _grow(self, needed: int) -> None:
-        capacity = min(self.max_size, -(-needed // self.step) * self.step)
-        keys = np.zeros((self.keys.shape[0], capacity, self.keys.shape[2]), dtype=np.float32)
-        values = np.zeros_like(keys)
-        keys[:, :self.offset] = self.keys[:, :self.offset]
-        values[:, :self.offset] = self.values[:, :self.offset]
-        self.keys, self.values = keys, values
-
-    def trim(self, n: int) -> int:
-        """Forget the last ``n`` positions; returns how many were dropped."""
-        n = min(self.offset, max(int(n), 0))
-        self.offset -= n
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
 
 
 class LLMAttention(InferenceOnly, MultiHeadAttention):
@@ -278,7 +202,8 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         v = (linear(x3, w["wv"]) + w["bv"]).reshape(B, T, s.n_kv_heads, s.head_dim)
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], s.norm_eps), rms_norm(k, w["k_norm"], s.norm_eps)
-        caches = self._caches(ctx, B)
+        # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
+        caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = np.array([c.offset for c in caches] if caches else [0] * B)
         positions = starts[:, None] + np.arange(T)
         q, k = s.rope(positions, q, k)
@@ -290,14 +215,6 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
             out[b] = self._attend(q[b], kb, vb, int(starts[b]))
         y = linear(out, w["wo"]) + w["bo"]
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
-
-    def _caches(self, ctx, batch: int) -> list[KVCache] | None:
-        caches = getattr(ctx, "caches", None)
-        if caches is None:
-            return None
-        if len(caches) != batch:
-            raise LoomShapeError(f"{len(caches)} caches for a batch of {batch} sequences")
-        return [c[self.index] for c in caches]
 
     def _attend(self, q, keys, values, start: int) -> np.ndarray:
         """Queries ``q[T, H, hd]`` at positions ``start..start+T-1`` over ``keys/values[Hkv, S, hd]``

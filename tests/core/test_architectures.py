@@ -1,4 +1,4 @@
-"""Architectures as grid networks: settings, weight names, RoPE, the KV cache, the decode path.
+"""Architectures as grid networks: settings, weight names, RoPE, the decode path.
 
 Oracles: transformers' reference logits of the tiny checkpoints (also when converted to GGUF the
 way llama.cpp's converter does, with gguf-py's own tensor-name map), a complex-number RoPE, the
@@ -21,23 +21,13 @@ from loomlab.core.errors import LoomConfigError, LoomShapeError, ModelFormatErro
 from loomlab.core.layers.attention import MultiHeadAttention
 from loomlab.core.layers.base import make_layer
 from loomlab.core.llm import registry
-from loomlab.core.llm.architectures import (
-    ModelArgs,
-    RopeConfig,
-    architecture,
-    attention_layer,
-    load_causal_lm,
-    mlp_layer,
-)
 from loomlab.core.llm.gguf_file import open_gguf
 from loomlab.core.llm.hf_files import open_hf
-from loomlab.core.llm.llm_layers import (
-    KVCache,
-    LLMHead,
-    LLMRMSNorm,
-    MatrixStore,
-    Rope,
-)
+from loomlab.core.llm.layer_builders import attention_layer, mlp_layer
+from loomlab.core.llm.llm_layers import LLMHead, LLMRMSNorm, MatrixStore
+from loomlab.core.llm.loader import architecture, load_causal_lm
+from loomlab.core.llm.model_args import ModelArgs
+from loomlab.core.llm.rope import Rope, RopeConfig
 from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
@@ -47,35 +37,6 @@ GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 def reference(name: str) -> dict:
     return json.loads((TINY / name / "reference.json").read_text())
-
-
-# ----- KV cache ------------------------------------------------------------------------------------
-def test_kv_cache_appends_fetches_and_trims():
-    rng = np.random.default_rng(0)
-    cache = KVCache(n_kv_heads=2, head_dim=4, max_size=64, capacity=8)
-    k1, v1 = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
-    keys, values = cache.update_and_fetch(k1, v1)
-    assert cache.offset == 3 and np.array_equal(keys, k1) and np.array_equal(values, v1)
-    k2, v2 = rng.standard_normal((2, 2, 1, 4)).astype(np.float32)
-    keys, values = cache.update_and_fetch(k2, v2)
-    assert cache.offset == 4
-    assert np.array_equal(keys, np.concatenate([k1, k2], axis=1))
-    assert np.array_equal(values, np.concatenate([v1, v2], axis=1))
-    assert cache.trim(2) == 2 and cache.offset == 2
-    keys, _ = cache.update_and_fetch(k2, v2)  # overwrites the trimmed positions
-    assert np.array_equal(keys, np.concatenate([k1[:, :2], k2], axis=1))
-    assert cache.trim(10) == 3 and cache.offset == 0
-
-
-def test_kv_cache_grows_keeps_its_content_and_stops_at_the_context():
-    cache = KVCache(n_kv_heads=1, head_dim=2, max_size=300, capacity=4)
-    rows = np.arange(600, dtype=np.float32).reshape(1, 300, 2)
-    for start in range(0, 300, 13):
-        keys, _ = cache.update_and_fetch(rows[:, start:start + 13], rows[:, start:start + 13])
-    assert cache.offset == 300 and np.array_equal(keys, rows)
-    assert cache.keys.shape[1] == 300  # grew in steps, never past the context
-    with pytest.raises(LoomShapeError, match="context length 300"):
-        cache.update_and_fetch(rows[:, :1], rows[:, :1])
 
 
 # ----- RoPE ----------------------------------------------------------------------------------------

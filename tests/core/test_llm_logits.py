@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from loomlab.core.llm import registry
-from loomlab.core.llm.architectures import CausalLM, load_causal_lm
+from loomlab.core.llm.causal_lm import CausalLM
+from loomlab.core.llm.loader import load_causal_lm
 
 DATA = Path(__file__).parents[1] / "data"
 BUILTIN = {"smollm2-135m": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma3-270m-q4_k_m"}
@@ -79,7 +80,7 @@ def assert_same_continuation(tokens: list[int], reference: list[int], steps: lis
 MEMORY_PROBE = """
 import sys
 import numpy as np
-from loomlab.core.llm.architectures import load_causal_lm
+from loomlab.core.llm.loader import load_causal_lm
 
 def rss():
     with open("/proc/self/status") as f:

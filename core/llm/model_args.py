@@ -1,0 +1,201 @@
+"""What every architecture reads from a model's settings: typed reads of GGUF metadata or
+config.json (:class:`Settings`), RoPE settings, and the :class:`ModelArgs` dataclass that each
+architecture module extends with its own fields."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from .rope import RopeConfig
+
+MAX_DIM = 1 << 20  # no real model has a width, head or layer count near this
+MAX_TOKENS = 1 << 24  # vocabulary and context bound
+SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' layer_types values
+_REQUIRED = object()
+
+
+class Settings:
+    """Typed reads of a model's settings (GGUF metadata or config.json); errors name the field."""
+
+    def __init__(self, values: dict[str, Any], prefix: str = "", label: str = "",
+                 offsets: dict[str, int] | None = None):
+        self.values, self.prefix, self.label, self.offsets = values, prefix, label, offsets or {}
+
+    def field(self, key: str) -> str:
+        return f"{self.label}{self.prefix}{key}"
+
+    def raw(self, key: str) -> Any:
+        return self.values.get(self.prefix + key)
+
+    def get(self, key: str, kind: type, default: Any = _REQUIRED) -> Any:
+        """``key`` as ``kind`` (int, float or bool; float accepts an int); absent or null gives
+        ``default``."""
+        value = self.raw(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise ModelFormatError(self.field(key), "required setting is missing")
+            return default
+        is_bool = isinstance(value, bool | np.bool_)
+        kinds = (float, int) if kind is float else kind
+        ok = is_bool if kind is bool else not is_bool and isinstance(value, kinds)
+        if not ok:
+            raise ModelFormatError(self.field(key), f"expected {kind.__name__}, got {type(value).__name__}",
+                                   self.offsets.get(self.prefix + key))
+        return kind(value)
+
+    def positive(self, key: str, default: Any = _REQUIRED) -> float:
+        """A finite float above zero (or ``default`` when absent)."""
+        value = self.get(key, float, default)
+        if value is not default and not 0 < value < math.inf:
+            raise ModelFormatError(self.field(key), f"{value} is not a positive finite number",
+                                   self.offsets.get(self.prefix + key))
+        return value
+
+    def sequence(self, key: str) -> tuple:
+        """A JSON list as a tuple (empty when absent)."""
+        value = self.raw(key)
+        if value is not None and not isinstance(value, list):
+            raise ModelFormatError(self.field(key), f"expected a list, got {type(value).__name__}")
+        return tuple(value or ())
+
+    def count(self, key: str, default: Any = _REQUIRED, limit: int = MAX_DIM) -> int:
+        """A positive integer no larger than ``limit`` (or ``default`` when absent)."""
+        if self.raw(key) is None and default is not _REQUIRED:
+            return default
+        value = self.get(key, int)
+        if not 1 <= value <= limit:
+            raise ModelFormatError(self.field(key), f"{value} is not in 1..{limit}",
+                                   self.offsets.get(self.prefix + key))
+        return value
+
+
+def gguf_rope(s: Settings) -> RopeConfig:
+    """Base and scaling from GGUF ``{arch}.rope.*`` keys."""
+    kind = s.get("rope.scaling.type", str, "none")
+    if kind not in ("none", "linear"):
+        raise ModelFormatError(s.field("rope.scaling.type"), f"unsupported RoPE scaling {kind!r}")
+    factor = s.positive("rope.scaling.factor", 1.0) if kind == "linear" else 1.0
+    return RopeConfig(base=s.positive("rope.freq_base", 10000.0),
+                      kind="linear" if factor != 1.0 else "default", factor=factor)
+
+
+def hf_rope(config: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
+    """Base and scaling from config.json: transformers 5's ``rope_parameters`` (possibly per
+    layer type) or transformers 4's ``rope_theta`` + ``rope_scaling``."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    label = "config.json:rope_parameters."
+    if not isinstance(params, dict):  # transformers 4
+        scaling, label = config.get("rope_scaling") or {}, "config.json:rope_scaling."
+        if not isinstance(scaling, dict):
+            raise ModelFormatError("config.json:rope_scaling", f"expected an object, got {scaling!r}")
+        params = {**scaling, "rope_theta": config.get("rope_theta", 10000.0)}
+    s = Settings(params, label=label)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", "linear", "llama3"):
+        raise ModelFormatError(s.field("rope_type"), f"unsupported RoPE type {kind!r}")
+    return RopeConfig(
+        base=s.positive("rope_theta", 10000.0), kind=kind, factor=s.positive("factor", 1.0),
+        low_freq_factor=s.positive("low_freq_factor", 1.0),
+        high_freq_factor=s.positive("high_freq_factor", 4.0),
+        original_context=s.count("original_max_position_embeddings", 8192, MAX_TOKENS))
+
+
+@dataclass
+class ModelArgs:
+    """What every architecture here needs from a file's settings.
+
+    ``tie_embeddings`` None means "tied when the file has no output matrix" (GGUF);
+    ``layer_types`` holds "full_attention" / "sliding_attention" per layer (empty: all full).
+    """
+
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float = 1e-6
+    vocab_size: int = 0  # 0: taken from the embedding table
+    context_length: int = 2048
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    tie_embeddings: bool | None = None
+    rope_interleaved: bool = False  # GGUF llama: Q/K rows permuted for pairwise rotation
+    qk_norm: bool = False
+    attention_biases: tuple[str, ...] = ()  # projections ("q", "k", "v", "o") that have a bias
+    TIE_DEFAULT: ClassVar[bool] = False  # transformers' tie_word_embeddings default for the family
+
+    @classmethod
+    def from_gguf(cls, metadata: dict[str, Any], offsets: dict[str, int] | None = None) -> ModelArgs:
+        arch = Settings(metadata, offsets=offsets).get("general.architecture", str)
+        s = Settings(metadata, f"{arch}.", offsets=offsets)
+        return cls(**cls._check(s, cls.gguf_fields(s, arch)))
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ModelArgs:
+        s = Settings(config, label="config.json:")
+        return cls(**cls._check(s, cls.hf_fields(s, config)))
+
+    @classmethod
+    def gguf_fields(cls, s: Settings, arch: str) -> dict[str, Any]:
+        """Constructor arguments from GGUF metadata (subclasses add theirs)."""
+        d, heads = s.count("embedding_length"), s.count("attention.head_count")
+        head_dim = s.count("attention.key_length", None) or _split(s, d, heads, "attention.head_count")
+        for key in ("attention.value_length", "rope.dimension_count"):
+            if s.get(key, int, head_dim) != head_dim:
+                raise ModelFormatError(s.field(key), f"differs from the head size {head_dim} (not supported)")
+        return dict(architecture=arch, hidden_size=d, num_layers=s.count("block_count"), num_heads=heads,
+                    num_kv_heads=s.count("attention.head_count_kv", heads), head_dim=head_dim,
+                    intermediate_size=s.count("feed_forward_length"),
+                    norm_eps=s.positive("attention.layer_norm_rms_epsilon", 1e-6),
+                    vocab_size=s.count("vocab_size", 0, MAX_TOKENS),
+                    context_length=s.count("context_length", 2048, MAX_TOKENS), rope=gguf_rope(s))
+
+    @classmethod
+    def hf_fields(cls, s: Settings, config: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments from config.json (subclasses add theirs)."""
+        d, heads = s.count("hidden_size"), s.count("num_attention_heads")
+        return dict(architecture=s.get("model_type", str), hidden_size=d,
+                    num_layers=s.count("num_hidden_layers"), num_heads=heads,
+                    num_kv_heads=s.count("num_key_value_heads", heads),
+                    head_dim=s.count("head_dim", None) or _split(s, d, heads, "num_attention_heads"),
+                    intermediate_size=s.count("intermediate_size"),
+                    norm_eps=s.positive("rms_norm_eps", 1e-6),
+                    vocab_size=s.count("vocab_size", 0, MAX_TOKENS),
+                    context_length=s.count("max_position_embeddings", 2048, MAX_TOKENS),
+                    rope=hf_rope(config), layer_types=s.sequence("layer_types"),
+                    sliding_window=s.count("sliding_window", None, MAX_TOKENS),
+                    tie_embeddings=s.get("tie_word_embeddings", bool, cls.TIE_DEFAULT),
+                    attention_biases=("q", "k", "v", "o") if s.get("attention_bias", bool, False) else ())
+
+    @staticmethod
+    def _check(s: Settings, f: dict[str, Any]) -> dict[str, Any]:
+        if f["num_heads"] % f["num_kv_heads"]:
+            raise ModelFormatError(s.field("num_key_value_heads" if s.label else "attention.head_count_kv"),
+                                   f"{f['num_heads']} heads do not split into {f['num_kv_heads']} KV groups")
+        types = f.get("layer_types", ())
+        if types and (len(types) != f["num_layers"] or not set(types) <= {FULL, SLIDING}):
+            raise ModelFormatError(s.field("layer_types"), f"expected {f['num_layers']} entries of "
+                                                           f"{FULL!r} / {SLIDING!r}")
+        if SLIDING in types and not f.get("sliding_window"):
+            raise ModelFormatError(s.field("sliding_window"), "sliding layers need a window size")
+        return f
+
+    def layer_window(self, i: int) -> int | None:
+        """The sliding window of layer ``i``, None for full attention."""
+        return self.sliding_window if self.layer_types and self.layer_types[i] == SLIDING else None
+
+
+def _split(s: Settings, d: int, heads: int, key: str) -> int:
+    if d % heads:
+        raise ModelFormatError(s.field(key), f"width {d} does not split into {heads} heads")
+    return d // heads

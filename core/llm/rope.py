@@ -1,0 +1,75 @@
+"""Rotary position embedding: the frequencies a model's settings ask for, and the rotation itself."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """RoPE frequencies: ``base`` and transformers' scaling types default, linear and llama3."""
+
+    base: float = 10000.0
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+    def inv_freq(self, head_dim: int, freq_factors: np.ndarray | None = None) -> np.ndarray:
+        """``inv_freq[head_dim // 2]`` in float32, computed as transformers does; GGUF's llama3
+        models carry ``freq_factors`` (``rope_freqs``) that divide it instead."""
+        exponents = np.arange(0, head_dim - 1, 2).astype(np.float32) / np.float32(head_dim)
+        inv = (1.0 / np.float32(self.base) ** exponents).astype(np.float32)
+        if freq_factors is not None:
+            return (inv / np.asarray(freq_factors, dtype=np.float32)).astype(np.float32)
+        if self.kind == "linear":
+            return (inv / np.float32(self.factor)).astype(np.float32)
+        if self.kind == "llama3":
+            return self._llama3(inv)
+        return inv
+
+    def _llama3(self, inv: np.ndarray) -> np.ndarray:
+        """Llama 3.1's long-context rule: low frequencies slowed by ``factor``, a smooth blend between."""
+        wavelen = 2 * math.pi / inv
+        low_wavelen = self.original_context / self.low_freq_factor
+        high_wavelen = self.original_context / self.high_freq_factor
+        scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+        smooth = (self.original_context / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor)
+        blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, blended, scaled).astype(np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class Rope:
+    """Rotary position embedding with per-pair inverse frequencies ``inv_freq[head_dim // 2]``.
+
+    ``interleaved`` rotates pairs ``(0,1), (2,3), ...``: GGUF stores llama's Q/K rows permuted so
+    that this equals transformers' half-split rotation of the original rows.
+    """
+
+    inv_freq: np.ndarray
+    interleaved: bool = False
+
+    def __call__(self, positions: np.ndarray, *vs: np.ndarray) -> list[np.ndarray]:
+        """Rotate each ``v[B, T, heads, head_dim]`` at ``positions[B, T]``."""
+        # float32 angles, as transformers computes them
+        angle = positions.astype(np.float32)[:, :, None, None] * self.inv_freq
+        cos, sin = np.cos(angle), np.sin(angle)
+        return [self._rotate(v, cos, sin) for v in vs]
+
+    def _rotate(self, v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        half = self.inv_freq.size
+        if self.interleaved:
+            a, b = v[..., 0:2 * half:2], v[..., 1:2 * half:2]
+            out = np.empty_like(v)
+            out[..., 0:2 * half:2] = a * cos - b * sin
+            out[..., 1:2 * half:2] = b * cos + a * sin
+            return out
+        a, b = v[..., :half], v[..., half:2 * half]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
