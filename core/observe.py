@@ -13,7 +13,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,9 +62,6 @@ class LayerEvent:
     path: str = ""
     mode: str = "cpu"
     model_id: str = ""
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def check_rate(rate_hz: float | None, name: str = "max_rate_hz") -> float | None:

@@ -78,14 +78,6 @@ class WeightStore:
         return arr
 
     # ----- updates -----------------------------------------------------------------------
-    def assign(self, master) -> None:
-        """Replace the master (same length) and drop every cached version."""
-        master = np.asarray(master, dtype=np.float32).reshape(-1)
-        if master.size != self.master.size:
-            raise ValueError(f"expected {self.master.size} weights, got {master.size}")
-        self.master[...] = master
-        self.touch()
-
     def touch(self) -> None:
         """Record that the master changed in place: drop native versions and compute copies."""
         self.version += 1
