@@ -77,6 +77,19 @@ class WeightStore:
         self._compute[key] = (self.version, arr)
         return arr
 
+    # ----- what views show ---------------------------------------------------------------
+    def encodings(self, layer_dtype: str) -> dict[str, str]:
+        """How each named part of the weights is stored as the forward pass reads it: here one
+        flat vector in the layer's dtype (a morph changes it)."""
+        return {"weights": layer_dtype}
+
+    def sample(self, limit: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to ``limit`` master weights (all of them when there are fewer), float32, in layout
+        order, drawn without replacement by ``rng``."""
+        if len(self) <= limit:
+            return self.master.copy()
+        return self.master[np.sort(rng.choice(len(self), limit, replace=False))]
+
     # ----- updates -----------------------------------------------------------------------
     def touch(self) -> None:
         """Record that the master changed in place: drop native versions and compute copies."""

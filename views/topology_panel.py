@@ -5,8 +5,10 @@ Every layer (grid cells and the children nested in Parallel / Sequential contain
 grid cells sit at their ``(z, y, x, l)`` place, nested children rise above their cell as an outline
 (one step up per layer, indented by nesting depth, joined to their container), so branches stay
 visible.
-Points are coloured by layer type (:data:`TYPE_COLOURS`) or, while an observer is attached, by the
-activity the network reports, and sized by parameter count on a log scale.
+Points are coloured by layer type (:data:`TYPE_COLOURS`) or by the activity the network reports
+(the panel watches every network it is given), and sized by parameter count on a log scale. A
+language model's layers are named by their file tensors (``core.layer_names``), in hover tooltips
+and the inspector, and its block numbers stand on the floor.
 
 Threading: the observer callback runs on whatever thread runs the network (a chat worker, say).
 It only stores the latest event per layer under a lock; a QTimer on the GUI thread drains that
@@ -23,22 +25,29 @@ from typing import ClassVar
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.opengl as gl
-from PySide6.QtCore import QPointF, Qt, QTimer, Signal
-from PySide6.QtGui import QMatrix4x4, QVector3D
+from pyqtgraph.opengl.GLGraphicsItem import GLGraphicsItem
+from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QMatrix4x4, QPainter, QVector3D
 from PySide6.QtOpenGL import QOpenGLBuffer
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSplitter,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
 from loomlab.core import CallbackObserver, Layer, LayerEvent, LayerStats, VolumetricNetwork
+from loomlab.core.layer_names import LayerKey, LayerName, layer_name
+from loomlab.core.llm.llm_layers import LLMGatedMLP
 from loomlab.core.network import BlueprintRow
+from loomlab.core.observe import check_rate
 
 from .workers import Job, JobRunner
 
@@ -85,6 +94,15 @@ FIT_MARGIN = 0.04  # fraction of the view left free around the network when fram
 SAMPLE_LIMIT = 100_000  # weights a histogram looks at, however big the layer
 HISTOGRAM_BINS = 64
 REFRESH_MS = 33  # <= 30 Hz
+# Passes a second whose statistics colour the points: each sampled pass costs a decoding model
+# its statistics, and colours changing ten times a second already look live.
+DEFAULT_SAMPLE_HZ = 10.0
+
+VIEW_BACKGROUND = (18, 20, 26)  # dark in both themes, as the plots' canvases
+LABEL_COLOUR = (200, 205, 215)  # block numbers on that background (contrast ~12:1)
+VIEW_MIN_WIDTH = 240
+INSPECTOR_MIN_WIDTH = 260  # the inspector's longest lines ("Last stats") wrap, never clip
+HISTOGRAM_MIN_HEIGHT = 140
 
 
 def type_colour(type_name: str) -> Colour:
@@ -199,37 +217,11 @@ def _link_segments(net: VolumetricNetwork, rows: list[BlueprintRow], positions: 
 
 # ----- weights and activity --------------------------------------------------------------------
 def sample_weights(layer: Layer, limit: int = SAMPLE_LIMIT, seed: int = 0) -> np.ndarray:
-    """Up to ``limit`` of the layer's master weights (all of them when it has fewer), as float32.
-
-    A language-model layer keeps its file's (quantized) matrices and builds the float32 master
-    only on demand; while those matrices are still the master's content (store version 0),
-    whole rows are sampled from them instead, so a 28M-weight table is never dequantized here.
-    """
-    store = layer.weights
-    if store is None:
+    """Up to ``limit`` of the layer's master weights, as float32 (see ``WeightStore.sample``: a
+    language model's store samples its file's rows without dequantizing a whole table)."""
+    if layer.weights is None:
         return np.empty(0, np.float32)
-    rng = np.random.default_rng(seed)
-    blocks = getattr(store, "blocks", None)
-    if blocks is not None and store.version == 0:
-        sample = _sample_blocks(list(blocks.values()), len(store), limit, rng)
-    elif len(store) <= limit:
-        sample = store.master
-    else:
-        sample = store.master[np.sort(rng.integers(0, len(store), limit))]
-    if sample.size > limit:
-        sample = sample[np.sort(rng.choice(sample.size, limit, replace=False))]
-    return np.asarray(sample, dtype=np.float32).copy()
-
-
-def _sample_blocks(blocks: list, total: int, limit: int, rng: np.random.Generator) -> np.ndarray:
-    parts = []
-    for m in blocks:
-        rows = m.shape[0]
-        want = rows if total <= limit else min(rows, max(1, round(limit * rows / total)))
-        ids = np.arange(rows) if want == rows else np.sort(rng.choice(rows, want, replace=False))
-        picked = m[ids] if isinstance(m, np.ndarray) else m.rows(ids)
-        parts.append(np.asarray(picked, dtype=np.float32).reshape(-1))
-    return np.concatenate(parts) if parts else np.empty(0, np.float32)
+    return np.asarray(layer.weights.sample(limit, np.random.default_rng(seed)), dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -330,9 +322,11 @@ class PickingView(gl.GLViewWidget):
     """A GLViewWidget that tells a click (press and release in place) from an orbit drag."""
 
     clicked = Signal(float, float)
+    hovered = Signal(float, float)  # the pointer moved over the view with no button held
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.setMouseTracking(True)  # moves without a button pressed, for hover tooltips
         self._press: QPointF | None = None
         self.shader_programs: dict[type, object] = {}  # item class -> program in this view's context
 
@@ -346,6 +340,11 @@ class PickingView(gl.GLViewWidget):
     def mousePressEvent(self, ev):
         self._press = ev.position() if ev.button() == Qt.MouseButton.LeftButton else None
         super().mousePressEvent(ev)
+
+    def mouseMoveEvent(self, ev):
+        if ev.buttons() == Qt.MouseButton.NoButton:
+            self.hovered.emit(ev.position().x(), ev.position().y())
+        super().mouseMoveEvent(ev)
 
     def mouseReleaseEvent(self, ev):
         press, self._press = self._press, None
@@ -384,51 +383,130 @@ class PickingView(gl.GLViewWidget):
         return xy, ndc[:, 2], front
 
 
-class LayerInspector(QWidget):
-    """The selected layer: type, dtype, activation, shapes, parameters, weight histogram, stats."""
+def encoding_text(layer: Layer, name: LayerName) -> str:
+    """The layer's weight encoding as forward reads it: one type when every part shares it, else
+    each part's. A language model's layer shows the parts its file holds, by tensor stem
+    (``attn_v Q6_K``); the zero biases its builder added for absent ones are no encoding of the file."""
+    if layer.weights is None:
+        return layer.cfg.dtype
+    encodings = layer.weights.encodings(layer.cfg.dtype)
+    if name.tensors:
+        tensors = name.tensors
+        encodings = {_stem(tensors[part]): kind for part, kind in encodings.items() if part in tensors}
+    kinds = set(encodings.values())
+    if len(kinds) == 1:
+        return kinds.pop()
+    return ", ".join(f"{part} {kind}" for part, kind in encodings.items())
 
-    FIELDS = ("Layer", "Type", "DType", "Activation", "Input shape", "Output shape", "Parameters",
+
+def _stem(tensor: str) -> str:
+    """``attn_q`` of ``blk.9.attn_q.weight``."""
+    return tensor.rsplit(".", 2)[-2]
+
+
+# The activation a layer type applies to its output: the configured one, or a rule of the type.
+# A type missing here applies none (attention, norms, containers, softmax, recurrent cells):
+# its configured activation is a dead field, so the inspector hides the row.
+ACTIVATION_SHOWN = {
+    **dict.fromkeys(("Dense", "CNN1", "CNN2", "CNN3", "ConvTransposed1D", "ConvTransposed2D",
+                     "ConvTransposed3D", "Embedding", "KMeans"), lambda layer: layer.cfg.activation),
+    # Loom's SwiGLU gate is always SiLU; a language model's gated MLP uses its configured gate
+    "SwiGLU": lambda layer: f"{layer.cfg.activation if isinstance(layer, LLMGatedMLP) else 'Silu'} (gate)",
+}
+
+
+def activation_text(layer: Layer) -> str | None:
+    shown = ACTIVATION_SHOWN.get(layer.type_name)
+    return None if shown is None else shown(layer)
+
+
+class TextLabels(GLGraphicsItem):
+    """Short texts centred on world points, all drawn by one QPainter a frame (a ``GLTextItem``
+    each would open and close a painter on the GL widget per label, every frame)."""
+
+    def __init__(self, colour: QColor):
+        super().__init__()
+        self.setGLOptions("additive")
+        self.colour = colour
+        self.points = np.zeros((0, 3), np.float32)
+        self.texts: list[str] = []
+
+    def set_labels(self, points: np.ndarray, texts: list[str]) -> None:
+        self.points = np.asarray(points, np.float32).reshape(-1, 3)
+        self.texts = list(texts)
+        self.update()
+
+    def paint(self):
+        if not self.texts:
+            return
+        self.setupGLState()
+        view = self.view()
+        xy, _, front = view.project(self.points)
+        painter = QPainter(view)
+        painter.setPen(self.colour)
+        painter.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
+        metrics = painter.fontMetrics()
+        rise = metrics.ascent() / 2
+        for (x, y), shown, text in zip(xy, front, self.texts, strict=True):
+            if shown:
+                painter.drawText(QPointF(x - metrics.horizontalAdvance(text) / 2, y + rise), text)
+        painter.end()
+
+
+class LayerInspector(QWidget):
+    """The selected layer: its name, place, type, encoding, activation, shapes, parameters, the
+    latest forward stats and a weight histogram. Everything is read from the layer itself when
+    shown, so a morph since the network was opened shows (see :meth:`TopologyPanel.refresh`)."""
+
+    FIELDS = ("Layer", "Cell", "Type", "DType", "Activation", "Input shape", "Output shape", "Parameters",
               "Last stats")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        form = QFormLayout()
+        self.form = QFormLayout()
+        self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.fields: dict[str, QLabel] = {}
         for name in self.FIELDS:
             label = QLabel("—")
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             label.setWordWrap(True)
             self.fields[name] = label
-            form.addRow(name, label)
+            self.form.addRow(name, label)
         self.plot = pg.PlotWidget()
         self.plot.setLabel("bottom", "weight")
         self.plot.setLabel("left", "count")
-        self.plot.setMinimumHeight(160)
+        self.plot.setMinimumHeight(HISTOGRAM_MIN_HEIGHT)
         self.curve = self.plot.plot(stepMode="center", fillLevel=0, brush=(90, 150, 255, 120),
                                     pen=pg.mkPen((120, 170, 255), width=1))
         self.plot_title = QLabel("click a layer to inspect it")
+        self.plot_title.setWordWrap(True)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addLayout(self.form)
         layout.addWidget(self.plot_title)
         layout.addWidget(self.plot, 1)
         self.histogram: Histogram | None = None
 
-    def show_layer(self, layer: Layer | None, row: BlueprintRow | None, total_parameters: int) -> None:
-        if layer is None or row is None:
+    def show_layer(self, layer: Layer | None, row: BlueprintRow | None, name: LayerName | None,
+                   total_parameters: int) -> None:
+        self.form.setRowVisible(self.fields["Activation"], True)
+        if layer is None or row is None or name is None:
             for label in self.fields.values():
                 label.setText("—")
             self.plot_title.setText("click a layer to inspect it")
             self.show_histogram(None)
             return
         ins, outs = layer.describe_shapes()
-        where = f"({row.z}, {row.y}, {row.x}, {row.l})" + (f"  {row.path}" if row.path else "")
         params = f"{row.parameters:,}"
         if total_parameters != row.parameters:
             params += f"  (with children: {total_parameters:,})"
-        for name, text in (("Layer", where), ("Type", row.type), ("DType", row.dtype),
-                           ("Activation", row.activation), ("Input shape", _shape(ins)),
-                           ("Output shape", _shape(outs)), ("Parameters", params), ("Last stats", "—")):
-            self.fields[name].setText(text)
+        activation = activation_text(layer)
+        for field_name, text in (
+                ("Layer", name.label), ("Cell", _cell_text(row)), ("Type", row.type),
+                ("DType", encoding_text(layer, name)), ("Activation", activation or ""),
+                ("Input shape", _shape(ins)), ("Output shape", _shape(outs)), ("Parameters", params),
+                ("Last stats", "—")):
+            self.fields[field_name].setText(text)
+        self.form.setRowVisible(self.fields["Activation"], activation is not None)
         self.plot_title.setText("computing weight histogram…" if layer.weights is not None else "no weights")
         self.show_histogram(None)
 
@@ -451,6 +529,10 @@ class LayerInspector(QWidget):
             f"active {s.active:,}/{s.total:,}  (step {event.step_count})")
 
 
+def _cell_text(row: BlueprintRow) -> str:
+    return f"({row.z}, {row.y}, {row.x}, {row.l})" + (f"  {row.path}" if row.path else "")
+
+
 def _shape(dims: list[int]) -> str:
     return "×".join(str(d) for d in dims) if dims else "—"
 
@@ -462,20 +544,28 @@ class TopologyPanel(QWidget):
         parent: the parent widget.
         runner: where weight histograms are computed; without one they are computed on the GUI
             thread (cheap: at most :data:`SAMPLE_LIMIT` weights are sampled).
+        sample_hz: passes a second whose layer statistics the activity colours take (None:
+            every pass); ``clock`` times them.
 
-    ``set_network(net)`` shows a network (and detaches a running observer from the previous one);
-    ``attach_observer()`` starts live colouring; ``select_layer(layer)`` or a click on a point
-    selects a layer and emits :attr:`layer_selected`; ``shutdown()`` stops the timer, detaches,
-    waits for a pending histogram job and frees the GL resources (call it when the panel goes).
+    ``set_network(net)`` shows a network and watches its layer events (detaching from the
+    previous one); a click on a point selects a layer and emits :attr:`layer_selected` with its
+    key ``(z, y, x, l, path)``; ``select_layer_key(key)`` selects one without emitting (for
+    panels linked to this one); ``refresh()`` re-reads the selected layer (after a morph);
+    ``shutdown()`` stops the timer, detaches, waits for a pending histogram job and frees the GL
+    resources (call it when the panel goes).
     """
 
-    layer_selected = Signal(object)
+    layer_selected = Signal(object)  # the key (z, y, x, l, path) of a layer the user picked
 
-    def __init__(self, parent: QWidget | None = None, runner: JobRunner | None = None):
+    def __init__(self, parent: QWidget | None = None, runner: JobRunner | None = None, *,
+                 sample_hz: float | None = DEFAULT_SAMPLE_HZ, clock=None):
         super().__init__(parent)
         self._runner = runner
+        self._sample_hz = check_rate(sample_hz, "sample_hz")
+        self._clock = clock
         self._net: VolumetricNetwork | None = None
         self.topology: Topology | None = None
+        self.names: list[LayerName] = []  # per point: what people call the layer
         self._selected: int | None = None
         self._observer: CallbackObserver | None = None
         self._lock = threading.Lock()
@@ -492,8 +582,9 @@ class TopologyPanel(QWidget):
     # ----- construction ------------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.view = PickingView()
-        self.view.setBackgroundColor((18, 20, 26))
+        self.view.setBackgroundColor(VIEW_BACKGROUND)
         self.view.clicked.connect(self._on_click)
+        self.view.hovered.connect(self._on_hover)
         self.grid = LineItem(mode="lines", color=(1, 1, 1, 0.1), width=1.0, glOptions="translucent")
         self.flow_line = LineItem(mode="line_strip", color=(0.85, 0.85, 0.95, 0.45), width=1.5,
                                            antialias=True, glOptions="translucent")
@@ -504,7 +595,9 @@ class TopologyPanel(QWidget):
         self.scatter = ScatterItem(pxMode=False, glOptions="translucent")
         # additive: no depth test, so the selection cross shows through its own point
         self.marker = LineItem(mode="lines", color=(1, 1, 1, 1), width=2.0, glOptions="additive")
-        for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.scatter, self.marker):
+        self.block_labels = TextLabels(QColor(*LABEL_COLOUR))
+        for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.scatter, self.marker,
+                     self.block_labels):
             self.view.addItem(item)
         self._warm_up_shaders()
 
@@ -516,6 +609,7 @@ class TopologyPanel(QWidget):
         reset = QPushButton("Reset view")
         reset.clicked.connect(self.reset_camera)
         self.summary = QLabel("no network")
+        self.summary.setWordWrap(True)
         bar = QHBoxLayout()
         bar.addWidget(self.colour_mode)
         bar.addWidget(reset)
@@ -535,12 +629,22 @@ class TopologyPanel(QWidget):
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.inspector, 1)
         right_layout.addWidget(self.legend)
+        # a short dock scrolls the inspector instead of squeezing its rows into each other
+        self.inspector_area = QScrollArea()
+        self.inspector_area.setWidgetResizable(True)
+        self.inspector_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.inspector_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.inspector_area.setWidget(right)
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(left)
-        splitter.addWidget(right)
+        splitter.addWidget(self.inspector_area)
         splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
+        splitter.setStretchFactor(1, 2)
+        splitter.setCollapsible(0, False)
+        splitter.setCollapsible(1, False)
+        left.setMinimumWidth(VIEW_MIN_WIDTH)
+        self.inspector_area.setMinimumWidth(INSPECTOR_MIN_WIDTH)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(splitter)
@@ -566,29 +670,34 @@ class TopologyPanel(QWidget):
             return None
         return self.topology.layers[self._selected]
 
+    @property
+    def selected_key(self) -> LayerKey | None:
+        if self._selected is None or self.topology is None:
+            return None
+        r = self.topology.rows[self._selected]
+        return (r.z, r.y, r.x, r.l, r.path)
+
     def set_network(self, net: VolumetricNetwork | None) -> None:
-        """Show ``net`` (None clears the view); an attached observer is detached from the old one."""
-        self.detach_observer()
+        """Show ``net`` (None clears the view) and colour it by the activity its passes report
+        from now on; the previous network is let go (its observer detached)."""
+        self._detach_observer()
         self._net = net
         self._selected = None
         self._last.clear()
         self._hist_request += 1  # a histogram still being computed is for the old network
         self.topology = build_topology(net) if net is not None else None
+        rows = self.topology.rows if self.topology is not None else []
+        self.names = [layer_name(net, (r.z, r.y, r.x, r.l, r.path)) for r in rows]
         self._draw()
-        self.inspector.show_layer(None, None, 0)
+        self.inspector.show_layer(None, None, None, 0)
         self.reset_camera()
+        if net is not None:
+            # colours show the latest sampled pass; passes in between cost the engine nothing
+            self._observer = net.attach(CallbackObserver(self._on_event, max_rate_hz=self._sample_hz,
+                                                         clock=self._clock))
+            self._timer.start()
 
-    def attach_observer(self) -> None:
-        """Colour by live activity: subscribe to the network's layer events."""
-        if self._net is None or self._observer is not None:
-            return
-        # colours show the latest pass: sampling passes at the refresh rate loses nothing visible
-        self._observer = self._net.attach(CallbackObserver(self._on_event, max_rate_hz=1000 / REFRESH_MS))
-        if self.colour_mode.currentData() == "type":
-            self.colour_mode.setCurrentIndex(self.colour_mode.findData("rms"))
-        self._timer.start()
-
-    def detach_observer(self) -> None:
+    def _detach_observer(self) -> None:
         self._timer.stop()
         if self._observer is not None and self._net is not None and self._observer in self._net.observers:
             self._net.detach(self._observer)
@@ -596,15 +705,21 @@ class TopologyPanel(QWidget):
         with self._lock:
             self._pending.clear()
 
-    def select_layer(self, layer: Layer | None) -> None:
-        """Select ``layer`` (a layer object of the shown network) as a click on its point would."""
-        index = None if layer is None or self.topology is None else self.topology.index_of(layer)
-        self._select_index(index)
+    def select_layer_key(self, key: LayerKey | None) -> None:
+        """Select the layer at ``key`` = (z, y, x, l, path), or nothing for None or a key this
+        network lacks, without emitting :attr:`layer_selected` (a linked panel's selection)."""
+        index = None if key is None or self.topology is None else self.topology.keys.get(tuple(key))
+        self._select_index(index, emit=False)
+
+    def refresh(self) -> None:
+        """Show the selected layer again as it is now (its encoding after a morph, say)."""
+        index, self._selected = self._selected, None
+        self._select_index(index, emit=False)
 
     def shutdown(self) -> None:
         """Stop the refresh timer, detach from the network, join a pending histogram job and free
         the 3-D view's GL resources. The panel is done afterwards (closing it calls this)."""
-        self.detach_observer()
+        self._detach_observer()
         self.view.release()
         job, self._hist_job = self._hist_job, None
         if job is not None:
@@ -626,6 +741,7 @@ class TopologyPanel(QWidget):
             item.setVisible(topo is not None and len(topo.rows) > 0)
         self.marker.setVisible(False)
         if topo is None or not topo.rows:
+            self.block_labels.set_labels(np.zeros((0, 3), np.float32), [])
             self.summary.setText("no network")
             self.legend.setText("")
             return
@@ -635,10 +751,20 @@ class TopologyPanel(QWidget):
         self._set_lines(self.link_lines, topo.links.reshape(-1, 3))
         lo, hi = topo.positions.min(axis=0), topo.positions.max(axis=0)
         self._set_lines(self.grid, floor_grid(lo, hi, topo.pitch))
+        self._label_blocks(float(lo[2]))
         net = self._net
         self.summary.setText(f"{len(topo.rows)} layers · grid {'×'.join(map(str, net.shape))} · "
                              f"{net.parameter_count():,} parameters")
         self._update_legend()
+
+    def _label_blocks(self, floor_z: float) -> None:
+        """A language model's block numbers on the floor in front of each block's column."""
+        topo = self.topology
+        cells = [i for i, (r, n) in enumerate(zip(topo.rows, self.names, strict=True))
+                 if not r.path and n.block is not None]
+        at = topo.positions[cells] - np.float32([0, topo.pitch.y * 0.45, 0])
+        at[:, 2] = floor_z - 0.5
+        self.block_labels.set_labels(at, [str(self.names[i].block) for i in cells])
 
     @staticmethod
     def _set_lines(item: LineItem, points: np.ndarray) -> None:
@@ -722,29 +848,45 @@ class TopologyPanel(QWidget):
         candidates = np.flatnonzero(hit)
         return int(candidates[np.argmin(depth[candidates])])
 
+    def tooltip_text(self, index: int) -> str:
+        """What hovering over point ``index`` tells: its name, type and parameters."""
+        row = self.topology.rows[index]
+        return f"{self.names[index].label}\n{row.type} · {row.parameters:,} parameters"
+
     def _on_click(self, x: float, y: float) -> None:
         index = self.pick(x, y)
         if index is not None:
-            self._select_index(index)
+            self._select_index(index, emit=True)
 
-    def _select_index(self, index: int | None) -> None:
+    def _on_hover(self, x: float, y: float) -> None:
+        index = self.pick(x, y)
+        text = "" if index is None else self.tooltip_text(index)
+        if text != self.view.toolTip():
+            self.view.setToolTip(text)
+            if text:
+                QToolTip.showText(self.view.mapToGlobal(QPoint(round(x), round(y))), text, self.view)
+            else:
+                QToolTip.hideText()
+
+    def _select_index(self, index: int | None, *, emit: bool) -> None:
         if index == self._selected:
             return  # no echo when another panel hands back the layer it got from us
         self._selected = index
         topo = self.topology
         if index is None or topo is None:
             self.marker.setVisible(False)
-            self.inspector.show_layer(None, None, 0)
+            self.inspector.show_layer(None, None, None, 0)
             self._recolour()
             return
         layer, row = topo.layers[index], topo.rows[index]
         subtree = sum(len(la.weights) for la in layer.walk() if la.weights is not None)
-        self.inspector.show_layer(layer, row, subtree)
+        self.inspector.show_layer(layer, row, self.names[index], subtree)
         self.inspector.show_stats(self._last.get(index))
         self._show_marker(topo.positions[index], float(topo.sizes[index]))
         self._recolour()
         self._request_histogram(layer)
-        self.layer_selected.emit(layer)
+        if emit:
+            self.layer_selected.emit((row.z, row.y, row.x, row.l, row.path))
 
     def _show_marker(self, p: np.ndarray, size: float) -> None:
         arm = 1.2 * size

@@ -106,6 +106,32 @@ class MatrixStore(WeightStore):
             at += n
         return out
 
+    def encodings(self, layer_dtype: str) -> dict[str, str]:
+        """Each matrix's encoding as forward reads it (see :meth:`current`): the file's own (Q4_1,
+        Q6_K, F16 ...; float32 for vectors) until the master is changed or the layer is morphed,
+        then the layer's dtype for all of them."""
+        if self.version == 0 and layer_dtype == "float32":
+            return {name: "float32" if isinstance(m, np.ndarray) else m.type_name
+                    for name, m in self.blocks.items()}
+        return dict.fromkeys(self.blocks, layer_dtype)
+
+    def sample(self, limit: int, rng: np.random.Generator) -> np.ndarray:
+        """As :meth:`WeightStore.sample`; while the master is not built and still the file's
+        matrices, whole rows are drawn from each matrix in proportion to its size instead, so a
+        28M-weight table is never dequantized whole for a look at its values."""
+        if self._master is not None or self.version != 0:
+            return super().sample(limit, rng)
+        total, parts = len(self), []
+        for m in self.blocks.values():
+            rows = m.shape[0]
+            want = rows if total <= limit else min(rows, max(1, round(limit * rows / total)))
+            ids = np.arange(rows) if want == rows else np.sort(rng.choice(rows, want, replace=False))
+            parts.append(np.asarray(m[ids] if isinstance(m, np.ndarray) else m.rows(ids), np.float32).ravel())
+        sample = np.concatenate(parts) if parts else np.empty(0, np.float32)
+        if sample.size > limit:  # rounding up to whole rows can overshoot
+            sample = sample[np.sort(rng.choice(sample.size, limit, replace=False))]
+        return sample
+
     def copy(self) -> MatrixStore:
         clone = MatrixStore(self.blocks)
         if self._master is not None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.opengl as gl
 import pytest
-from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt
-from PySide6.QtGui import QVector3D
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint, QPointF, Qt
+from PySide6.QtGui import QMouseEvent, QVector3D
+from PySide6.QtWidgets import QApplication
 
-from loomlab.core import VolumetricNetwork, make_layer
+from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
+from loomlab.core.llm.gguf_file import open_gguf
+from loomlab.core.morph import morph_sublayer
 from loomlab.views.topology_panel import (
     ACTIVITY_COLORMAP,
     IDLE_COLOUR,
@@ -84,6 +86,14 @@ def click(qtbot, panel: TopologyPanel, pos: QPoint) -> None:
     qtbot.mouseClick(panel.view, Qt.MouseButton.LeftButton, pos=pos)
 
 
+def hover(panel: TopologyPanel, pos: QPoint) -> None:
+    """The pointer moving over the view with no button held. Sent as the event itself: under Xvfb
+    qtbot.mouseMove moves the X cursor, which lands a few pixels off in an undecorated window."""
+    event = QMouseEvent(QEvent.Type.MouseMove, QPointF(pos), QPointF(panel.view.mapToGlobal(pos)),
+                        Qt.MouseButton.NoButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(panel.view, event)
+
+
 def assert_not_blank(path: str, image) -> None:
     image.save(path)
     arr = pg.imageToArray(image, copy=True)
@@ -143,66 +153,85 @@ def test_remote_link_and_flow_lines(qtbot):
     panel.shutdown()
 
 
-def test_set_network_rebuilds_and_detaches_from_the_old_network(qtbot):
+def test_set_network_watches_it_rebuilds_and_detaches_from_the_old_network(qtbot):
     first, second = small_net(), VolumetricNetwork(1, 1, 3, 1)
     for x in range(3):
         second[0, 0, x, 0] = dense(8, 8)
     panel = make_panel(qtbot, first, shown=False)
-    panel.attach_observer()
-    panel.select_layer(first[0, 0, 0, 0])
-    assert len(first.observers) == 1
+    panel.select_layer_key((0, 0, 0, 0, ""))
+    assert len(first.observers) == 1 and panel._timer.isActive()  # given a network, it watches it
     panel.set_network(second)
-    assert first.observers == [] and not panel._timer.isActive()
+    assert first.observers == [] and len(second.observers) == 1
     assert len(panel.topology.rows) == 3 and panel.scatter.pos.shape == (3, 3)
     assert panel.selected_layer is None and panel.inspector.fields["Type"].text() == "—"
     assert panel.topology.links.shape == (0, 2, 3) and not panel.link_lines.visible()
     panel.set_network(None)
+    assert second.observers == [] and not panel._timer.isActive()
     assert panel.topology is None and not panel.scatter.visible()
+    panel.set_network(first)
     panel.shutdown()
+    assert first.observers == [] and not panel._timer.isActive()
+
+
+class StatsByStep:
+    """The oracle's observer: every forward event's stats, by step and layer key."""
+
+    def __init__(self, net):
+        self.steps: dict[int, dict[tuple, LayerStats]] = {}
+        self.observer = net.attach(CallbackObserver(self._record))
+
+    def _record(self, e) -> None:
+        if e.type == "forward":
+            self.steps.setdefault(e.step_count, {})[(e.z, e.y, e.x, e.l, e.path)] = e.stats
+
+
+def expected_activity(panel: TopologyPanel, stats: dict) -> np.ndarray:
+    """The RMS colours of one pass by the formula: log10 of sqrt(avg^2 + std^2), spread over the
+    colormap from the pass's lowest to its highest layer; layers that did not run stay idle."""
+    keys = panel.topology.keys
+    rms = {keys[k]: np.sqrt(s.avg ** 2 + s.std ** 2) for k, s in stats.items()}
+    idx = np.array(sorted(rms))
+    v = np.log10(np.array([rms[i] for i in idx]) + 1e-12)
+    expected = np.tile(np.float32(IDLE_COLOUR), (len(panel.topology.rows), 1))
+    expected[idx] = pg.colormap.get(ACTIVITY_COLORMAP).map((v - v.min()) / (v.max() - v.min()),
+                                                             mode=pg.ColorMap.FLOAT)
+    return expected
 
 
 def test_forward_passes_on_another_thread_recolour_by_activity(qtbot):
     net = small_net()
-    panel = make_panel(qtbot, net, shown=False)
-    panel.select_layer(net[0, 0, 0, 0])
-    panel.attach_observer()
-    assert panel.colour_mode.currentData() == "rms"
+    panel = TopologyPanel(sample_hz=None)  # every pass, as the oracle sees them
+    qtbot.addWidget(panel)
+    panel.set_network(net)
+    panel.select_layer_key((0, 0, 0, 0, ""))
+    panel.colour_mode.setCurrentIndex(panel.colour_mode.findData("rms"))
     np.testing.assert_allclose(panel.point_colours(), np.tile(IDLE_COLOUR, (16, 1)))
     before = np.array(panel.scatter.color, copy=True)
+    seen = StatsByStep(net)
 
-    seen = {}  # the oracle: the last forward stats of every layer, from its own observer
-    from loomlab.core import CallbackObserver
-    net.attach(CallbackObserver(lambda e: seen.__setitem__((e.z, e.y, e.x, e.l, e.path), e.stats)
-                                if e.type == "forward" else None))
-
-    def passes():  # 50 ms apart: the panel samples passes at <= 30 Hz, so it sees all three
+    def passes():
         for _ in range(3):
             net.forward(RNG.standard_normal((4, 8)).astype(np.float32))
-            time.sleep(0.05)
 
     worker = threading.Thread(target=passes)
     worker.start()
     worker.join()
     qtbot.waitUntil(lambda: not np.allclose(panel.scatter.color, before), timeout=3000)
-
-    keys = panel.topology.keys
-    rms = {keys[k]: np.sqrt(s.avg ** 2 + s.std ** 2) for k, s in seen.items()}
-    idx = np.array(sorted(rms))
-    v = np.log10(np.array([rms[i] for i in idx]) + 1e-12)
-    expected = np.tile(np.float32(IDLE_COLOUR), (16, 1))
-    expected[idx] = pg.colormap.get(ACTIVITY_COLORMAP).map((v - v.min()) / (v.max() - v.min()),
-                                                             mode=pg.ColorMap.FLOAT)
-    np.testing.assert_allclose(panel.scatter.color, expected, atol=1e-6)
+    qtbot.waitUntil(lambda: not panel._pending, timeout=3000)
+    last = seen.steps[max(seen.steps)]
+    np.testing.assert_allclose(panel.scatter.color, expected_activity(panel, last), atol=1e-6)
     # the remote link runs its target, so only the link's own point stays idle
-    idle = [panel.topology.rows[i].path for i in set(range(16)) - set(idx)]
+    idle = [r.path for r, colour in zip(panel.topology.rows, panel.scatter.color, strict=True)
+            if np.allclose(colour, IDLE_COLOUR)]
     assert idle == ["parallel_branches[2]"]
-    stats = seen[(0, 0, 0, 0, "")]
-    assert f"active {stats.active:,}/{stats.total:,}" in panel.inspector.fields["Last stats"].text()
+    stats = last[(0, 0, 0, 0, "")]
+    assert f"active {stats.active:,}/{stats.total:,}  (step {max(seen.steps)})" \
+           in panel.inspector.fields["Last stats"].text()
 
     panel.colour_mode.setCurrentIndex(panel.colour_mode.findData("type"))
     np.testing.assert_allclose(panel.scatter.color, panel.topology.colours)
     panel.shutdown()
-    assert len(net.observers) == 1 and not panel._timer.isActive()
+    assert net.observers == [seen.observer] and not panel._timer.isActive()
 
 
 # ----- view -> model -----------------------------------------------------------------------------
@@ -213,11 +242,14 @@ def test_clicking_a_point_selects_its_layer_and_inspects_it(qtbot):
     where = screen_point(panel, panel.topology.positions[panel.topology.index_of(target)])
     with qtbot.waitSignal(panel.layer_selected, timeout=2000) as blocker:
         click(qtbot, panel, where)
-    assert blocker.args[0] is target and panel.selected_layer is target
+    key = (0, 0, 1, 0, "sequential_layers[2].parallel_branches[1]")
+    assert blocker.args == [key] and panel.selected_layer is target and panel.selected_key == key
 
     inspector = panel.inspector
-    assert inspector.fields["Type"].text() == "Dense"
-    assert inspector.fields["Activation"].text() == "Silu"
+    assert inspector.fields["Layer"].text() == "Dense (0,0,1,0) sequential_layers[2].parallel_branches[1]"
+    assert inspector.fields["Type"].text() == "Dense" and inspector.fields["DType"].text() == "float32"
+    activation = inspector.fields["Activation"]
+    assert activation.text() == "Silu" and activation.isVisibleTo(panel)
     assert inspector.fields["Parameters"].text() == f"{len(target.weights):,}"
     assert inspector.fields["Input shape"].text() == "8" and inspector.fields["Output shape"].text() == "8"
     hist = inspector.histogram
@@ -228,7 +260,6 @@ def test_clicking_a_point_selects_its_layer_and_inspects_it(qtbot):
 
     with qtbot.assertNotEmitted(panel.layer_selected):
         click(qtbot, panel, QPoint(3, 3))  # empty space
-        panel.select_layer(target)  # already selected: no echo
     assert_not_blank("/tmp/topology_small.png", panel.view.grabFramebuffer())
     panel.shutdown()
 
@@ -266,15 +297,19 @@ def test_the_empty_view_compiles_the_shaders_before_a_network_comes(qtbot):
     panel.shutdown()
 
 
-def test_select_layer_programmatically_emits_and_shows_the_container_total(qtbot):
+def test_a_linked_selection_selects_without_echo_and_shows_the_container_total(qtbot):
     net = small_net()
     panel = make_panel(qtbot, net, shown=False)
-    parallel = net[0, 0, 0, 1]
-    with qtbot.waitSignal(panel.layer_selected) as blocker:
-        panel.select_layer(parallel)
-    assert blocker.args[0] is parallel
-    assert panel.inspector.fields["Parameters"].text() == "0  (with children: 128)"
+    with qtbot.assertNotEmitted(panel.layer_selected):
+        panel.select_layer_key((0, 0, 0, 1, ""))
+    assert panel.selected_layer is net[0, 0, 0, 1] and panel.selected_key == (0, 0, 0, 1, "")
+    fields = panel.inspector.fields
+    assert fields["Parameters"].text() == "0  (with children: 128)" and fields["Type"].text() == "Parallel"
+    assert not fields["Activation"].isVisibleTo(panel)  # a container applies no activation
     assert panel.inspector.histogram is None and panel.inspector.plot_title.text() == "no weights"
+    with qtbot.assertNotEmitted(panel.layer_selected):
+        panel.select_layer_key((9, 9, 9, 9, ""))  # not in this network: nothing selected
+    assert panel.selected_layer is None and fields["Type"].text() == "—"
     panel.shutdown()
 
 
@@ -300,27 +335,43 @@ def runner():
 
 @pytest.fixture(scope="module")
 def smollm():
-    from loomlab.core.llm import registry
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm import load_model
 
-    net = load_causal_lm(registry.fetch("smollm2-135m"))
-    yield net
-    net.close()
+    with load_model("smollm2-135m") as model:
+        yield model
 
 
-def test_llm_blocks_click_histogram_and_live_activity(qtbot, smollm, runner):
-    panel = make_panel(qtbot, smollm, runner=runner)
-    topo, rows = panel.topology, smollm.blueprint()
-    assert len(topo.rows) == len(rows) == 273
-    assert sum(1 for r in rows if not r.path and r.type == "Sequential") == 30
-    block = smollm[0, 0, 10, 0]
-    attention = block.children[0].children[1]  # block 10: [norm, attention], residual, [norm, mlp], ...
+@pytest.fixture(scope="module")
+def smollm_tensors(smollm):
+    """The oracle: the GGUF file's own tensor list, name -> (type name, dimensions)."""
+    with open_gguf(smollm.net.source.path) as gguf:
+        return {name: (t.type_name, len(t.shape)) for name, t in gguf.tensors.items()}
+
+
+ATTENTION_9 = (0, 0, 10, 0, "sequential_layers[0].sequential_layers[1]")  # cell 0 is the embedding
+
+
+def test_llm_inspector_names_the_files_tensors_and_encodings_also_after_a_morph(qtbot, smollm, smollm_tensors,
+                                                                                runner):
+    net = smollm.net
+    panel = make_panel(qtbot, net, runner=runner)
+    topo = panel.topology
+    assert len(topo.rows) == 273 and sum(1 for r in topo.rows if not r.path and r.type == "Sequential") == 30
+    attention = net[0, 0, 10, 0].children[0].children[1]
     assert attention.type_name == "MultiHeadAttention"
 
     with qtbot.waitSignal(panel.layer_selected, timeout=2000) as blocker:
         click(qtbot, panel, screen_point(panel, topo.positions[topo.index_of(attention)]))
-    assert blocker.args[0] is attention
-    assert panel.inspector.fields["Parameters"].text() == f"{len(attention.weights):,}"
+    assert blocker.args == [ATTENTION_9] and panel.selected_layer is attention
+    fields = panel.inspector.fields
+    stems = ("attn_q", "attn_k", "attn_v", "attn_output")
+    assert fields["Layer"].text() == "blk.9.attn_q/k/v/output"
+    assert all(f"blk.9.{stem}.weight" in smollm_tensors for stem in stems)
+    assert fields["DType"].text() == "Q4_1" == smollm_tensors["blk.9.attn_q.weight"][0]
+    assert {smollm_tensors[f"blk.9.{stem}.weight"][0] for stem in stems} == {"Q4_1"}
+    assert not fields["Activation"].isVisibleTo(panel)  # attention applies no activation
+    assert fields["Parameters"].text() == f"{len(attention.weights):,}"
+
     qtbot.waitUntil(lambda: panel.inspector.histogram is not None, timeout=20000)
     hist = panel.inspector.histogram
     assert hist.counts.sum() == hist.sampled == SAMPLE_LIMIT and hist.total == len(attention.weights)
@@ -332,15 +383,68 @@ def test_llm_blocks_click_histogram_and_live_activity(qtbot, smollm, runner):
     std = np.sqrt(np.average((centres - np.average(centres, weights=hist.counts)) ** 2, weights=hist.counts))
     assert std == pytest.approx(full.std(), rel=0.1)
 
-    panel.attach_observer()
-    before = np.array(panel.scatter.color, copy=True)
-    runner.start(lambda job: smollm.step(np.array([[1, 9690, 28, 260]])), name="decode")
-    qtbot.waitUntil(lambda: not runner.active, timeout=20000)
-    # every layer ran, so once the timer has drained every event none is left idle grey
-    qtbot.waitUntil(lambda: not np.isclose(panel.scatter.color, IDLE_COLOUR).all(axis=1).any(), timeout=3000)
-    assert not np.allclose(panel.scatter.color, before)
-    assert "step" in panel.inspector.fields["Last stats"].text()
-    assert_not_blank("/tmp/topology_llm.png", panel.view.grabFramebuffer())
+    mlp_key = (0, 0, 10, 0, "sequential_layers[2].sequential_layers[1]")
+    panel.select_layer_key(mlp_key)
+    assert fields["Layer"].text() == "blk.9.ffn_gate/up/down" and fields["Activation"].text() == "Silu (gate)"
+    assert fields["DType"].text() == smollm_tensors["blk.9.ffn_gate.weight"][0]
+    panel.select_layer_key((0, 0, 0, 0, ""))
+    assert fields["Layer"].text() == "token_embd"
+    assert fields["DType"].text() == smollm_tensors["token_embd.weight"][0] == "Q8_0"
+
+    panel.select_layer_key(ATTENTION_9)
+    try:
+        morph_sublayer(attention, 0, "int8")
+        panel.refresh()
+        assert fields["DType"].text() == "int8"
+    finally:
+        morph_sublayer(attention, 0, "float32")  # the module's model is shared: back to the file's
+    panel.refresh()
+    assert fields["DType"].text() == "Q4_1"
     assert runner.shutdown()
     panel.shutdown()
-    assert smollm.observers == []
+
+
+def test_llm_block_numbers_and_hover_tooltips(qtbot, smollm):
+    net = smollm.net
+    panel = make_panel(qtbot, net)
+    topo = panel.topology
+    blocks = [i for i, r in enumerate(topo.rows) if not r.path and r.type == "Sequential"]
+    assert panel.block_labels.texts == [str(b) for b in range(30)]
+    # each number stands in front of its own block's column, below the floor
+    np.testing.assert_allclose(panel.block_labels.points[:, :2],
+                               topo.positions[blocks, :2] - [0, topo.pitch.y * 0.45], atol=1e-5)
+    assert (panel.block_labels.points[:, 2] < topo.positions[:, 2].min()).all()
+
+    attention = topo.keys[ATTENTION_9]
+    parameters = len(topo.layers[attention].weights)
+    expected = f"blk.9.attn_q/k/v/output\nMultiHeadAttention · {parameters:,} parameters"
+    hover(panel, screen_point(panel, topo.positions[attention]))
+    assert panel.view.toolTip() == expected
+    hover(panel, QPoint(2, 2))  # empty space: no tooltip
+    assert panel.view.toolTip() == ""
+    assert_not_blank("/tmp/topology_llm.png", panel.view.grabFramebuffer())
+    panel.shutdown()
+
+
+def test_llm_activity_lights_up_while_generating(qtbot, smollm, runner):
+    net = smollm.net
+    panel = make_panel(qtbot, net)  # the default sampling rate, as in the window
+    panel.select_layer_key(ATTENTION_9)
+    panel.colour_mode.setCurrentIndex(panel.colour_mode.findData("rms"))
+    assert np.isclose(panel.scatter.color, IDLE_COLOUR).all()
+    seen = StatsByStep(net)
+    runner.start(lambda job: [r.text for r in smollm.generate("The capital of France is", max_tokens=3,
+                                                             temperature=0)], name="generate")
+    qtbot.waitUntil(lambda: not runner.active, timeout=30000)
+
+    def shows_a_whole_pass() -> bool:  # the inspector says which pass it shows: the colours are its
+        m = re.search(r"\(step (\d+)\)", panel.inspector.fields["Last stats"].text())
+        return bool(m) and np.allclose(panel.scatter.color, expected_activity(panel, seen.steps[int(m[1])]),
+                                       atol=1e-6)
+
+    qtbot.waitUntil(shows_a_whole_pass, timeout=3000)
+    assert not np.isclose(panel.scatter.color, IDLE_COLOUR).all(axis=1).any()  # every layer ran
+    net.detach(seen.observer)
+    assert runner.shutdown()
+    panel.shutdown()
+    assert net.observers == []

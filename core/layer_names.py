@@ -1,0 +1,152 @@
+"""Names of a network's layers as people know them, for every panel that lists layers.
+
+A language model's weighted layers are named by the tensors their weights come from, in the GGUF
+(llama.cpp) naming: ``blk.10.attn_q/k/v/output``, ``blk.10.ffn_norm``, ``token_embd``. Its
+containers are named by block: ``block 10``, ``block 10 attention``. Any other network's layers
+are named by type, grid cell ``(z, y, x, l)`` and container path. Layers are located by the key
+observer events carry: ``(z, y, x, l, path)``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import LoomConfigError
+from .layers.base import Layer
+from .llm.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm
+from .network import VolumetricNetwork
+
+LayerKey = tuple[int, int, int, int, str]
+
+# Weight-store part -> GGUF tensor name within a block (``blk.N.`` goes in front).
+ATTENTION_TENSORS = {
+    "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+}
+MLP_TENSORS = {
+    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+    "b_gate": "ffn_gate.bias", "b_up": "ffn_up.bias", "b_down": "ffn_down.bias",
+}
+# A decoder block is Sequential[attention half, Residual, MLP half, Residual] (layer_builders.
+# decoder_block); each half is [norm, main layer, optional post-norm]. A norm's GGUF name says
+# which half it sits in and whether it comes before or after that half's main layer.
+HALVES = ("attention", "attention residual", "MLP", "MLP residual")
+NORM_NAMES = {("attention", True): "attn_norm", ("attention", False): "post_attention_norm",
+              ("MLP", True): "ffn_norm", ("MLP", False): "post_ffw_norm"}
+_STEP = re.compile(r"(?:sequential_layers|parallel_branches)\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class LayerName:
+    """What a layer is called: ``label`` for lists and titles, ``block`` (a language model's
+    block number, None elsewhere) and ``tensors``: each weight-store part the file holds ->
+    that tensor's GGUF name (empty for a Loom network)."""
+
+    label: str
+    block: int | None = None
+    tensors: dict[str, str] = field(default_factory=dict)
+
+
+def layer_label(net: VolumetricNetwork, key: LayerKey) -> str:
+    """The name to show for the layer at ``key`` = (z, y, x, l, path) (see :func:`layer_name`)."""
+    return layer_name(net, key).label
+
+
+def layer_name(net: VolumetricNetwork, key: LayerKey) -> LayerName:
+    """Name the layer at ``key`` = (z, y, x, l, path), as observer events locate layers.
+
+    Raises:
+        LoomConfigError: no layer of ``net`` sits at ``key``.
+    """
+    chain = _chain(net, key)
+    z, y, x, l, path = key  # noqa: E741
+    name = _llm_name(net, net.index((z, y, x, l)), chain, _steps(path)) if _is_llm(net) else None
+    return name or LayerName(f"{chain[-1].type_name} ({z},{y},{x},{l}) {path}".rstrip())
+
+
+def _steps(path: str) -> list[int]:
+    return [int(m[1]) for m in _STEP.finditer(path)]
+
+
+def _chain(net: VolumetricNetwork, key: LayerKey) -> list[Layer]:
+    """The grid layer at the key's cell and each container child down its path."""
+    try:
+        z, y, x, l, path = key  # noqa: E741
+        layer = net.layer_at((int(z), int(y), int(x), int(l)))
+        parts = path.split(".") if path else []
+    except (TypeError, ValueError, AttributeError):
+        raise LoomConfigError(f"a layer key is (z, y, x, l, path), got {key!r}") from None
+    chain = [layer]
+    for part in parts:
+        m = _STEP.fullmatch(part)
+        if layer is None or m is None or int(m[1]) >= len(layer.children):
+            break
+        layer = layer.children[int(m[1])]
+        chain.append(layer)
+    if layer is None or len(chain) != len(parts) + 1:
+        raise LoomConfigError(f"no layer at {key!r} in a {'x'.join(map(str, net.shape))} network")
+    return chain
+
+
+def _is_llm(net: VolumetricNetwork) -> bool:
+    cells = net.cells
+    return len(cells) >= 3 and isinstance(cells[0], LLMEmbedding) and isinstance(cells[-1], LLMHead)
+
+
+def _llm_name(net: VolumetricNetwork, cell: int, chain: list[Layer], steps: list[int]) -> LayerName | None:
+    """A language model's grid: embedding, blocks, final norm, head (layer_builders.assemble_causal_lm)."""
+    last, layer = len(net.cells) - 1, chain[-1]
+    if cell == 0:
+        return _tensor_name(layer, {"table": "token_embd.weight"}, "", None)
+    if cell == last:
+        tied = layer.weights.blocks["weight"] is net.cells[0].weights.blocks["table"]
+        name = _tensor_name(layer, {"weight": "token_embd.weight" if tied else "output.weight"}, "", None)
+        return LayerName("output (tied to token_embd)", None, name.tensors) if tied else name
+    if cell == last - 1:
+        return _tensor_name(layer, {"gamma": "output_norm.weight"}, "", None)
+    block = cell - 1
+    if not steps:
+        return LayerName(f"block {block}", block)
+    if steps[0] >= len(HALVES) or len(steps) > 2:
+        return None
+    half = HALVES[steps[0]]
+    if len(steps) == 1:
+        return LayerName(f"block {block} {half}", block)
+    prefix = f"blk.{block}."
+    if isinstance(layer, LLMAttention):
+        return _tensor_name(layer, ATTENTION_TENSORS, prefix, block)
+    if isinstance(layer, LLMGatedMLP):
+        return _tensor_name(layer, MLP_TENSORS, prefix, block)
+    if isinstance(layer, LLMRMSNorm) and half in ("attention", "MLP"):
+        siblings = chain[-2].children
+        main = next((i for i, c in enumerate(siblings) if not isinstance(c, LLMRMSNorm)), len(siblings))
+        return _tensor_name(layer, {"gamma": f"{NORM_NAMES[half, steps[1] < main]}.weight"}, prefix, block)
+    return None
+
+
+def _tensor_name(layer: Layer, names: dict[str, str], prefix: str, block: int | None) -> LayerName:
+    """Name ``layer`` by the tensors behind its store's parts. A bias of zeros is left out: the
+    builders fill a bias the file lacks with zeros, and one the file has as zeros adds nothing."""
+    tensors = {part: prefix + names[part] for part, m in layer.weights.blocks.items()
+               if part in names and not (part.startswith("b") and _all_zero(m))}
+    stems = list(dict.fromkeys(t.rsplit(".", 1)[0].removeprefix(prefix) for t in tensors.values()))
+    return LayerName(prefix + _join_stems(stems), block, tensors)
+
+
+def _all_zero(m) -> bool:
+    return isinstance(m, np.ndarray) and m.ndim == 1 and not m.any()
+
+
+def _join_stems(stems: list[str]) -> str:
+    """``attn_q/k/v/output`` for stems sharing ``attn_``; one stem as it is."""
+    if len(stems) == 1:
+        return stems[0]
+    first = stems[0]
+    shared = first[:first.index("_") + 1] if "_" in first else ""
+    if not shared or not all(s.startswith(shared) for s in stems):
+        return "/".join(stems)
+    return shared + "/".join(s[len(shared):] for s in stems)
