@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+import time
+from collections.abc import Mapping
 
 EXIT_ERROR = 2
+# Qt platform plugins that draw without a display server (offscreen, framebuffer, VNC ...)
+HEADLESS_QT_PLATFORMS = frozenset({"offscreen", "minimal", "minimalegl", "eglfs", "linuxfb", "vnc",
+                                   "vkkhrdisplay"})
+LOG_INTERVAL_S = 5.0  # progress written to a log (not a terminal): at most one line per stage this often
 
 
 class CliError(Exception):
@@ -27,8 +34,11 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from loomlab.core import __version__
 
-    p = Parser(prog="loomlab", description="Loom Lab: look inside neural networks and talk to them.")
+    p = Parser(prog="loomlab", description="Loom Lab: look inside neural networks and talk to them.",
+               epilog="With no command, loomlab opens the workbench window; it needs a display "
+                      "(without one: xvfb-run -a loomlab). Every command above runs without one.")
     p.add_argument("--version", action="version", version=f"loomlab {__version__}")
+    add_gui_options(p.add_argument_group("workbench options (with no command)"))
     sub = p.add_subparsers(dest="command", parser_class=Parser)
 
     for module in _command_modules():
@@ -47,14 +57,34 @@ def _command_modules():
 GUI_OPTIONS = ("--screenshot", "--panel", "--model", "--network", "--prompt")
 
 
-def gui_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="loomlab", description="Open the workbench (optionally in a given state).")
-    p.add_argument("--screenshot", metavar="PATH", help="render the window to this PNG and exit")
+def add_gui_options(p) -> None:
+    """The options that open the workbench in a given state (in ``loomlab --help`` too)."""
+    p.add_argument("--screenshot", metavar="PATH",
+                   help="render the window to this PNG and exit (uses a throwaway workspace and settings)")
     p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, telemetry, morph")
     p.add_argument("--model", help="load this model (built-in alias, .gguf file or HF folder)")
     p.add_argument("--network", help="open this Loom network (.json or .loom)")
-    p.add_argument("--prompt", help="send this message to the loaded model and wait for the reply")
+    p.add_argument("--prompt", help="send this message to the loaded model and wait for the reply "
+                                    "(printed on stdout too)")
+
+
+def gui_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="loomlab", description="Open the workbench (optionally in a given state).")
+    add_gui_options(p)
     return p
+
+
+def display_problem(env: Mapping[str, str], platform: str = sys.platform) -> str | None:
+    """Why the window cannot open here, or None. Checked before Qt starts: without a display Qt
+    aborts the process (exit 134) with a hint about libxcb-cursor that sends people astray."""
+    if not platform.startswith("linux"):
+        return None  # macOS and Windows always have their window system
+    qpa = env.get("QT_QPA_PLATFORM", "").split(":")[0]
+    if qpa in HEADLESS_QT_PLATFORMS or env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are not set): run loomlab "
+            "in a desktop session, under a virtual display (xvfb-run -a loomlab), or use the headless "
+            "commands (loomlab --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].split("=")[0] in GUI_OPTIONS:
         try:
             options = gui_parser().parse_args(argv)
+            problem = display_problem(os.environ)
+            if problem is not None:
+                raise CliError(problem)
         except CliError as e:
             print(f"loomlab: error: {e}", file=sys.stderr)
             return EXIT_ERROR
@@ -101,18 +134,32 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def progress_bar(stage: str, done: int, total: int) -> None:
     """A progress bar on stderr for (stage, done, total) reports: downloads, extraction, loading."""
-    if done < total and not sys.stderr.isatty():
-        return  # a log file gets the finished bars only
     frac = done / total if total else 1.0
-    filled = int(frac * 30)
-    end = "\n" if done >= total else ""
-    print(f"\r{stage:<8} [{'#' * filled}{'.' * (30 - filled)}] {frac:6.1%} ({done:,}/{total:,})", end=end,
-          file=sys.stderr, flush=True)
+    bar = "#" * int(frac * 30)
+    _progress_line(stage, f"{stage:<8} [{bar:.<30}] {frac:6.1%} ({done:,}/{total:,})", done >= total)
 
 
 def progress(done: int, total: int, what: str) -> None:
-    """One self-overwriting progress line on stderr."""
-    print(f"\r[{done}/{total}] {what:<10}", end="", file=sys.stderr, flush=True)
+    """A step counter on stderr, ``[3/21] int8``, for work done in a known number of steps."""
+    _progress_line("steps", f"[{done}/{total}] {what:<10}", done >= total)
+
+
+_last_logged: dict[str, float] = {}  # stage -> when its last line went to a log
+
+
+def _progress_line(stage: str, line: str, finished: bool) -> None:
+    """On a terminal, redraw one line in place. In a log (stderr not a terminal) a redraw would
+    pile up as ``\r`` garbage: write whole lines instead, the first and last of a stage and at
+    most one every LOG_INTERVAL_S between."""
+    if sys.stderr.isatty():
+        print(f"\r{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
+        return
+    now = time.monotonic()
+    if finished or stage not in _last_logged or now - _last_logged[stage] >= LOG_INTERVAL_S:
+        print(line.rstrip(), file=sys.stderr, flush=True)
+        _last_logged[stage] = now
+    if finished:
+        _last_logged.pop(stage, None)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,26 @@
 """Starting the desktop application. Only ``loomlab`` without a subcommand imports this module,
 so the headless commands never load Qt.
 
-``loomlab --screenshot PATH [--panel NAME] [--model M] [--network NET] [--prompt TEXT]`` opens
-the window, drives it into that state (open the network, load the model, send the prompt and
-wait for the reply), renders it to a PNG and exits.
+``loomlab [--panel NAME] [--model M] [--network NET] [--prompt TEXT]`` opens the window and
+drives it into that state (open the network, load the model, send the prompt and wait for the
+reply); with ``--screenshot PATH`` it then renders the window to a PNG and exits. A screenshot
+run works in a throwaway workspace and settings: its chat, recent files and layout never reach
+the user's own. A failure on the way prints one line on stderr and exits with status 2.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QCoreApplication, QEventLoop, Qt
+from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings, Qt
 from PySide6.QtWidgets import QApplication
 
 from .main_window import APP_NAME, PANELS, MainWindow
@@ -71,20 +75,42 @@ def run_gui(argv: list[str], options: GuiOptions | None = None) -> int:
     options = options or GuiOptions()
     app = make_app(argv)
     warm_up()
-    window = MainWindow()
-    window.show()
     if options.screenshot is None:
-        return app.exec()
+        return _run_window(app, MainWindow(), options)
+    with tempfile.TemporaryDirectory(prefix="loomlab-screenshot-") as scratch:
+        settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(workspace_path=Path(scratch) / "workspace.sqlite3", settings=settings)
+        try:
+            return _take_screenshot(window, options)
+        finally:
+            window.close()
+
+
+def _run_window(app: QApplication, window: MainWindow, options: GuiOptions) -> int:
+    window.show()
+    try:
+        drive(window, options)
+    except RuntimeError as e:
+        window.close()
+        return _fail(e)
+    return app.exec()
+
+
+def _take_screenshot(window: MainWindow, options: GuiOptions) -> int:
+    window.show()
     try:
         drive(window, options)
         _settle(window, 1.0)
-        window.grab().save(options.screenshot)
+        if not window.grab().save(options.screenshot):
+            raise RuntimeError(f"cannot write the screenshot to {options.screenshot}")
     except RuntimeError as e:
-        print(f"loomlab: error: {e}")
-        return 2
-    finally:
-        window.close()
+        return _fail(e)
     return 0
+
+
+def _fail(error: RuntimeError) -> int:
+    print(f"loomlab: error: {error}", file=sys.stderr)
+    return 2
 
 
 def drive(window: MainWindow, options: GuiOptions) -> None:
@@ -108,6 +134,7 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         chat.reply_finished.connect(replies.append)
         chat.send(options.prompt)
         _wait(window, lambda: bool(replies), "waiting for the reply")
+        print(replies[0].content, flush=True)
 
 
 def _wait(window: MainWindow, done: Callable[[], bool], what: str) -> None:

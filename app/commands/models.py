@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 
-from ..cli import Parser, print_table, progress_bar
+from ..cli import CliError, Parser, print_table, progress_bar
 
 
 def register(sub) -> None:
@@ -32,31 +33,47 @@ def register(sub) -> None:
 def cmd_list(args) -> int:
     from loomlab.core.llm.discovery import discover
 
-    entries = discover(args.folders, include_defaults=not args.no_defaults)
+    for folder in args.folders:
+        if not os.path.exists(os.path.expanduser(folder)):
+            raise CliError(f"{folder}: no such file or folder to search for models")
+    found = discover(args.folders, include_defaults=not args.no_defaults)
     if args.json:
-        print(json.dumps([{**asdict(e), "path": str(e.path)} for e in entries], indent=2))
+        print(json.dumps([{**asdict(e), "path": str(e.path)} for e in found], indent=2))
         return 0
+    models = [e for e in found if not e.problem]
     rows = [(e.name, e.kind, e.source if e.fetched else f"{e.source} (not fetched)", _mib(e.size),
-             str(e.path)) for e in entries]
+             str(e.path)) for e in models]
     print_table(("name", "kind", "source", "size", "path"), rows)
+    rejected = [e for e in found if e.problem]
+    if rejected:
+        print(f"\nnot models ({len(rejected)}):")
+        for e in rejected:
+            print(f"  {e.path}: {e.problem}")
     return 0
 
 
 def cmd_fetch(args) -> int:
     from loomlab.core.llm import registry
+    from loomlab.core.llm.discovery import resolve
 
+    if args.alias not in registry.BUILTINS:
+        local = resolve(args.alias)  # the one message for a name that means nothing
+        raise CliError(f"{args.alias} is {local.resolve()}, not a built-in model: only built-ins are "
+                       f"fetched ({', '.join(registry.BUILTINS)})")
     print(registry.fetch(args.alias, progress=progress_bar))
     return 0
 
 
 def cmd_info(args) -> int:
-    from loomlab.core.llm import registry
-    from loomlab.core.llm.discovery import resolve
+    from loomlab.core.errors import ModelFormatError
+    from loomlab.core.llm.discovery import in_file, resolve
     from loomlab.core.llm.model_info import describe
 
-    if args.model in registry.BUILTINS:
-        registry.fetch(args.model, progress=progress_bar)
-    info = describe(resolve(args.model))
+    path = resolve(args.model, progress=progress_bar)
+    try:
+        info = describe(path)
+    except ModelFormatError as e:
+        raise in_file(e, path) from None
     if args.json:
         print(json.dumps({**asdict(info), "estimated_memory": info.estimated_memory}, indent=2))
         return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -50,10 +49,21 @@ def register(sub) -> None:
 
 
 # ----- net info ---------------------------------------------------------------------------
-def cmd_net_info(args) -> int:
-    from loomlab.core import load_network
+def load_net(path: str, backend: str = "numpy"):
+    """The network in ``path``; an error inside the file also names the file (the engine's names
+    only the JSON path, ``$.layers[3].weights``, since it may be reading text, not a file)."""
+    from loomlab.core import LoomFormatError, load_network
 
-    net = load_network(args.network)
+    try:
+        return load_network(path, backend=backend)
+    except LoomFormatError as e:
+        if e.path.startswith("$"):
+            raise CliError(f"{path}: {e}") from None
+        raise
+
+
+def cmd_net_info(args) -> int:
+    net = load_net(args.network)
     rows = net.blueprint()
     summary = net.summary()
     if args.json:
@@ -76,10 +86,10 @@ def cmd_net_info(args) -> int:
 
 # ----- net morph / morph-report -----------------------------------------------------------
 def cmd_net_morph(args) -> int:
-    from loomlab.core import load_network, save_network
+    from loomlab.core import save_network
     from loomlab.core.morph import morph_all, morph_layer
 
-    net = load_network(args.network)
+    net = load_net(args.network)
     reports = morph_all(net, args.dtype) if args.all else [morph_layer(net, args.layer, args.dtype)]
     save_network(net, args.output)
     if args.json:
@@ -93,14 +103,12 @@ def cmd_net_morph(args) -> int:
 
 
 def cmd_net_morph_report(args) -> int:
-    from loomlab.core import load_network
     from loomlab.core.morph import dtype_sweep, probe_input
 
-    load = lambda: load_network(args.network)  # a fresh copy per dtype
+    load = lambda: load_net(args.network)  # a fresh copy per dtype
     net = load()
     probe = _load_npy(args.input) if args.input else probe_input(net, args.seed)
     rows = dtype_sweep(load, probe, on_progress=progress)
-    print(file=sys.stderr)
     if args.json:
         print(json.dumps({"probe_shape": list(probe.shape), "rows": [asdict(r) for r in rows]}, indent=2))
         return 0
@@ -112,11 +120,10 @@ def cmd_net_morph_report(args) -> int:
 
 # ----- net run ----------------------------------------------------------------------------
 def cmd_net_run(args) -> int:
-    from loomlab.core import load_network
     from loomlab.core.io.atomic import write_atomic
 
     x = _read_input(args)
-    net = load_network(args.network, backend=args.backend)
+    net = load_net(args.network, backend=args.backend)
     y = net.backend.to_numpy(net.forward(x))
     if args.output:
         buf = io.BytesIO()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +129,125 @@ def test_net_morph_report_covers_every_dtype(golden_net, capsys):
     assert rows["binary"]["weight_bytes"] == 8 and rows["int4"]["weight_bytes"] == 32
     assert rows["float16"]["rel_error"] < rows["int8"]["rel_error"] < rows["int4"]["rel_error"]
     assert 0 < rows["int8"]["output_drift"] < 0.02
+
+
+def test_network_file_errors_name_the_file_and_say_what_it_is(golden_net, tmp_path, capsys):
+    from loomlab.core.llm import registry
+
+    gguf = registry.fetch("smollm2-135m")
+    assert main(["net", "info", str(gguf)]) == 2
+    assert capsys.readouterr().err == (f"loomlab: error: {gguf}: a GGUF language model, not a Loom network: "
+                                       "use `loomlab models info` (or chat, generate)\n")
+    missing = tmp_path / "missing.json"
+    assert main(["net", "info", str(missing)]) == 2
+    assert capsys.readouterr().err == f"loomlab: error: {missing}: cannot read: No such file or directory\n"
+    # a problem inside the file: the file, then the JSON path of the culprit
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": 1, "layers": [{"type": "Conv9"}]}')
+    for argv in (["net", "info", str(bad)], ["net", "run", str(bad), "--input-json", "[1]"],
+                 ["net", "morph-report", str(bad)], ["net", "morph", str(bad), "--all", "--dtype", "int8",
+                                                     "-o", str(tmp_path / "o.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"loomlab: error: {bad}: $.layers[0].type: unknown layer type 'Conv9'"), err
+
+
+def test_help_lists_the_workbench_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for option in ("--screenshot PATH", "--panel PANEL", "--model MODEL", "--network NETWORK",
+                   "--prompt PROMPT"):
+        assert option in out
+    assert "xvfb-run -a loomlab" in out
+
+
+@pytest.mark.parametrize("env, platform, needs_display", [
+    ({}, "linux", True),
+    ({"DISPLAY": ":0"}, "linux", False),
+    ({"WAYLAND_DISPLAY": "wayland-0"}, "linux", False),
+    ({"QT_QPA_PLATFORM": "offscreen"}, "linux", False),
+    ({"QT_QPA_PLATFORM": "vnc:size=800x600"}, "linux", False),
+    ({"QT_QPA_PLATFORM": "xcb"}, "linux", True),  # xcb still needs an X server
+    ({"DISPLAY": ""}, "linux", True),
+    ({}, "darwin", False),
+    ({}, "win32", False),
+])
+def test_display_problem(env, platform, needs_display):
+    from loomlab.app.cli import display_problem
+
+    problem = display_problem(env, platform)
+    assert (problem is not None) == needs_display
+    if needs_display:
+        assert "xvfb-run -a loomlab" in problem and "headless commands" in problem
+
+
+def test_no_display_is_one_line_and_exit_2_before_qt_starts(tmp_path):
+    # Qt itself would abort with exit 134 and a hint about libxcb-cursor
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    code = ("import sys; from loomlab.app.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'PySide6' not in sys.modules, 'Qt imported'; sys.exit(rc)")
+    for argv in ([], ["--panel", "chat"]):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == "" and done.stderr.count("\n") == 1
+        assert done.stderr.startswith("loomlab: error: no display") and "xvfb-run -a loomlab" in done.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake time.monotonic for the CLI's progress output."""
+    from loomlab.app import cli
+
+    now = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_progress_in_a_log_is_whole_lines_at_most_every_few_seconds(monkeypatch, clock):
+    from loomlab.app import cli
+
+    log = io.StringIO()  # not a terminal
+    monkeypatch.setattr(sys, "stderr", log)
+    for done in range(0, 101):  # a 100-step stage taking 1/8 s per step
+        cli.progress_bar("download", done, 100)
+        clock[0] += 0.125
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and log.getvalue().endswith("\n")
+    # the first, one per LOG_INTERVAL_S (5 s = 40 steps) and the finished one
+    assert [line.split("(")[1] for line in lines] == ["0/100)", "40/100)", "80/100)", "100/100)"]
+    assert lines[-1] == f"download [{'#' * 30}] 100.0% (100/100)"
+    log.truncate(0)
+    log.seek(0)
+    for done in range(1, 22):
+        cli.progress(done, 21, "int8")
+    assert log.getvalue().splitlines() == ["[1/21] int8", "[21/21] int8"]
+
+
+def test_progress_on_a_terminal_redraws_one_line(monkeypatch, clock):
+    from loomlab.app import cli
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    for done in range(0, 4):
+        cli.progress_bar("load", done, 3)
+    out = term.getvalue()
+    assert out.count("\r") == 4 and out.count("\n") == 1 and out.endswith("(3/3)\n")
+
+
+def test_an_hf_folder_without_tokenizer_json_says_it_is_missing(tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-qwen2", folder)
+    assert main(["generate", str(folder), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    listed = ", ".join(sorted(p.name for p in folder.iterdir()))
+    assert err == f"loomlab: error: {folder / 'tokenizer.json'}: missing; the folder holds {listed}"

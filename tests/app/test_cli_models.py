@@ -1,28 +1,97 @@
-"""``loomlab models list`` and ``fetch``."""
+"""``loomlab models list``, ``fetch`` and ``info``, and what every command says of an unknown model."""
 
 from __future__ import annotations
 
 import json
+import struct
+
+import pytest
 
 from loomlab.app.cli import main
+from loomlab.core.errors import ModelNotFoundError
 from loomlab.core.llm import registry
+from loomlab.core.llm.discovery import resolve
+
+
+def _gguf_header(tensors: int = 0, kvs: int = 0) -> bytes:
+    return struct.pack("<4sIQQ", b"GGUF", 3, tensors, kvs)
 
 
 def test_models_list_shows_builtins_and_folder_models(tmp_path, capsys):
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "x.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    (tmp_path / "m" / "x.gguf").write_bytes(_gguf_header().ljust(64, b"\0"))
     assert main(["models", "list", str(tmp_path / "m"), "--no-defaults", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows][:2] == ["smollm2-135m", "gemma3-270m"]
     assert rows[-1]["name"] == "x" and rows[-1]["size"] == 64 and rows[-1]["source"] == "folder"
+    assert rows[-1]["problem"] == ""
+
+
+def test_models_list_puts_files_that_are_not_models_apart_with_the_reason(tmp_path, capsys):
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "fake.gguf").write_bytes(bytes(range(256)) * 16)
+    (tmp_path / "real.gguf").write_bytes(_gguf_header().ljust(64, b"\0"))
+    assert main(["models", "list", str(tmp_path), "--no-defaults"]) == 0
+    out = capsys.readouterr().out
+    table, rejected = out.split("\nnot models (2):\n")
+    assert "real" in table and "empty" not in table and "fake" not in table
+    assert rejected.splitlines() == [
+        f"  {tmp_path / 'empty.gguf'}: not a GGUF model: header at byte 0: file has 0 bytes; "
+        "a GGUF header needs 24",
+        f"  {tmp_path / 'fake.gguf'}: not a GGUF model: magic at byte 0: expected b'GGUF', "
+        "found b'\\x00\\x01\\x02\\x03': not a GGUF file"]
+    assert main(["models", "list", str(tmp_path), "--no-defaults", "--json"]) == 0
+    problems = {r["name"]: r["problem"] for r in json.loads(capsys.readouterr().out)}
+    assert problems["real"] == "" and problems["empty"] and problems["fake"]
+
+
+def test_models_list_of_a_folder_that_does_not_exist_fails_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert main(["models", "list", str(tmp_path), str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"loomlab: error: {missing}: no such file or folder to search for models\n"
+
+
+@pytest.fixture
+def empty_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOMLAB_CACHE", str(registry.cache_dir()))  # the built-ins stay where they are
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_an_unknown_model_name_gets_one_message_from_every_command(empty_home, capsys):
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve("smollm3")
+    expected = f"loomlab: error: {err.value}\n"
+    for argv in (["models", "info", "smollm3"], ["models", "fetch", "smollm3"],
+                 ["generate", "smollm3", "--prompt", "hi"], ["chat", "smollm3", "--message", "hi"],
+                 ["tokenize", "smollm3", "hi"], ["bench", "smollm3"]):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err == expected, argv
+    assert "smollm2-135m, gemma3-270m" in expected and "~/.lmstudio/models" in expected
+
+
+def test_models_fetch_of_a_local_file_says_only_builtins_are_fetched(tmp_path, capsys):
+    local = tmp_path / "mine.gguf"
+    local.write_bytes(_gguf_header())
+    assert main(["models", "fetch", str(local)]) == 2
+    assert capsys.readouterr().err == (f"loomlab: error: {local} is {local}, not a built-in model: only "
+                                       "built-ins are fetched (smollm2-135m, gemma3-270m)\n")
+
+
+def test_models_info_of_a_broken_file_names_it(tmp_path, capsys):
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(bytes(64))
+    assert main(["models", "info", str(fake)]) == 2
+    assert capsys.readouterr().err == (f"loomlab: error: {fake}: magic at byte 0: expected b'GGUF', "
+                                       "found b'\\x00\\x00\\x00\\x00': not a GGUF file\n")
 
 
 def test_models_fetch_prints_the_path_and_unknown_alias_fails(capsys):
     assert main(["models", "fetch", "smollm2-135m"]) == 0
     out = capsys.readouterr().out.strip()
     assert out == str(registry.model_path("smollm2-135m")) and registry.is_fetched("smollm2-135m")
-    assert main(["models", "fetch", "gpt-17"]) == 2
-    assert "unknown model alias" in capsys.readouterr().err
 
 
 def test_models_info_of_the_builtin_gguf(capsys):
@@ -47,4 +116,4 @@ def test_models_info_of_an_hf_folder_and_errors(capsys):
     assert info["format"] == "hf" and info["architecture"] == "qwen2"
     assert info["blocks"] == config["num_hidden_layers"] and info["tensor_types"] == {"BF16": 38}
     assert main(["models", "info", "/nonexistent/model.gguf"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no model '/nonexistent/model.gguf': not a built-in" in capsys.readouterr().err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 
@@ -46,18 +45,27 @@ def test_screenshot_of_a_reply_from_a_loaded_model(tmp_path, qapp):
                           timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert out.stat().st_size > 10_000
-    with sqlite3.connect(tmp_path / "data" / "workspace.sqlite3") as db:
-        (reply,) = db.execute("SELECT content FROM messages WHERE role = 'assistant'").fetchone()
     with load_model("smollm2-135m") as model:
         expected = "".join(r.text for r in model.chat([{"role": "user", "content": "Name a colour."}],
                                                       temperature=0, max_tokens=256))
-    assert reply == expected and reply
+    assert done.stdout == expected + "\n" and expected
+    # the run's chat, recent files and layout went to a throwaway workspace, not the user's
+    assert not (tmp_path / "data").exists() and not (tmp_path / "config").exists()
 
 
-@pytest.mark.parametrize("argv, message", [(["--screenshot"], "expected one argument"),
-                                           (["--panel", "nope", "--screenshot", "x.png"], "unknown panel")])
-def test_screenshot_errors(argv, message, tmp_path, qapp):
+@pytest.mark.parametrize("argv, message", [
+    (["--screenshot"], "argument --screenshot: expected one argument"),
+    (["--panel", "nope", "--screenshot", "x.png"], "unknown panel 'nope'; panels: models, chat"),
+    (["--screenshot", "x.png", "--prompt", "hi"], "--prompt needs --model"),
+    (["--prompt", "hi"], "--prompt needs --model"),  # the window driven without a screenshot
+    (["--screenshot", "x.png", "--network", "missing.json"], "opening the network failed"),
+    (["--screenshot", "no/such/folder/x.png"], "cannot write the screenshot to no/such/folder/x.png"),
+])
+def test_screenshot_errors_are_one_line_on_stderr_and_exit_2(argv, message, tmp_path, qapp):
     env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", *argv], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 2 and message in (done.stdout + done.stderr)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("loomlab: error: ")]
+    assert message in line, done.stderr
+    assert not (tmp_path / "x.png").exists()
