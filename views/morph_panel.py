@@ -5,14 +5,20 @@ blocks) with its dtype, parameters, bytes and the error of its weights against t
 master. A dtype chosen per row, or for all rows at once, is applied in a background job, layer by
 layer (a language model's master is built lazily from the file's blocks, which is slow for big
 layers), and then measured: bytes saved against the network as it was set, and output drift on a
-probe against the unmorphed network (MSE for a network, KL divergence and top-1 agreement of the
-next-token distributions for a language model). Revert morphs every layer back to the dtype it had
+probe against the unmorphed network (for a network the relative drift ``net morph-report`` prints,
+for a language model the KL divergence and top-1 agreement of the next-token distributions over a
+probe text, shown with its token count). Revert morphs every layer back to the dtype it had
 when the network was set; that is lossless because morphing never changes the master. Jobs run one
 at a time, and only while the panel is visible: hidden behind another tab it costs nothing.
+
+The table sorts by any column (numbers as numbers). Rows are keyed by the layer key observer events
+carry, ``(z, y, x, l, path)``: a row the user selects is announced (:attr:`MorphPanel.layer_selected`)
+and another panel's selection is shown with :meth:`MorphPanel.select_layer_key`, without an echo.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +28,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QBoxLayout,
     QComboBox,
     QFileDialog,
     QGridLayout,
@@ -37,30 +44,57 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core import dtypes, save_network
+from loomlab.core.layer_names import layer_label
 from loomlab.core.layers.base import Layer
 from loomlab.core.morph import MorphReport, morph_sublayer, probe_input, weighted_cells
 from loomlab.core.morph_probe import compare, current_report, llm_probe, net_drift, net_outputs
-from loomlab.core.network import VolumetricNetwork
+from loomlab.core.network import Coord, VolumetricNetwork
 
 from .workers import Job, JobRunner
 
-COLUMNS = ("Cell", "Path", "Type", "dtype", "Parameters", "Bytes", "Rel. error", "Rel. MSE", "Cosine")
-CELL, PATH, TYPE, DTYPE, PARAMS, BYTES, REL_ERROR, REL_MSE, COSINE = range(len(COLUMNS))
+COLUMNS = ("Cell", "Layer", "Type", "dtype", "Parameters", "Bytes", "Rel. error", "Rel. MSE", "Cosine")
+CELL, LAYER, TYPE, DTYPE, PARAMS, BYTES, REL_ERROR, REL_MSE, COSINE = range(len(COLUMNS))
+SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # what a column sorts by: numbers, not their text
+WIDE = 1.6  # width / height above which the controls sit beside the table, not under it
 DTYPES = tuple(dtypes.FORMATS)
 NO_CHOICE = "—"
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
 DEFAULT_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the old cat sleeps in the warm sun."
 
 
+LayerKey = tuple[int, int, int, int, str]  # (z, y, x, l, path), as observer events locate a layer
+
+
 @dataclass
 class _Row:
-    index: int
+    index: int  # flat index of the grid cell holding the layer
+    coord: Coord
     layer: Layer
     original: str  # the dtype when the network was set: what Revert goes back to
+    name: str  # the layer as people know it (core.layer_names)
 
     @property
-    def key(self) -> tuple[int, str]:
-        return self.index, getattr(self.layer, "path", "")
+    def path(self) -> str:
+        return getattr(self.layer, "path", "")
+
+    @property
+    def report_key(self) -> tuple[int, str]:
+        """How a MorphReport names its layer."""
+        return self.index, self.path
+
+    @property
+    def key(self) -> LayerKey:
+        return (*self.coord, self.path)
+
+
+class _Item(QTableWidgetItem):
+    """A cell that sorts by its :data:`SORT_ROLE` value; cells still waiting for one sort last."""
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        a, b = self.data(SORT_ROLE), other.data(SORT_ROLE)
+        if a is None or b is None:
+            return a is not None and b is None
+        return a < b
 
 
 class MorphPanel(QWidget):
@@ -74,13 +108,19 @@ class MorphPanel(QWidget):
     measured = Signal(dict)  # bytes and output drift after an Apply or Revert
     reported = Signal(list)  # the table's MorphReports, after set_network / refresh
     saved = Signal(str)  # the path of a finished save
+    layer_selected = Signal(object)  # the (z, y, x, l, path) key of a row the user selected
 
     def __init__(self, runner: JobRunner, parent: QWidget | None = None):
         super().__init__(parent)
         self._runner = runner
         self._net: VolumetricNetwork | None = None
         self._rows: list[_Row] = []
-        self._row_of: dict[tuple[int, str], int] = {}
+        self._anchors: list[QTableWidgetItem] = []  # each row's Cell item: finds the row however sorted
+        self._row_of: dict[tuple[int, str], int] = {}  # a report's (index, path) -> row in _rows
+        self._row_of_key: dict[LayerKey, int] = {}
+        self._selected: LayerKey | None = None  # the last selection shown or announced
+        self._quiet = False  # selecting rows from code: announce nothing
+        self._bulk = False
         self._reports: dict[tuple[int, str], MorphReport] = {}
         self._bytes_original = 0
         self._drift: Callable[[], dict] | None = None  # set once the unmorphed reference exists
@@ -94,14 +134,21 @@ class MorphPanel(QWidget):
 
     # ----- layout ----------------------------------------------------------------------------------
     def _build_ui(self) -> None:
-        self.title = QLabel("No network")
+        self.title = QLabel("No network", wordWrap=True)
+        self.probe_label = QLabel("", wordWrap=True)  # what drift is measured on
+        self.probe_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setSectionResizeMode(PATH, QHeaderView.ResizeMode.Stretch)
+        # rows as tall as a dtype combo needs, no taller: a docked panel shows more of them
+        self.table.verticalHeader().setDefaultSectionSize(QComboBox().sizeHint().height())
+        self.table.horizontalHeader().setSortIndicator(CELL, Qt.SortOrder.AscendingOrder)
+        self.table.setSortingEnabled(True)
+        self._resize_columns_to_contents()
+        self.table.itemSelectionChanged.connect(self._on_selection)
 
         self.all_combo = QComboBox()
         self.all_combo.addItems([NO_CHOICE, *DTYPES])
@@ -114,38 +161,58 @@ class MorphPanel(QWidget):
         self.revert_button.clicked.connect(self.revert)
         self.save_button = QPushButton("Save as .loom…")
         self.save_button.clicked.connect(self._ask_save_path)
+        choose_all = QHBoxLayout()
+        choose_all.addWidget(QLabel("All layers:"))
+        choose_all.addWidget(self.all_combo, 1)
         controls = QHBoxLayout()
-        controls.addWidget(QLabel("All layers:"))
-        for w in (self.all_combo, self.apply_button, self.revert_button):
+        for w in (self.apply_button, self.revert_button):
             controls.addWidget(w)
         controls.addStretch(1)
         controls.addWidget(self.save_button)
 
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
-        self.status = QLabel("")
+        self.status = QLabel("", wordWrap=True)
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.cancel)
         busy = QHBoxLayout()
         busy.addWidget(self.progress, 1)
-        busy.addWidget(self.status, 2)
         busy.addWidget(self.cancel_button)
 
-        self.memory_label, self.error_label, self.drift_label = QLabel("—"), QLabel("—"), QLabel("—")
+        self.memory_label, self.error_label, self.drift_label = (QLabel("—", wordWrap=True) for _ in range(3))
         summary = QGridLayout()
         for row, (name, label) in enumerate((("Memory", self.memory_label), ("Worst layer", self.error_label),
                                              ("Output drift", self.drift_label))):
-            summary.addWidget(QLabel(f"<b>{name}</b>"), row, 0)
+            summary.addWidget(QLabel(f"<b>{name}</b>"), row, 0, Qt.AlignmentFlag.AlignTop)
             summary.addWidget(label, row, 1)
         summary.setColumnStretch(1, 1)
 
-        layout = QVBoxLayout(self)
-        layout.addWidget(self.title)
-        layout.addWidget(self.table, 1)
-        layout.addLayout(controls)
-        layout.addLayout(summary)
-        layout.addLayout(busy)
+        side = QVBoxLayout()
+        side.addWidget(self.title)
+        side.addWidget(self.probe_label)
+        side.addLayout(choose_all)
+        side.addLayout(controls)
+        side.addLayout(summary)
+        side.addStretch(1)
+        side.addLayout(busy)
+        side.addWidget(self.status)
+        self._side = QWidget()
+        self._side.setLayout(side)
+        side.setContentsMargins(0, 0, 0, 0)
+        self._layout = QBoxLayout(QBoxLayout.Direction.TopToBottom, self)
+        self._layout.addWidget(self.table, 1)
+        self._layout.addWidget(self._side)
         self._sync_controls()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        # Docked along the bottom (wide and short) the controls go beside the table, so the table
+        # keeps the height for its rows; docked in a column they go under it.
+        size = event.size()
+        wide = size.width() > WIDE * size.height()
+        direction = QBoxLayout.Direction
+        self._layout.setDirection(direction.LeftToRight if wide else direction.TopToBottom)
+        self._side.setMaximumWidth(max(360, size.width() // 4) if wide else 16777215)
+        super().resizeEvent(event)
 
     # ----- public API ------------------------------------------------------------------------------
     def set_network(self, net: VolumetricNetwork) -> None:
@@ -162,10 +229,48 @@ class MorphPanel(QWidget):
         """Show nothing (the model was unloaded): drop the table, its jobs and what was pending."""
         self._pending_show = None
         self._forget(None)
-        self._rows, self._row_of, self._bytes_original = [], {}, 0
-        self.table.setRowCount(0)
+        self._index_rows([])
+        self._bytes_original = 0
+        with self._quietly():
+            self.table.setRowCount(0)
         self.title.setText("No network")
         self._sync_controls()
+
+    def select_layer_key(self, key: LayerKey) -> bool:
+        """Select the row of the layer at ``key`` = (z, y, x, l, path), as another panel's selection,
+        without announcing it back (:attr:`layer_selected` stays quiet). False when no row has it
+        (a weightless layer, or another network's key): the selection is then cleared."""
+        k = self._row_of_key.get(tuple(key))
+        with self._quietly():
+            if k is None:
+                self.table.clearSelection()
+            else:
+                self.table.selectRow(self._table_row(k))
+                self.table.scrollToItem(self._anchors[k])
+        self._selected = None if k is None else self._rows[k].key
+        return k is not None
+
+    def selected_layer_key(self) -> LayerKey | None:
+        """The key of the selected row, or None."""
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return None
+        return self._rows[self._data_row(rows[0].row())].key
+
+    def _on_selection(self) -> None:
+        key = self.selected_layer_key()
+        if self._quiet or key is None or key == self._selected:
+            return  # selected from code, or the same layer still (a re-sort moves, not changes, it)
+        self._selected = key
+        self.layer_selected.emit(key)
+
+    @contextmanager
+    def _quietly(self):
+        quiet, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = quiet
 
     def _when_shown(self, show: Callable[[], None]) -> None:
         """Run ``show`` now if the panel is visible, else when it is next shown (the latest only):
@@ -196,21 +301,25 @@ class MorphPanel(QWidget):
 
     def _set_network(self, net: VolumetricNetwork) -> None:
         self._show(net, f"Network {net.depth}×{net.rows}×{net.cols}×{net.layers_per_cell}")
+        probe = probe_input(net)  # the input `loomlab net morph-report` uses by default
+        shape = "×".join(map(str, probe.shape))
+        self.probe_label.setText(f"<b>Probe</b> seeded input (seed 0), shape {shape} — as "
+                                 "<tt>loomlab net morph-report</tt>")
 
-        def reference(job: Job):
-            probe = probe_input(net)
-            return probe, net_outputs(net, probe)
+        def use(outputs) -> None:
+            self._drift = lambda: {"output_drift": net_drift(outputs, net, probe)}
 
-        def use(result) -> None:
-            probe, outputs = result
-            self._drift = lambda: {"mse": net_drift(outputs, net, probe)}
-
-        self._submit("reference outputs", reference, on_success=use)
+        self._submit("reference outputs", lambda job: net_outputs(net, probe), on_success=use)
 
     def _set_model(self, model: Any, probe_text: str, max_probe_tokens: int) -> None:
         self._show(model.net, f"Model {getattr(model, 'name', '') or type(model.net).__name__}")
+        quoted = html.escape(probe_text)
+        self.probe_label.setText(f"<b>Probe</b> “{quoted}” (counting tokens…)")
 
         def use(reference) -> None:
+            self.probe_label.setText(f"<b>Probe</b> “{quoted}” — {reference.ids.size} tokens"
+                                     + (f" (the first {max_probe_tokens})"
+                                        if reference.ids.size == max_probe_tokens else ""))
             self._drift = lambda: compare(reference, llm_probe(model, probe_text, max_probe_tokens))
 
         self._submit("reference next-token distributions",
@@ -237,8 +346,9 @@ class MorphPanel(QWidget):
         """Choose ``dtype`` in every row (nothing changes until :meth:`apply`)."""
         if dtype == NO_CHOICE:
             return
-        for i in range(len(self._rows)):
-            self._choose(i, dtype)
+        with self._bulk_update():
+            for k in range(len(self._rows)):
+                self._choose(k, dtype)
         self._sync_controls()
 
     def apply(self) -> None:
@@ -289,74 +399,105 @@ class MorphPanel(QWidget):
         self._generation += 1
         self.cancel()
         self._net, self._drift, self._reports = net, None, {}
+        self.probe_label.setText("")
         for label in (self.memory_label, self.error_label, self.drift_label):
             label.setText("—")
 
     def _show(self, net: VolumetricNetwork, title: str) -> None:
         self._forget(net)
-        self._rows = [_Row(index, layer, layer.cfg.dtype) for index, layer in weighted_cells(net)]
-        self._row_of = {row.key: i for i, row in enumerate(self._rows)}
+        rows = []
+        for index, layer in weighted_cells(net):
+            coord = net.coord(index)
+            rows.append(_Row(index, coord, layer, layer.cfg.dtype, layer_label(net, (*coord, layer.path))))
         self._bytes_original = net.memory_bytes()
-        params = sum(len(row.layer.weights) for row in self._rows)
-        self.title.setText(f"<b>{title}</b> · {len(self._rows)} weighted layers · {params:,} parameters · "
-                           f"{_human(self._bytes_original)}")
-        with self._bulk_update():
-            self.table.setRowCount(len(self._rows))
-            for i, row in enumerate(self._rows):
-                self._fill_row(i, row)
+        self.title.setText(f"<b>{html.escape(title)}</b> · {len(rows)} weighted layers · "
+                           f"{net.parameter_count():,} parameters · {_human(self._bytes_original)}")
+        with self._bulk_update(), self._quietly():
+            self.table.setRowCount(0)
+            self._index_rows(rows)
+            self.table.setRowCount(len(rows))
+            for k, row in enumerate(rows):
+                self._fill_row(k, row)
+        self._selected = None
         self.all_combo.setCurrentText(NO_CHOICE)
         self.refresh()
 
-    def _fill_row(self, i: int, row: _Row) -> None:
-        path = getattr(row.layer, "path", "")
-        self._set(i, CELL, str(row.index), row.index)
-        self._set(i, PATH, _short_path(path) or "·", path).setToolTip(path or "the grid cell itself")
-        self._set(i, TYPE, row.layer.type_name)
+    def _index_rows(self, rows: list[_Row]) -> None:
+        self._rows, self._anchors = rows, []
+        self._row_of = {row.report_key: k for k, row in enumerate(rows)}
+        self._row_of_key = {row.key: k for k, row in enumerate(rows)}
+
+    def _fill_row(self, k: int, row: _Row) -> None:
+        """Row ``k`` of a table being filled in order (sorting is off while it fills)."""
+        anchor = _Item()
+        self.table.setItem(k, CELL, anchor)
+        self._anchors.append(anchor)
+        # ties in a cell (a container's children) keep the traversal order; _data_row reads k back
+        self._set(k, CELL, _cell_text(row.coord), row.coord, sort=(*row.coord, k))
+        where = row.path or "the grid cell itself"
+        self._set(k, LAYER, row.name).setToolTip(f"{where} · flat index {row.index}")
+        self._set(k, TYPE, row.layer.type_name)
         combo = QComboBox()
         combo.addItems(DTYPES)
         combo.setMinimumContentsLength(8)  # room for the longest name in bold (a pending choice)
-        combo.currentTextChanged.connect(lambda _, r=i: self._on_user_choice(r))
-        self.table.setCellWidget(i, DTYPE, combo)
+        combo.currentTextChanged.connect(lambda _, r=k: self._on_user_choice(r))
+        self.table.setCellWidget(k, DTYPE, combo)
 
     def _show_cheap_all(self) -> None:
         with self._bulk_update():
-            for i, row in enumerate(self._rows):
-                self._show_cheap(i, row)
+            for k, row in enumerate(self._rows):
+                self._show_cheap(k, row)
         self._sync_controls()
 
     @contextmanager
     def _bulk_update(self):
-        """Resize columns once after many cell changes: with ResizeToContents each setItem
-        re-measured every row (1.5 s of GUI-thread stall for SmolLM2's 123 layers)."""
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        """Resize columns and re-sort once after many cell changes: with ResizeToContents each
+        setItem re-measured every row (1.5 s of GUI-thread stall for SmolLM2's 123 layers), and
+        with sorting on each changed cell moved its row."""
+        if self._bulk:
+            yield
+            return
+        self._bulk = True
+        self.table.setSortingEnabled(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         try:
             yield
         finally:
-            header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+            self._resize_columns_to_contents()
+            self.table.setSortingEnabled(True)  # sorts once, by the column last chosen
+            self._bulk = False
 
-    def _show_cheap(self, i: int, row: _Row) -> None:
+    def _resize_columns_to_contents(self) -> None:
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(LAYER, QHeaderView.ResizeMode.Stretch)  # the names take the spare width
+
+    def _show_cheap(self, k: int, row: _Row) -> None:
         """What needs no weights read: the dtype, parameters and bytes (errors come from a job)."""
         store, dtype = row.layer.weights, row.layer.cfg.dtype
-        self._choose(i, dtype)
-        self._set(i, PARAMS, f"{len(store):,}", len(store))
-        self._set(i, BYTES, f"{store.nbytes(dtype):,}", store.nbytes(dtype))
-        if self._reports.get(row.key) is None or self._reports[row.key].dtype != dtype:
+        self._choose(k, dtype)
+        self._set(k, PARAMS, f"{len(store):,}", len(store))
+        self._set(k, BYTES, f"{store.nbytes(dtype):,}", store.nbytes(dtype))
+        if self._reports.get(row.report_key) is None or self._reports[row.report_key].dtype != dtype:
             for col in (REL_ERROR, REL_MSE, COSINE):
-                self._set(i, col, "…")
-        self._paint_row(i)
+                self._set(k, col, "…")
+        self._paint_row(k)
+
+    def _show_one_report(self, r: MorphReport) -> None:
+        with self._bulk_update():
+            self._show_report(r)
 
     def _show_report(self, r: MorphReport) -> None:
-        i = self._row_of.get((r.index, r.path))
-        if i is None:
+        k = self._row_of.get((r.index, r.path))
+        if k is None:
             return
         self._reports[(r.index, r.path)] = r
-        self._choose(i, r.dtype)
-        self._set(i, BYTES, f"{r.native_bytes:,}", r.native_bytes)
-        self._set(i, REL_ERROR, f"{r.rel_error:.3e}", r.rel_error)
-        self._set(i, REL_MSE, f"{r.rel_error ** 2:.3e}", r.rel_error ** 2)
-        self._set(i, COSINE, f"{r.cosine:.6f}", r.cosine)
-        self._paint_row(i)
+        self._choose(k, r.dtype)
+        self._set(k, BYTES, f"{r.native_bytes:,}", r.native_bytes)
+        self._set(k, REL_ERROR, f"{r.rel_error:.3e}", r.rel_error)
+        self._set(k, REL_MSE, f"{r.rel_error ** 2:.3e}", r.rel_error ** 2)
+        self._set(k, COSINE, f"{r.cosine:.6f}", r.cosine)
+        self._paint_row(k)
 
     def _show_reports(self, reports: list[MorphReport]) -> None:
         with self._bulk_update():
@@ -365,43 +506,59 @@ class MorphPanel(QWidget):
         self._show_worst()
         self.reported.emit(reports)
 
-    def _set(self, i: int, col: int, text: str, value: Any = None) -> QTableWidgetItem:
-        item = QTableWidgetItem(text)
+    def _table_row(self, k: int) -> int:
+        """Where row ``k`` of :attr:`_rows` is in the table as now sorted."""
+        return self.table.row(self._anchors[k])
+
+    def _data_row(self, table_row: int) -> int:
+        return self.table.item(table_row, CELL).data(SORT_ROLE)[-1]
+
+    def _set(self, k: int, col: int, text: str, value: Any = None, sort: Any = None) -> QTableWidgetItem:
+        """Show ``text`` in row ``k``'s column ``col``; ``value`` is the cell's data (UserRole) and,
+        unless ``sort`` is given, what it sorts by (text cells sort by their text)."""
+        r = self._table_row(k)
+        item = self.table.item(r, col)
+        if item is None:
+            item = _Item()
+            if col not in (LAYER, TYPE):
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            self.table.setItem(r, col, item)
+        item.setText(text)
         item.setData(Qt.ItemDataRole.UserRole, value)
-        if col not in (PATH, TYPE):
-            item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.table.setItem(i, col, item)
+        item.setData(SORT_ROLE, sort if sort is not None else value if value is not None
+                     else None if text == "…" else text)
         return item
 
-    def _combo(self, i: int) -> QComboBox:
-        return self.table.cellWidget(i, DTYPE)
+    def _combo(self, k: int) -> QComboBox:
+        return self.table.cellWidget(self._table_row(k), DTYPE)
 
-    def _choose(self, i: int, dtype: str) -> None:
-        """Show ``dtype`` in row ``i``'s combo without echoing it back as a user's choice."""
-        combo = self._combo(i)
+    def _choose(self, k: int, dtype: str) -> None:
+        """Show ``dtype`` in row ``k``'s combo without echoing it back as a user's choice."""
+        combo = self._combo(k)
         combo.blockSignals(True)
         combo.setCurrentText(dtype)
         combo.blockSignals(False)
-        self._style_choice(i)
+        self._set(k, DTYPE, "", dtype)  # under the combo: what the column sorts by
+        self._style_choice(k)
 
-    def _on_user_choice(self, i: int) -> None:
-        self._style_choice(i)
+    def _on_user_choice(self, k: int) -> None:
+        self._style_choice(k)
         self._sync_controls()
 
-    def _paint_row(self, i: int) -> None:
+    def _paint_row(self, k: int) -> None:
         """Tint the rows no longer in their original dtype, so they stand out among many."""
-        row = self._rows[i]
+        row, r = self._rows[k], self._table_row(k)
         brush = QBrush(MORPHED_TINT) if row.layer.cfg.dtype != row.original else QBrush()
         for col in range(len(COLUMNS)):
-            item = self.table.item(i, col)
+            item = self.table.item(r, col)
             if item is not None:
                 item.setBackground(brush)
 
-    def _style_choice(self, i: int) -> None:
+    def _style_choice(self, k: int) -> None:
         """A chosen dtype that differs from the layer's is pending: shown bold until applied."""
-        combo = self._combo(i)
+        combo = self._combo(k)
         font = combo.font()
-        font.setBold(combo.currentText() != self._rows[i].layer.cfg.dtype)
+        font.setBold(combo.currentText() != self._rows[k].layer.cfg.dtype)
         combo.setFont(font)
 
     # ----- morphing and measuring --------------------------------------------------------------------
@@ -416,8 +573,7 @@ class MorphPanel(QWidget):
             for k, (row, dtype) in enumerate(plan):
                 if job.is_cancelled():
                     break
-                job.report(f"{stage} {row.layer.type_name} {row.key[0]} {_short_path(row.key[1])} → {dtype}",
-                           k, len(plan))
+                job.report(f"{stage} {row.name} → {dtype}", k, len(plan))
                 reports.append(morph_sublayer(row.layer, row.index, dtype))
                 job.emit_item(reports[-1])
             if job.is_cancelled():
@@ -428,7 +584,7 @@ class MorphPanel(QWidget):
                         "bytes_saved": bytes_original - now, **(drift() if drift is not None else {})}
             return {"reports": reports, "measures": measures}
 
-        self._submit(stage, work, on_item=self._show_report, on_success=self._morph_done)
+        self._submit(stage, work, on_item=self._show_one_report, on_success=self._morph_done)
 
     def _morph_done(self, result: dict) -> None:
         measures = {**result["measures"], **self._show_worst()}
@@ -438,12 +594,18 @@ class MorphPanel(QWidget):
         self.measured.emit(measures)
 
     def _show_worst(self) -> dict:
-        """The largest weight error over the table's layers (relative MSE and cosine)."""
+        """The layer whose weights moved most from the master (largest relative error), named."""
         if not self._reports:
             return {}
-        worst = {"rel_mse_max": max(r.rel_error ** 2 for r in self._reports.values()),
-                 "cosine_min": min(r.cosine for r in self._reports.values())}
-        self.error_label.setText(f"rel. MSE {worst['rel_mse_max']:.3e} · cosine {worst['cosine_min']:.6f}")
+        r = max(self._reports.values(), key=lambda r: r.rel_error)
+        row = self._rows[self._row_of[(r.index, r.path)]]
+        worst = {"rel_mse_max": r.rel_error ** 2, "cosine_min": min(r.cosine for r in self._reports.values()),
+                 "worst_layer": row.key}
+        if r.rel_error == 0:
+            self.error_label.setText("none: every layer's weights equal its float32 master")
+        else:
+            self.error_label.setText(f"{html.escape(row.name)} {_cell_text(row.coord)} ({r.dtype}): "
+                                     f"rel. MSE {r.rel_error ** 2:.3e} · cosine {r.cosine:.6f}")
         return worst
 
     def _show_measures(self, m: dict) -> None:
@@ -453,8 +615,8 @@ class MorphPanel(QWidget):
         if "kl_mean" in m:
             self.drift_label.setText(f"KL mean {m['kl_mean']:.4g} · max {m['kl_max']:.4g} nats · "
                                      f"top-1 agreement {m['top1_agreement']:.1%}")
-        elif "mse" in m:
-            self.drift_label.setText(f"MSE {m['mse']:.4g} on the probe input")
+        elif "output_drift" in m:
+            self.drift_label.setText(f"{m['output_drift']:.3e} relative (‖y − y₀‖ / ‖y₀‖ on the probe)")
         else:
             self.drift_label.setText("no unmorphed reference to compare with")
 
@@ -518,7 +680,7 @@ class MorphPanel(QWidget):
 
     def _sync_controls(self) -> None:
         idle, has = not self.is_busy(), bool(self._rows)
-        pending = any(self._combo(i).currentText() != row.layer.cfg.dtype for i, row in enumerate(self._rows))
+        pending = any(self._combo(k).currentText() != row.layer.cfg.dtype for k, row in enumerate(self._rows))
         changed = any(row.layer.cfg.dtype != row.original for row in self._rows)
         self.apply_button.setEnabled(idle and pending)
         self.revert_button.setEnabled(idle and changed)
@@ -532,9 +694,8 @@ class MorphPanel(QWidget):
             self.progress.setValue(1)
 
 
-def _short_path(path: str) -> str:
-    """A nested layer's path in fewer letters: ``seq[2].seq[1]``."""
-    return path.replace("sequential_layers", "seq").replace("parallel_branches", "par")
+def _cell_text(coord: Coord) -> str:
+    return "({}, {}, {}, {})".format(*coord)
 
 
 def _human(n: float) -> str:
