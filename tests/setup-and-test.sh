@@ -16,9 +16,13 @@ SYSTEM_PACKAGES=(
 )
 
 # Always the project's own virtual environment: installing editable into whatever python3 is on
-# PATH (pyenv, conda, the system's) would replace a `loomlab` someone installed there.
-SYSTEM_PACKAGES+=(python3-venv)
+# PATH (pyenv, conda, the system's) would replace a `loomlab` someone installed there. Debian's
+# and Ubuntu's python3 can make one only with python3-venv (it brings ensurepip); a pyenv or
+# conda python3 can by itself, and must not pull in the distribution's Python.
 PYTHON=.venv/bin/python
+if [ ! -x "$PYTHON" ] && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    SYSTEM_PACKAGES+=(python3-venv)
+fi
 
 if command -v dpkg-query >/dev/null; then
     missing=()
