@@ -303,7 +303,7 @@ class RunPanel(QWidget):
         self._pending = None
         self.plot_timer.stop()
         self.stop()
-        self._net = None
+        self._net, self._live = None, []
         self.last_input = self.last_output = None
 
     # ----- results -----------------------------------------------------------------------------------

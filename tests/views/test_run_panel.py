@@ -305,7 +305,7 @@ def test_a_new_network_during_training_stops_it_and_takes_the_new_one(qtbot, pan
     qtbot.mouseClick(panel.train_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: panel.epochs_done >= 2, timeout=20000)
     panel.set_network(second)
-    assert panel.losses == [] and not panel.plot_timer.isActive()
+    assert panel.losses == [] and panel.epochs_done == 0 and not panel.plot_timer.isActive()
     settle(qtbot, panel)
     assert panel.network is second and panel.task_name == "sine" and trained == []
 
