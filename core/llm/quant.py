@@ -25,6 +25,7 @@ and leaves both cores to BLAS.
 from __future__ import annotations
 
 import threading
+from typing import ClassVar
 
 import numba
 import numpy as np
@@ -301,7 +302,57 @@ def _q6_k_rows(q, H, s, ids, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# Formats: one class per block family, one instance per ggml type, found through _FORMATS.
+# Formats: one class per GGUF encoding, registered in FORMATS by declaring its ``ggml_type`` (as
+# core/dtypes.py registers Loom's formats by ``name``). Block formats run the kernels above;
+# plain ones are kept as a float32 matrix.
+
+FORMATS: dict[int, GgmlFormat] = {}
+
+
+class GgmlFormat:
+    """A GGUF tensor encoding a :class:`QuantMatrix` can hold: ``block_elems`` weights stored in
+    ``block_bytes`` bytes. Subclasses that declare ``ggml_type`` register themselves."""
+
+    ggml_type: ClassVar[int]
+    block_elems: ClassVar[int]
+    block_bytes: ClassVar[int]
+    array_dtypes: ClassVar[tuple[str, ...]] = ()  # accepted in place of raw bytes, shaped as the matrix
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "ggml_type" in cls.__dict__:
+            FORMATS[int(cls.ggml_type)] = cls()
+
+
+class _Plain(GgmlFormat):
+    """F32 / F16 / BF16: one weight per element, converted to a float32 matrix once."""
+
+    block_elems = 1
+
+    def to_f32(self, raw: np.ndarray) -> np.ndarray:
+        """Little-endian bytes [rows, in * block_bytes] as float32 [rows, in]."""
+        raise NotImplementedError
+
+
+class _F32(_Plain):
+    ggml_type, block_bytes, array_dtypes = GT.F32, 4, ("float32",)
+
+    def to_f32(self, raw):
+        return raw.view("<f4")  # a view of the file: no copy
+
+
+class _F16(_Plain):
+    ggml_type, block_bytes, array_dtypes = GT.F16, 2, ("float16",)
+
+    def to_f32(self, raw):
+        return raw.view("<f2").astype(F32)
+
+
+class _BF16(_Plain):
+    ggml_type, block_bytes, array_dtypes = GT.BF16, 2, ("uint16", "bfloat16")  # BF16 as its uint16 bits
+
+    def to_f32(self, raw):
+        return (raw.view("<u2").astype(np.uint32) << 16).view(F32)
 
 
 def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -309,12 +360,8 @@ def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, :, at:at + 2]).view("<f2")[..., 0].astype(F32)
 
 
-class _Format:
-    """A block format: the float32 side arrays it needs and the two kernels that read it."""
-
-    ggml_type: int
-    block_elems: int
-    block_bytes: int
+class _Blocks(GgmlFormat):
+    """A quantized block format: the float32 side arrays it needs and the two kernels that read it."""
 
     def side(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
         """Float32 scale arrays from blocks viewed as [rows, n_blocks, block_bytes]."""
@@ -327,25 +374,17 @@ class _Format:
         raise NotImplementedError
 
 
-class _Nibble4(_Format):
+class _Nibble4(_Blocks):
     """Q4_0 / Q4_1 / Q4_K: see the comment above ``_nib4_matvec`` for the layout parameters."""
 
-    def __init__(self, ggml_type: int, block_elems: int, block_bytes: int, qoff: int, group: int,
-                 zero: int, shift: int):
-        self.ggml_type, self.block_elems, self.block_bytes = ggml_type, block_elems, block_bytes
-        self.qoff, self.group, self.zero, self.shift = qoff, group, zero, shift
-        self.gshift = (block_elems // (2 * group)).bit_length() - 1  # log2(groups per block)
-
-    def side(self, blocks):
-        d = _f16_field(blocks, 0)
-        if self.ggml_type == GT.Q4_0:
-            return d, np.zeros((d.shape[0], 0), F32)
-        if self.ggml_type == GT.Q4_1:
-            return d, _f16_field(blocks, 2)
-        return _q4_k_scales(blocks, d, _f16_field(blocks, 2))
+    qoff: ClassVar[int]
+    group: ClassVar[int]
+    zero: ClassVar[int]
+    shift: ClassVar[int]
 
     def _layout(self):
-        return self.block_bytes, self.qoff, self.gshift, self.group, F32(self.zero), self.shift
+        gshift = (self.block_elems // (2 * self.group)).bit_length() - 1  # log2(groups per block)
+        return self.block_bytes, self.qoff, gshift, self.group, F32(self.zero), self.shift
 
     def matvec(self, q, side, x, out):
         _nib4_matvec(q, *self._layout(), *side, x, out)
@@ -354,19 +393,41 @@ class _Nibble4(_Format):
         _nib4_rows(q, *self._layout(), *side, ids, out)
 
 
-def _q4_k_scales(blocks: np.ndarray, d: np.ndarray, dmin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per 32-weight sub-block: ``d * scale`` and ``-dmin * min`` from the 12 packed 6-bit bytes."""
-    rows, nb = d.shape
-    packed = blocks[:, :, 4:16].reshape(rows, nb, 3, 4)
-    lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
-    sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(F32)
-    mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1).astype(F32)
-    scale = (d[:, :, None] * sc).reshape(rows, nb * 8)
-    offset = -(dmin[:, :, None] * mn).reshape(rows, nb * 8)
-    return np.ascontiguousarray(scale), np.ascontiguousarray(offset)
+class _Q4_0(_Nibble4):
+    ggml_type, block_elems, block_bytes = GT.Q4_0, 32, 18
+    qoff, group, zero, shift = 2, 16, 8, 1
+
+    def side(self, blocks):
+        d = _f16_field(blocks, 0)
+        return d, np.zeros((d.shape[0], 0), F32)  # no offsets
 
 
-class _Q5_0(_Format):
+class _Q4_1(_Nibble4):
+    ggml_type, block_elems, block_bytes = GT.Q4_1, 32, 20
+    qoff, group, zero, shift = 4, 16, 0, 1
+
+    def side(self, blocks):
+        return _f16_field(blocks, 0), _f16_field(blocks, 2)
+
+
+class _Q4_K(_Nibble4):
+    ggml_type, block_elems, block_bytes = GT.Q4_K, 256, 144
+    qoff, group, zero, shift = 16, 32, 0, 0
+
+    def side(self, blocks):
+        """Per 32-weight sub-block: ``d * scale`` and ``-dmin * min`` from the 12 packed 6-bit bytes."""
+        d, dmin = _f16_field(blocks, 0), _f16_field(blocks, 2)
+        rows, nb = d.shape
+        packed = blocks[:, :, 4:16].reshape(rows, nb, 3, 4)
+        lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
+        sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(F32)
+        mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1).astype(F32)
+        scale = (d[:, :, None] * sc).reshape(rows, nb * 8)
+        offset = -(dmin[:, :, None] * mn).reshape(rows, nb * 8)
+        return np.ascontiguousarray(scale), np.ascontiguousarray(offset)
+
+
+class _Q5_0(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q5_0, 32, 22
 
     def side(self, blocks):
@@ -379,7 +440,7 @@ class _Q5_0(_Format):
         _q5_0_rows(q, 16, *side, ids, out)
 
 
-class _Q8_0(_Format):
+class _Q8_0(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q8_0, 32, 34
 
     def side(self, blocks):
@@ -392,7 +453,7 @@ class _Q8_0(_Format):
         _q8_0_rows(q.view(np.int8), 32, *side, ids, out)
 
 
-class _Q6_K(_Format):
+class _Q6_K(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q6_K, 256, 210
 
     def side(self, blocks):
@@ -407,28 +468,7 @@ class _Q6_K(_Format):
         _q6_k_rows(q, 16, *side, ids, out)
 
 
-_FORMATS: dict[int, _Format] = {f.ggml_type: f for f in (
-    _Nibble4(GT.Q4_0, 32, 18, qoff=2, group=16, zero=8, shift=1),
-    _Nibble4(GT.Q4_1, 32, 20, qoff=4, group=16, zero=0, shift=1),
-    _Nibble4(GT.Q4_K, 256, 144, qoff=16, group=32, zero=0, shift=0),
-    _Q5_0(), _Q8_0(), _Q6_K(),
-)}
-
-# Plain types, kept as a float32 matrix (a view of the file for F32, converted once otherwise):
-# bytes per weight and the array dtypes accepted in place of raw bytes (BF16 as its uint16 bits).
-_PLAIN: dict[int, tuple[int, tuple[str, ...]]] = {
-    GT.F32: (4, ("float32",)), GT.F16: (2, ("float16",)), GT.BF16: (2, ("uint16", "bfloat16"))}
-
-SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in (*_FORMATS, *_PLAIN))
-
-
-def _plain_to_f32(raw: np.ndarray, ggml_type: int) -> np.ndarray:
-    """Little-endian F32 / F16 / BF16 bytes [rows, in * itemsize] as float32 [rows, in]."""
-    if ggml_type == GT.F32:
-        return raw.view("<f4")
-    if ggml_type == GT.F16:
-        return raw.view("<f2").astype(F32)
-    return (raw.view("<u2").astype(np.uint32) << 16).view(F32)
+SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
 
 
 _tiles = threading.local()
@@ -466,34 +506,30 @@ class QuantMatrix:
             raise ModelFormatError(name, f"ggml type must be an integer id; got {ggml_type!r}")
         self.ggml_type = int(ggml_type)
         self.shape = _check_shape(shape, name)
-        self._format = _FORMATS.get(self.ggml_type)
-        if self._format is None and self.ggml_type not in _PLAIN:
+        fmt = FORMATS.get(self.ggml_type)
+        if fmt is None:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
-        raw = _read_only(self._raw_bytes(data, name))
-        self._q, self._side, self._dense = None, (), None
-        if self._format is None:
-            self._dense = _plain_to_f32(raw, self.ggml_type)
+        raw = _read_only(self._raw_bytes(data, fmt, name))
+        self._q, self._side, self._dense, self._format = None, (), None, None
+        if isinstance(fmt, _Plain):
+            self._dense = fmt.to_f32(raw)
         else:
-            self._q = raw
-            blocks = raw.reshape(raw.shape[0], -1, self._format.block_bytes)
-            self._side = tuple(np.ascontiguousarray(a, dtype=F32) for a in self._format.side(blocks))
+            self._q, self._format = raw, fmt
+            blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
+            self._side = tuple(np.ascontiguousarray(a, dtype=F32) for a in fmt.side(blocks))
 
-    def _raw_bytes(self, data: np.ndarray, name: str) -> np.ndarray:
+    def _raw_bytes(self, data: np.ndarray, fmt: GgmlFormat, name: str) -> np.ndarray:
         """Check ``data`` against the type and shape; return it as uint8 [rows, bytes_per_row]."""
         if not isinstance(data, np.ndarray):
             raise ModelFormatError(name, f"tensor data must be a numpy array, not {type(data).__name__}")
         rows, cols = self.shape
-        if self._format is not None:
-            block_elems, block_bytes, dtypes = self._format.block_elems, self._format.block_bytes, ()
-        else:
-            (block_bytes, dtypes), block_elems = _PLAIN[self.ggml_type], 1
-        if cols % block_elems:
+        if cols % fmt.block_elems:
             raise ModelFormatError(name, f"{self.type_name} rows of {cols} weights are not whole blocks "
-                                         f"of {block_elems}")
-        if data.dtype.name in dtypes and data.shape == (rows, cols):
+                                         f"of {fmt.block_elems}")
+        if data.dtype.name in fmt.array_dtypes and data.shape == (rows, cols):
             data = np.ascontiguousarray(data).view(np.uint8)
-        row_bytes = cols // block_elems * block_bytes
+        row_bytes = cols // fmt.block_elems * fmt.block_bytes
         if data.dtype != np.uint8 or data.shape != (rows, row_bytes):
             raise ModelFormatError(name, f"{self.type_name} {rows}x{cols} needs uint8 data of shape "
                                          f"({rows}, {row_bytes}); got {data.dtype} {data.shape}")
@@ -601,7 +637,7 @@ def warm_up() -> None:
     GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
     rather than let a worker's first matrix product freeze it.
     """
-    for fmt in _FORMATS.values():
+    for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
         m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type, shape=(1, fmt.block_elems),
                         name="warm-up")
         m.matvec(np.zeros(fmt.block_elems, F32))

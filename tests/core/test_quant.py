@@ -85,6 +85,15 @@ def test_matmul_over_many_tiles(ggml_type, monkeypatch):
     assert_product_close(QuantMatrix(data, ggml_type, (41, 512)).matmul(X), W, X)
 
 
+def test_every_format_is_registered_with_gguf_block_sizes():
+    """One table, filled by declaring ``ggml_type``: each entry's block geometry is gguf-py's."""
+    assert set(quant.FORMATS) == {*QUANTIZED, GT.F32, GT.F16, GT.BF16}
+    for ggml_type, fmt in quant.FORMATS.items():
+        assert fmt.ggml_type == ggml_type
+        assert (fmt.block_elems, fmt.block_bytes) == GGML_QUANT_SIZES[GT(ggml_type)]
+    assert set(quant.SUPPORTED_TYPES) == {GT(t).name for t in quant.FORMATS}
+
+
 def test_matmul_leaves_numba_thread_count_unchanged():
     rng = np.random.default_rng(2)
     m = QuantMatrix(random_blocks(GT.Q8_0, 8, 64, rng), GT.Q8_0, (8, 64))
