@@ -25,6 +25,7 @@ and leaves both cores to BLAS.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from typing import ClassVar
 
 import numba
@@ -33,6 +34,7 @@ from gguf import GGMLQuantizationType as GT
 from numba import njit, prange
 
 from ..errors import LoomShapeError, ModelFormatError
+from .cpu_threads import ThreadChooser
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
@@ -563,6 +565,7 @@ class QuantMatrix:
         if self._dense is not None:
             np.matmul(self._dense, x, out=out)
         else:
+            _pace()
             self._format.matvec(self._q, self._side, x, out)
         return out
 
@@ -611,6 +614,7 @@ class QuantMatrix:
         if self._dense is not None:
             return self._dense[ids]
         out = np.empty((ids.size, self.shape[1]), F32)
+        _pace()
         self._format.rows(self._q, self._side, ids, out)
         return out
 
@@ -685,3 +689,48 @@ def single_threaded_blas():
 
         _controller = ThreadpoolController()
     return _controller.limit(limits=1, user_api="blas")
+
+
+# ---------------------------------------------------------------------------------------------
+# How many threads the kernels use: numba's count is a per-thread setting, so it is chosen in the
+# thread that runs the kernels, inside adaptive_threads().
+
+thread_chooser: ThreadChooser | None = ThreadChooser(limit=numba.config.NUMBA_NUM_THREADS)
+"""Picks the kernels' thread count inside :func:`adaptive_threads` from the CPUs other processes
+leave free. ``None`` keeps numba's count as the calling thread set it (the behaviour before
+issue 11, which benchmarks compare against)."""
+
+_adaptive = threading.local()
+
+
+@contextmanager
+def adaptive_threads():
+    """A context in which this thread's kernels use the thread count :data:`thread_chooser` picks,
+    re-picked while they run, never more than numba's count on entry (``numba.set_num_threads(1)``
+    before it pins one thread); that count is set again on exit. Nested uses leave it to the
+    outermost."""
+    chooser, owner = thread_chooser, threading.get_ident()
+    if chooser is None or getattr(_adaptive, "chooser", None) is not None:
+        yield
+        return
+    ceiling = numba.get_num_threads()
+    _adaptive.chooser, _adaptive.ceiling, _adaptive.applied = chooser, ceiling, ceiling
+    try:
+        _pace()
+        yield
+    finally:
+        if threading.get_ident() == owner:  # a generator closed from another thread: not its setting
+            _adaptive.chooser = None
+            numba.set_num_threads(ceiling)
+
+
+def _pace() -> None:
+    """Apply the current choice in this thread. Called per kernel launch, not per token: it is a
+    clock read (``/proc`` is read every ~0.3 s), and with too many threads on a busy machine one
+    token can take a second, so the switch must not wait for the token's end."""
+    chooser = getattr(_adaptive, "chooser", None)
+    if chooser is not None:
+        n = min(chooser.choose(), _adaptive.ceiling)
+        if n != _adaptive.applied:
+            numba.set_num_threads(n)
+            _adaptive.applied = n

@@ -26,7 +26,7 @@ from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
 from .discovery import in_file, resolve
 from .loader import load_causal_lm
-from .quant import single_threaded_blas
+from .quant import adaptive_threads, single_threaded_blas
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
 from .tokenizer_process import TokenizerProcess
@@ -266,8 +266,9 @@ class TextModel:
         if not self._lock.acquire(blocking=False):
             raise LoomConfigError("the model is busy with another generation (cancel or finish it first)")
         try:
-            # held for the whole call so the per-step limit in CausalLM.step never switches
-            with single_threaded_blas():
+            # held for the whole call so the per-step limit in CausalLM.step never switches; the
+            # kernels' thread count follows the CPUs other processes leave free (issue 11)
+            with single_threaded_blas(), adaptive_threads():
                 yield
         finally:
             self._lock.release()
