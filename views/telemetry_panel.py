@@ -19,7 +19,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
-    QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from loomlab.core.layer_names import LayerKey, layer_label
 from loomlab.core.observe import CallbackObserver, LayerEvent, LayerStats, check_rate
 
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
@@ -40,8 +41,14 @@ DEFAULT_SAMPLE_HZ = 10.0  # passes a second the heatmap records: one column per 
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
 LABELLED_ROWS = 40  # up to this many rows the heatmap's axis names every layer
-
-LayerKey = tuple[int, int, int, int, str]  # (z, y, x, l, path), as events locate layers
+# Where the histogram's x axis is labelled, as fractions of its range: three labels never run
+# into each other, however narrow the plot (pyqtgraph's own ticks did: five long numbers in 200 px)
+HISTOGRAM_TICK_AT = (0.1, 0.5, 0.9)
+# Docked at the bottom of a 1600x1000 window the panel gets about 1600x310: the three columns
+# (heatmap, layer list, selected layer) keep these widths side by side, each the full height.
+LIST_MIN_WIDTH = 220
+DETAIL_MIN_WIDTH = 260
+HEATMAP_MIN_WIDTH = 320
 
 
 class EventBuffer:
@@ -117,7 +124,7 @@ class TelemetryPanel(QWidget):
         How many passes a second are recorded (None: every pass); ``clock`` times them.
     """
 
-    layer_selected = Signal(object)  # the selected layer's (z, y, x, l, path)
+    layer_selected = Signal(object)  # the (z, y, x, l, path) of a layer the user picked
 
     def __init__(self, parent: QWidget | None = None, *, history: int = 128, rate_hz: float = DEFAULT_RATE_HZ,
                  capacity: int = 1 << 16, sample_hz: float | None = DEFAULT_SAMPLE_HZ, clock=None):
@@ -159,7 +166,7 @@ class TelemetryPanel(QWidget):
         self._keys = [(r.z, r.y, r.x, r.l, r.path) for r in blueprint]
         self._rows = {k: i for i, k in enumerate(self._keys)}
         self._histories = {d: StepHistory(len(self._keys), self._history_len) for d in DIRECTIONS}
-        self._fill_layer_list(blueprint)
+        self._fill_layer_list(net, self._keys)
         self._selected = None
         if net is None:
             self.timer.stop()
@@ -177,16 +184,22 @@ class TelemetryPanel(QWidget):
         self.timer.stop()
         self._detach()
 
-    def select_layer(self, row: int | None) -> None:
-        """Show the histogram and stats of the layer in heatmap row ``row``."""
-        if row is not None and not 0 <= row < len(self._keys):
-            raise IndexError(f"row {row} is outside 0..{len(self._keys) - 1}")
+    def select_layer_key(self, key: LayerKey | None) -> None:
+        """Select the layer at ``key`` = (z, y, x, l, path), or nothing for None or a key this
+        network lacks, without emitting :attr:`layer_selected` (a linked panel's selection)."""
+        self._select_row(None if key is None else self._rows.get(tuple(key)), emit=False)
+
+    def _select_row(self, row: int | None, *, emit: bool) -> None:
+        """Show the histogram and stats of the layer in heatmap row ``row``; a user's pick
+        (``emit``) tells linked panels, a linked panel's own selection is not echoed back."""
+        if row == self._selected:
+            return
         self._selected = row
         self.layer_list.blockSignals(True)
         self.layer_list.setCurrentRow(-1 if row is None else row)
         self.layer_list.blockSignals(False)
         self._show_selected()
-        if row is not None:
+        if row is not None and emit:
             self.layer_selected.emit(self._keys[row])
 
     def selected_layer(self) -> LayerKey | None:
@@ -229,6 +242,7 @@ class TelemetryPanel(QWidget):
         controls.addStretch(1)
 
         self.heatmap = pg.PlotWidget()
+        self.heatmap.setMinimumWidth(HEATMAP_MIN_WIDTH)
         self.image = pg.ImageItem(colorMap=pg.colormap.get("viridis"))
         self.heatmap.addItem(self.image)
         self.row_marker = pg.LinearRegionItem(orientation="horizontal", movable=False,
@@ -244,43 +258,54 @@ class TelemetryPanel(QWidget):
         self.heatmap.scene().sigMouseClicked.connect(self._heatmap_clicked)
 
         self.layer_list = QListWidget()
-        self.layer_list.currentRowChanged.connect(lambda row: self.select_layer(row if row >= 0 else None))
+        self.layer_list.setMinimumWidth(LIST_MIN_WIDTH)
+        self.layer_list.currentRowChanged.connect(lambda row: self._select_row(row if row >= 0 else None,
+                                                                               emit=True))
+
         self.histogram = pg.PlotWidget()
-        self.histogram.setLabel("left", "steps")
+        self.histogram.getAxis("bottom").enableAutoSIPrefix(False)  # the ticks print the values themselves
         self.histogram.setLabel("bottom", self.statistic())
         self.statistic_box.currentTextChanged.connect(lambda text: self.histogram.setLabel("bottom", text))
         self.histogram_curve = self.histogram.plot([0, 1], [0], stepMode="center", fillLevel=0,
                                                    brush=(80, 140, 220, 160))
+        self.histogram_title = QLabel(f"last {self._history_len} steps")
         self.layer_title = QLabel("no layer selected")
         self.layer_title.setWordWrap(True)
         self.stats_labels = {name: QLabel("–") for name in ("avg", "std", "min", "max", "active")}
-        form = QFormLayout()
-        for name, label in self.stats_labels.items():
+        # two name/value pairs a row: five stats in three short rows beside each other
+        stats = QGridLayout()
+        for i, (name, label) in enumerate(self.stats_labels.items()):
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            form.addRow(name, label)
+            row, col = divmod(i, 2)
+            stats.addWidget(QLabel(name), row, 2 * col)
+            stats.addWidget(label, row, 2 * col + 1)
+        stats.setColumnStretch(1, 1)
+        stats.setColumnStretch(3, 1)
 
-        side = QWidget()
-        side_layout = QVBoxLayout(side)
-        side_layout.setContentsMargins(0, 0, 0, 0)
-        side_layout.addWidget(self.layer_list, 2)
-        side_layout.addWidget(self.layer_title)
-        side_layout.addWidget(self.histogram, 2)
-        side_layout.addLayout(form)
+        detail = QWidget()
+        detail.setMinimumWidth(DETAIL_MIN_WIDTH)
+        detail_layout = QVBoxLayout(detail)
+        detail_layout.setContentsMargins(0, 0, 0, 0)
+        detail_layout.addWidget(self.layer_title)
+        detail_layout.addLayout(stats)
+        detail_layout.addWidget(self.histogram_title)
+        detail_layout.addWidget(self.histogram, 1)
         splitter = QSplitter()
-        splitter.addWidget(self.heatmap)
-        splitter.addWidget(side)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
+        for i, (part, stretch) in enumerate(((self.heatmap, 5), (self.layer_list, 2), (detail, 2))):
+            splitter.addWidget(part)
+            splitter.setStretchFactor(i, stretch)
+            splitter.setCollapsible(i, False)
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(splitter, 1)
 
-    def _fill_layer_list(self, blueprint: list) -> None:
+    def _fill_layer_list(self, net, keys: list[LayerKey]) -> None:
+        labels = [f"{i} {layer_label(net, key)}" for i, key in enumerate(keys)]
         self.layer_list.blockSignals(True)
         self.layer_list.clear()
-        self.layer_list.addItems([_row_label(i, r) for i, r in enumerate(blueprint)])
+        self.layer_list.addItems(labels)
         self.layer_list.blockSignals(False)
-        ticks = [(i + 0.5, f"{i} {r.type}") for i, r in enumerate(blueprint)]
+        ticks = [(i + 0.5, label) for i, label in enumerate(labels)]
         axis = self.heatmap.getPlotItem().getAxis("left")
         axis.setTicks([ticks] if 0 < len(ticks) <= LABELLED_ROWS else None)
 
@@ -347,22 +372,23 @@ class TelemetryPanel(QWidget):
             self._histogram_view = view
             # 5% headroom keeps the top tick's label inside the plot
             self.histogram.setRange(xRange=span, yRange=(0, view[1] * 1.05), padding=0)
+            # x inside the ends (pyqtgraph hides a label that would stick out of its axis); y at
+            # whole counts up to the top, which the headroom keeps inside
+            xs = span[0] + (span[1] - span[0]) * np.array(HISTOGRAM_TICK_AT)
+            self.histogram.getAxis("bottom").setTicks([[(float(v), f"{v:.3g}") for v in xs]])
+            ys = np.unique([0, view[1] // 2, view[1]])
+            self.histogram.getAxis("left").setTicks([[(float(v), f"{v:g}") for v in ys]])
 
     def _heatmap_clicked(self, event) -> None:
         pos = self.heatmap.getPlotItem().getViewBox().mapSceneToView(event.scenePos())
         row = int(np.floor(pos.y()))
         if 0 <= row < len(self._keys) and event.button() == Qt.MouseButton.LeftButton:
-            self.select_layer(row)
+            self._select_row(row, emit=True)
 
     def _detach(self) -> None:
         if self._observer is not None and self._observer in self._net.observers:
             self._net.detach(self._observer)
         self._observer = None
-
-
-def _row_label(index: int, row) -> str:
-    where = f"({row.z},{row.y},{row.x},{row.l})"
-    return f"{index} {row.type} {where} {row.path}".rstrip()
 
 
 def _percentile_range(values: np.ndarray) -> tuple[float, float]:

@@ -26,7 +26,7 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.opengl as gl
 from pyqtgraph.opengl.GLGraphicsItem import GLGraphicsItem
-from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QMatrix4x4, QPainter, QVector3D
 from PySide6.QtOpenGL import QOpenGLBuffer
 from PySide6.QtWidgets import (
@@ -430,6 +430,7 @@ class TextLabels(GLGraphicsItem):
         self.colour = colour
         self.points = np.zeros((0, 3), np.float32)
         self.texts: list[str] = []
+        self.drawn: list[QRectF] = []  # widget boxes of the labels the last frame drew
 
     def set_labels(self, points: np.ndarray, texts: list[str]) -> None:
         self.points = np.asarray(points, np.float32).reshape(-1, 3)
@@ -446,10 +447,16 @@ class TextLabels(GLGraphicsItem):
         painter.setPen(self.colour)
         painter.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
         metrics = painter.fontMetrics()
-        rise = metrics.ascent() / 2
+        self.drawn = []
         for (x, y), shown, text in zip(xy, front, self.texts, strict=True):
-            if shown:
-                painter.drawText(QPointF(x - metrics.horizontalAdvance(text) / 2, y + rise), text)
+            box = QRectF(metrics.boundingRect(text)).translated(-metrics.horizontalAdvance(text) / 2,
+                                                                 metrics.ascent() / 2)
+            box.translate(x, y)
+            # a label that would run into one already drawn is left out: from far away every
+            # few blocks are numbered, zoomed in all of them
+            if shown and not any(box.adjusted(-2, 0, 2, 0).intersects(other) for other in self.drawn):
+                painter.drawText(QPointF(box.left(), y + metrics.ascent() / 2), text)
+                self.drawn.append(box)
         painter.end()
 
 
@@ -639,8 +646,8 @@ class TopologyPanel(QWidget):
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(left)
         splitter.addWidget(self.inspector_area)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 2)
+        splitter.setStretchFactor(0, 2)
+        splitter.setStretchFactor(1, 1)
         splitter.setCollapsible(0, False)
         splitter.setCollapsible(1, False)
         left.setMinimumWidth(VIEW_MIN_WIDTH)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QAbstractListModel, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -86,10 +86,12 @@ def _assert_cells_legible(view: QAbstractItemView) -> int:
     model, p = view.model(), view.palette()
     text = p.color(p.ColorRole.Text)
     checked = 0
+    # a list model has one column, and PySide6 keeps its columnCount private
+    columns = 1 if isinstance(model, QAbstractListModel) else model.columnCount()
     for r in range(model.rowCount()):
         alternate = view.alternatingRowColors() and r % 2
         base = p.color(p.ColorRole.AlternateBase if alternate else p.ColorRole.Base)
-        for c in range(model.columnCount()):
+        for c in range(columns):
             index = model.index(r, c)
             if not index.data():
                 continue

@@ -8,8 +8,13 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 
 from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
+from loomlab.core.layer_names import layer_label
+from loomlab.core.train import TrainConfig, train
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.workers import JobRunner
+
+from .contrast import assert_legible, dark_theme
+from .panel_layout import DOCKED, assert_axes_legible, assert_tick_labels_apart, assert_unclipped
 
 HISTORY = 8
 # the oracle's formula for each statistic of a LayerStats
@@ -248,3 +253,99 @@ def test_sample_rate_is_validated(qtbot):
 def test_rate_is_at_most_30_hz(qtbot):
     with pytest.raises(ValueError):
         TelemetryPanel(rate_hz=60)
+
+
+# ----- linking with other panels -----------------------------------------------------------------
+def test_a_linked_selection_selects_without_echo(qtbot, panel):
+    _, oracle, _ = run_watched(qtbot, panel, 3)
+    key = (0, 0, 1, 0, "")
+    with qtbot.assertNotEmitted(panel.layer_selected):
+        panel.select_layer_key(key)
+    row = panel.layer_keys().index(key)
+    assert panel.selected_layer() == key and panel.layer_list.currentRow() == row
+    assert panel.row_marker.getRegion() == (row, row + 1)
+    last = [e.stats for e in oracle.events["forward"] if (e.z, e.y, e.x, e.l, e.path) == key][-1]
+    assert panel.stats_labels["avg"].text() == f"{last.avg:.6g}"
+    with qtbot.assertNotEmitted(panel.layer_selected):
+        panel.select_layer_key((5, 5, 5, 5, ""))  # not in this network: nothing selected
+    assert panel.selected_layer() is None and panel.layer_list.currentRow() == -1
+    with qtbot.waitSignal(panel.layer_selected) as picked:  # the user's pick is told
+        panel.layer_list.setCurrentRow(row)
+    assert picked.args == [key]
+
+
+# ----- training: the backward direction ----------------------------------------------------------
+def test_training_with_core_train_fills_the_backward_heatmap(qtbot, panel):
+    net = small_net()
+    panel.set_network(net)
+    oracle = Oracle(net)
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((4, 5), np.float32), rng.standard_normal((4, 3), np.float32))
+               for _ in range(2)]
+    runner = JobRunner()
+    runner.start(lambda job: train(net, batches, TrainConfig(epochs=3, learning_rate=0.05)), name="train")
+    qtbot.waitUntil(lambda: not runner.active, timeout=10000)
+    assert runner.shutdown()
+    wait_for_tick(qtbot, panel)
+    assert len({e.step_count for e in oracle.events["backward"]}) == 6  # one backward pass per batch
+    panel.direction_box.setCurrentText("backward")
+    for statistic in STATISTICS:
+        panel.statistic_box.setCurrentText(statistic)
+        np.testing.assert_array_equal(panel.heatmap_values(),
+                                      oracle.expected(panel.layer_keys(), "backward", statistic))
+    assert np.isfinite(panel.heatmap_values()[:, -6:]).all()
+    key = (0, 0, 1, 1, "")  # the last layer: its backward input is the loss's gradient
+    last = [e.stats for e in oracle.events["backward"] if (e.z, e.y, e.x, e.l, e.path) == key][-1]
+    assert panel.latest_stats(key, "backward") == last
+
+
+# ----- names and layout --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm():
+    from loomlab.core.llm import registry
+    from loomlab.core.llm.loader import load_causal_lm
+
+    net = load_causal_lm(registry.fetch("smollm2-135m"))
+    yield net
+    net.close()
+
+
+def test_a_language_models_rows_carry_its_tensor_names(qtbot, panel, smollm):
+    panel.set_network(smollm)
+    keys = panel.layer_keys()
+    assert [panel.layer_list.item(i).text() for i in range(len(keys))] == \
+           [f"{i} {layer_label(smollm, k)}" for i, k in enumerate(keys)]
+    row = keys.index((0, 0, 10, 0, "sequential_layers[0].sequential_layers[1]"))
+    assert panel.layer_list.item(row).text() == f"{row} blk.9.attn_q/k/v/output"
+    panel.set_network(None)
+    assert smollm.observers == []
+
+
+def test_docked_at_the_bottom_of_a_1600x1000_window_nothing_is_clipped(qtbot, smollm):
+    panel = TelemetryPanel(sample_hz=None)
+    qtbot.addWidget(panel)
+    panel.resize(*DOCKED)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.set_network(smollm)
+    smollm.step(np.array([[1, 9690, 28]]))
+    smollm.step(np.array([[260]]))
+    wait_for_tick(qtbot, panel)
+    panel.layer_list.setCurrentRow(85)
+    assert panel.minimumSizeHint().height() <= DOCKED[1]
+    assert_unclipped(panel)
+    rows = panel.layer_list.viewport().height() / panel.layer_list.sizeHintForRow(0)
+    assert rows >= 10, f"the layer list shows {rows:.1f} rows"
+    for axis in ("bottom", "left"):
+        assert_tick_labels_apart(panel.histogram.getAxis(axis))
+    panel.grab().save("/tmp/telemetry_docked.png")
+    panel.shutdown()
+
+
+def test_legible_in_the_dark_theme(qtbot, qapp, panel):
+    with dark_theme(qapp):
+        run_watched(qtbot, panel, 2)
+        panel.layer_list.setCurrentRow(1)
+        assert assert_legible(panel) >= 10
+        for plot in (panel.heatmap, panel.histogram):
+            assert_axes_legible(plot)

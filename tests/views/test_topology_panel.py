@@ -11,7 +11,7 @@ import pyqtgraph as pg
 import pyqtgraph.opengl as gl
 import pytest
 from PySide6.QtCore import QCoreApplication, QEvent, QPoint, QPointF, Qt
-from PySide6.QtGui import QMouseEvent, QVector3D
+from PySide6.QtGui import QColor, QMouseEvent, QVector3D
 from PySide6.QtWidgets import QApplication
 
 from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
@@ -20,13 +20,18 @@ from loomlab.core.morph import morph_sublayer
 from loomlab.views.topology_panel import (
     ACTIVITY_COLORMAP,
     IDLE_COLOUR,
+    LABEL_COLOUR,
     SAMPLE_LIMIT,
     TYPE_COLOURS,
+    VIEW_BACKGROUND,
     TopologyPanel,
     point_size,
     weight_histogram,
 )
 from loomlab.views.workers import JobRunner
+
+from .contrast import AA, assert_legible, contrast, dark_theme
+from .panel_layout import assert_axes_legible, assert_tick_labels_apart, assert_unclipped
 
 RNG = np.random.default_rng(7)
 LINK_TARGET = (1, 0, 1, 0)
@@ -448,3 +453,44 @@ def test_llm_activity_lights_up_while_generating(qtbot, smollm, runner):
     assert runner.shutdown()
     panel.shutdown()
     assert net.observers == []
+
+
+# ----- layout and theme --------------------------------------------------------------------------
+TABBED = (986, 567)  # the panel raised in its tab beside Chat in a 1600x1000 main window (measured)
+
+
+def test_in_a_1600x1000_window_nothing_is_clipped(qtbot, smollm):
+    panel = TopologyPanel()
+    qtbot.addWidget(panel)
+    panel.resize(*TABBED)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.set_network(smollm.net)
+    panel.select_layer_key(ATTENTION_9)
+    smollm.net.step(np.array([[1, 9690, 28]]))
+    qtbot.waitUntil(lambda: "step" in panel.inspector.fields["Last stats"].text(), timeout=3000)
+    qtbot.wait(50)  # the layout answers the new text on its next pass
+    assert panel.minimumSizeHint().width() <= TABBED[0] and panel.minimumSizeHint().height() <= TABBED[1]
+    assert assert_unclipped(panel) >= 12
+    for name in ("bottom", "left"):
+        assert_tick_labels_apart(panel.inspector.plot.getAxis(name))
+    # the inspector's rows all fit in the dock's height: no scrolling to reach the stats
+    assert panel.inspector_area.verticalScrollBar().maximum() == 0 or \
+        panel.inspector.fields["Last stats"].geometry().bottom() < panel.inspector_area.viewport().height()
+    # block numbers drawn in the view do not run into each other
+    panel.view.grabFramebuffer()
+    drawn = panel.block_labels.drawn
+    assert len(drawn) >= 5 and not any(a.intersects(b) for i, a in enumerate(drawn) for b in drawn[i + 1:])
+    panel.shutdown()
+
+
+def test_legible_in_the_dark_theme(qtbot, qapp):
+    with dark_theme(qapp):
+        panel = make_panel(qtbot, small_net())
+        panel.select_layer_key((0, 0, 0, 0, ""))
+        assert assert_legible(panel) >= 15
+        assert_axes_legible(panel.inspector.plot)
+        # the 3-D view keeps its dark canvas in both themes; its block numbers are drawn on it
+        assert contrast(QColor(*LABEL_COLOUR), QColor(*VIEW_BACKGROUND)) >= AA
+        assert tuple(round(c * 255) for c in panel.view.opts["bgcolor"][:3]) == VIEW_BACKGROUND
+        panel.shutdown()

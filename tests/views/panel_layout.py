@@ -1,0 +1,61 @@
+"""Layout checks for docked panels: widgets at least their minimum size, plot tick labels apart
+and legible on the plot's own canvas."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyqtgraph as pg
+from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtWidgets import QAbstractButton, QComboBox, QLabel, QWidget
+
+from .contrast import AA, contrast
+
+# What a panel docked at the bottom of a 1600x1000 main window gets (measured: 1600x310)
+DOCKED = (1600, 310)
+
+
+def assert_unclipped(panel: QWidget) -> int:
+    """Every visible label, button and combo box of ``panel`` has at least the size its text
+    needs (a word-wrapped label: the height its text needs at its width); returns how many."""
+    checked = 0
+    for w in panel.findChildren(QWidget):
+        if not w.isVisibleTo(panel) or not isinstance(w, QLabel | QAbstractButton | QComboBox):
+            continue
+        if isinstance(w, QLabel) and w.wordWrap():
+            need_w, need_h = w.minimumSizeHint().width(), w.heightForWidth(w.width())
+        else:
+            need_w, need_h = w.minimumSizeHint().width(), w.minimumSizeHint().height()
+        text = getattr(w, "text", w.metaObject().className)()
+        assert w.width() >= need_w and w.height() >= need_h, \
+            f"{type(w).__name__} {text!r} is {w.width()}x{w.height()}, needs {need_w}x{need_h}"
+        checked += 1
+    return checked
+
+
+def assert_tick_labels_apart(axis: pg.AxisItem) -> None:
+    """The axis draws at least two tick labels, none running into another or out of the axis."""
+    painter = QPainter(QImage(8, 8, QImage.Format.Format_ARGB32))
+    try:
+        specs = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    texts = specs[2] if specs else []
+    assert len(texts) >= 2, f"{axis.orientation} axis shows {[t for _, _, t in texts]}"
+    for (a, _, ta), (b, _, tb) in itertools.combinations(texts, 2):
+        assert not a.intersects(b), f"{axis.orientation} labels {ta!r} and {tb!r} overlap"
+    bounds = axis.boundingRect()
+    for rect, _, text in texts:
+        assert bounds.contains(rect), f"{axis.orientation} label {text!r} sticks out of its axis"
+
+
+def assert_axes_legible(plot: pg.PlotWidget) -> None:
+    """Tick and axis-label text of the plot's left and bottom axes against its canvas."""
+    canvas = plot.backgroundBrush().color()
+    for name in ("left", "bottom"):
+        axis = plot.getAxis(name)
+        # the axis title is HTML whose colour pyqtgraph writes into labelStyle
+        style = axis.labelStyle
+        title = QColor(style["color"]) if "color" in style else axis.label.defaultTextColor()
+        for colour in (axis.textPen().color(), title):
+            assert contrast(colour, canvas) >= AA, f"{name} axis text {colour.name()} on {canvas.name()}"
