@@ -202,7 +202,9 @@ class TelemetryPanel(QWidget):
         if row is not None and emit:
             self.layer_selected.emit(self._keys[row])
 
-    def selected_layer(self) -> LayerKey | None:
+    @property
+    def selected_key(self) -> LayerKey | None:
+        """The selected layer's (z, y, x, l, path), as the topology panel's ``selected_key``."""
         return None if self._selected is None else self._keys[self._selected]
 
     def layer_keys(self) -> list[LayerKey]:

@@ -161,7 +161,7 @@ def test_clicking_a_heatmap_row_selects_that_layer_and_shows_its_stats(qtbot, pa
     key = panel.layer_keys()[2]
     with qtbot.waitSignal(panel.layer_selected) as selected:
         click_row(qtbot, panel, 2)
-    assert selected.args == [key] and panel.selected_layer() == key
+    assert selected.args == [key] and panel.selected_key == key
     assert panel.layer_list.currentRow() == 2 and "parallel_branches[0]" in panel.layer_title.text()
     last = [e.stats for e in oracle.events["forward"] if (e.z, e.y, e.x, e.l, e.path) == key][-1]
     assert panel.latest_stats(key) == last
@@ -182,7 +182,7 @@ def test_picking_from_the_list_selects_and_follows_the_direction(qtbot, panel):
     rect = panel.layer_list.visualItemRect(item)
     qtbot.mouseClick(panel.layer_list.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     key = panel.layer_keys()[4]
-    assert panel.selected_layer() == key and panel.row_marker.getRegion() == (4, 5)
+    assert panel.selected_key == key and panel.row_marker.getRegion() == (4, 5)
     panel.direction_box.setCurrentText("backward")
     grad = [e.stats for e in oracle.events["backward"] if (e.z, e.y, e.x, e.l, e.path) == key][-1]
     assert panel.stats_labels["max"].text() == f"{grad.max:.6g}"
@@ -262,13 +262,13 @@ def test_a_linked_selection_selects_without_echo(qtbot, panel):
     with qtbot.assertNotEmitted(panel.layer_selected):
         panel.select_layer_key(key)
     row = panel.layer_keys().index(key)
-    assert panel.selected_layer() == key and panel.layer_list.currentRow() == row
+    assert panel.selected_key == key and panel.layer_list.currentRow() == row
     assert panel.row_marker.getRegion() == (row, row + 1)
     last = [e.stats for e in oracle.events["forward"] if (e.z, e.y, e.x, e.l, e.path) == key][-1]
     assert panel.stats_labels["avg"].text() == f"{last.avg:.6g}"
     with qtbot.assertNotEmitted(panel.layer_selected):
         panel.select_layer_key((5, 5, 5, 5, ""))  # not in this network: nothing selected
-    assert panel.selected_layer() is None and panel.layer_list.currentRow() == -1
+    assert panel.selected_key is None and panel.layer_list.currentRow() == -1
     with qtbot.waitSignal(panel.layer_selected) as picked:  # the user's pick is told
         panel.layer_list.setCurrentRow(row)
     assert picked.args == [key]
