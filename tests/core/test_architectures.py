@@ -271,6 +271,17 @@ def test_cached_decode_matches_full_forward(gemma):
         gemma.step(ids[:1, :1], [a[:2]])
 
 
+def test_hidden_states_are_what_the_head_turns_into_the_forward_logits(gemma):
+    ids = np.random.default_rng(6).integers(0, 256, (2, 9))
+    steps = gemma.step_count
+    hidden = gemma.hidden_states(ids)
+    assert hidden.shape == (2, 9, gemma.args.hidden_size) and gemma.step_count == steps
+    head = gemma.cells[-1].weights.blocks["weight"]  # tied: the embedding table
+    np.testing.assert_allclose(hidden @ np.asarray(head, np.float32).T, gemma.forward(ids), atol=1e-4)
+    with pytest.raises(LoomShapeError, match="token ids must be"):
+        gemma.hidden_states(np.zeros((1, 0), np.int64))
+
+
 def test_observers_see_every_layer_of_a_decode_step(gemma):
     events = []
     observer = gemma.attach(CallbackObserver(events.append))
