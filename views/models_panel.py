@@ -1,6 +1,7 @@
 """The Models panel: built-in and discovered language models and opened Loom networks in one
-searchable list, the selected one's details, fetch / load / unload with progress and cancel, and a
-tokenizer preview of the loaded model.
+searchable list, the selected one's details (with the mode a model supports: chat, or completion
+only for a base model), fetch / load / unload with progress and cancel, "Show in panels" for the
+loaded model and the opened networks, and a tokenizer preview of the loaded model.
 
 Every slow step (walking the disk, reading a file's header, fetching, loading, reading a network)
 runs as a job on the shared :class:`~loomlab.views.workers.JobRunner`; the panel only cancels and
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
-from PySide6.QtGui import QStandardItem, QStandardItemModel
+from PySide6.QtCore import QEvent, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtGui import QColor, QPalette, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -44,17 +45,20 @@ from shiboken6 import isValid
 from loomlab.core import VolumetricNetwork, load_network
 from loomlab.core.llm import discovery, model_info, registry
 from loomlab.core.llm.discovery import ModelEntry
-from loomlab.core.llm.model_info import ModelInfo
+from loomlab.core.llm.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.textmodel import TextModel, load_model
 
 from .workers import Job, JobRunner
 
 ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
-COLUMNS = ("Name", "Kind", "Source", "Size", "State")
+COLUMNS = ("Name", "Kind", "Source", "Size", "Mode", "State")
 NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 PROGRESS_STEPS = 1000  # the bar counts permille, so multi-GB byte counts never overflow its int range
 MAX_PREVIEW_TOKENS = 400  # chips beyond this are summarised: a pasted book should not freeze the GUI
 CHIP_COLOURS = ("#ffd8a8", "#b2f2bb", "#a5d8ff", "#eebefa", "#ffec99", "#c3fae8", "#ffc9c9", "#d0bfff")
+CHIP_TEXT, CHIP_ID = "#1a1a1a", "#495057"  # on the light chips, in either theme: >= 4.5:1 on each
+# Error text by the window's lightness: the light theme's red is unreadable on a dark window.
+ERROR_ON_LIGHT, ERROR_ON_DARK = QColor("#c92a2a"), QColor("#ff8787")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class ModelsPanel(QWidget):
     model_loaded = Signal(object)  # the TextModel
     model_unloaded = Signal()
     network_opened = Signal(object)  # the VolumetricNetwork
+    show_requested = Signal(object)  # the loaded TextModel or an opened VolumetricNetwork, to show again
     busy_changed = Signal(bool)  # a fetch, load or open started (True) or ended (False)
 
     def __init__(self, runner: JobRunner, folders: list[str] | None = None, parent: QWidget | None = None):
@@ -97,6 +102,8 @@ class ModelsPanel(QWidget):
         self._loading: list[TextModel] = []  # a model loaded by a job, until the GUI takes it
         self._model: TextModel | None = None
         self._loaded_key: str | None = None
+        self._loaded_entry: ModelEntry | None = None
+        self._modes: dict[str, str] = {}  # row key -> CHAT / COMPLETION, once a file was read
         self._scanning = False
         self._describe_seq = 0  # answers from an older selection are dropped
         self._shut_down = False
@@ -145,6 +152,8 @@ class ModelsPanel(QWidget):
         self._form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.fetch_button = QPushButton("Fetch", clicked=self.fetch_selected)
         self.load_button = QPushButton("Load", clicked=self.load_selected)
+        self.show_button = QPushButton("Show in panels", clicked=self.show_selected)
+        self.show_button.setToolTip("Show the loaded model or this network in the other panels again")
         self.unload_button = QPushButton("Unload", clicked=self.unload)
         self.cancel_button = QPushButton("Cancel", clicked=self.cancel)
         self.progress_bar = QProgressBar(textVisible=True)
@@ -152,25 +161,30 @@ class ModelsPanel(QWidget):
         self.status_label = QLabel(wordWrap=True)
         self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        # Details and preview scroll, so a short dock squeezes neither; the buttons always show.
-        scrolled = QWidget()
-        col = QVBoxLayout(scrolled)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.addWidget(self._details_box)
-        col.addWidget(self._build_preview(), 1)
+        # The details scroll on their own, so a short dock squeezes neither them nor the preview
+        # below, and the buttons always show.
         scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
-        scroll.setWidget(scrolled)
+        scroll.setWidget(self._details_box)
         inspect = QWidget()
         col = QVBoxLayout(inspect)
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(scroll, 1)
-        col.addLayout(_row(self.fetch_button, self.load_button, self.unload_button, self.cancel_button))
+        col.addLayout(_row(self.fetch_button, self.load_button, self.unload_button, None))
+        col.addLayout(_row(self.show_button, None, self.cancel_button))
         col.addWidget(self.progress_bar)
         col.addWidget(self.status_label)
+        self._inspect_splitter = QSplitter(Qt.Orientation.Vertical, childrenCollapsible=False)
+        self._inspect_splitter.addWidget(inspect)
+        self._inspect_splitter.addWidget(self._build_preview())
+        self._inspect_splitter.setStretchFactor(0, 3)
+        self._inspect_splitter.setStretchFactor(1, 2)
 
         self._splitter = QSplitter()
+        # Side by side its halves' minimum widths add up (~550 px): made narrower, as a dock in a
+        # column is, it must shrink and stack (resizeEvent), not hold the dock that wide.
+        self._splitter.setMinimumSize(1, 1)
         self._splitter.addWidget(browse)
-        self._splitter.addWidget(inspect)
+        self._splitter.addWidget(self._inspect_splitter)
         self._splitter.setStretchFactor(0, 3)
         self._splitter.setStretchFactor(1, 2)
         QVBoxLayout(self).addWidget(self._splitter)
@@ -183,7 +197,6 @@ class ModelsPanel(QWidget):
         self.preview_edit = QLineEdit(placeholderText="Type text to see its tokens…", clearButtonEnabled=True)
         self.preview_edit.textChanged.connect(self._update_preview)
         self.preview_view = QTextBrowser(minimumHeight=80)
-        # Its size hint must not count: the panel's scroll area would scroll to show it whole.
         self.preview_view.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self.preview_count = QLabel()
         col = QVBoxLayout(box)
@@ -279,10 +292,23 @@ class ModelsPanel(QWidget):
         self._items.removeRows(0, self._items.rowCount())
         for entry in [*found, *networks]:
             self._items.appendRow(self._row_items(entry))
-        n = len(found)
-        self.scan_label.setText(f"{n} model{'s' * (n != 1)} found")
+        if self._model is not None and not any(_key(e) == self._loaded_key for e in found):
+            self._items.appendRow(self._row_items(self._loaded_entry))  # loaded from elsewhere: still listed
+        self._count_rows()
+        if selected is None and self._model is not None:
+            selected = self._loaded_key  # loaded before the search ended (--model, Open recent)
         if selected is not None:
             self._select_key(selected)
+
+    def _count_rows(self) -> None:
+        """Say what the list holds, models and networks apart (not just what the search found)."""
+        entries = self.entries()
+        networks = sum(isinstance(e, NetworkEntry) for e in entries)
+        models = len(entries) - networks
+        text = f"{models} model{'s' * (models != 1)}"
+        if networks:
+            text += f" · {networks} network{'s' * (networks != 1)}"
+        self.scan_label.setText(text + " listed")
 
     def _on_scan_failed(self, message: str) -> None:
         self._scanning = False
@@ -301,8 +327,9 @@ class ModelsPanel(QWidget):
         if isinstance(entry, NetworkEntry):
             kind = "Loom .loom" if entry.path.suffix.lower() == ".loom" else "Loom JSON"
             size = f"{entry.summary['layers']} layers"
-            return [entry.name, kind, "file", size, "open"]
+            return [entry.name, kind, "file", size, "", "open"]
         size = _format_bytes(entry.size) if entry.size else ""
+        mode = self._modes.get(_key(entry), "")
         if _key(entry) == self._loaded_key:
             state = "loaded"
         elif entry.source == "builtin":
@@ -310,7 +337,7 @@ class ModelsPanel(QWidget):
         else:
             state = ""
         source = {"builtin": "built-in"}.get(entry.source, entry.source)
-        return [entry.name, entry.kind.upper(), source, size, state]
+        return [entry.name, entry.kind.upper(), source, size, mode, state]
 
     def _refresh_row(self, row: int, entry: Entry) -> None:
         self._items.item(row, 0).setData(entry, ENTRY_ROLE)
@@ -351,9 +378,17 @@ class ModelsPanel(QWidget):
                     on_failure=lambda message: self._on_describe_failed(seq, entry, message))
 
     def _on_described(self, seq: int, info: ModelInfo) -> None:
-        if seq == self._describe_seq:
+        entry = self.selected_entry()
+        if seq == self._describe_seq and isinstance(entry, ModelEntry):
             self.current_info = info
             self._show_details(_info_rows(info))
+            self._set_mode(_key(entry), info.mode)
+
+    def _set_mode(self, key: str, mode: str) -> None:
+        self._modes[key] = mode
+        for row, entry in enumerate(self.entries()):
+            if _key(entry) == key:
+                self._refresh_row(row, entry)
 
     def _on_describe_failed(self, seq: int, entry: ModelEntry, message: str) -> None:
         if seq == self._describe_seq:
@@ -366,9 +401,23 @@ class ModelsPanel(QWidget):
         for field, text in rows:
             value = QLabel(text, wordWrap=True)
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            if field == "Error":
-                value.setStyleSheet("color: #c92a2a;")
+            value.setProperty("error", field == "Error")
             self._form.addRow(f"{field}:" if field else "", value)
+        self._colour_errors()
+
+    def _colour_errors(self) -> None:
+        """Error text in red that reads on the palette in use (again after a theme change)."""
+        dark = self.palette().color(QPalette.ColorRole.Window).lightness() < 128
+        for label in [self.status_label, *self._details_box.findChildren(QLabel)]:
+            palette = QPalette()  # sets no role: the label inherits the panel's palette
+            if label.property("error"):
+                palette.setColor(QPalette.ColorRole.WindowText, ERROR_ON_DARK if dark else ERROR_ON_LIGHT)
+            label.setPalette(palette)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self._colour_errors()
 
     # ----- fetch, load, unload, open -----------------------------------------------------------------
     def fetch_selected(self) -> None:
@@ -391,27 +440,33 @@ class ModelsPanel(QWidget):
         self._on_selection()
 
     def load_selected(self) -> None:
-        """Load the selected model (fetching a built-in first); for a network, make it current again."""
+        """Load the selected model (fetching a built-in first); the loaded model or a network is
+        shown in the panels again instead (:meth:`show_selected`)."""
         entry = self.selected_entry()
         if entry is None or self.busy:
             return
-        if isinstance(entry, NetworkEntry):
-            self.network_opened.emit(entry.net)
+        if isinstance(entry, NetworkEntry) or _key(entry) == self._loaded_key:
+            self.show_selected()
             return
         self._load_entry(entry)
 
+    def show_selected(self) -> None:
+        """Emit :attr:`show_requested` with the selected network, or the loaded model when it is
+        the one selected: what another open item had taken over in the panels comes back."""
+        entry = self.selected_entry()
+        if isinstance(entry, NetworkEntry):
+            self.show_requested.emit(entry.net)
+        elif entry is not None and self._model is not None and _key(entry) == self._loaded_key:
+            self.show_requested.emit(self._model)
+
     def load(self, name_or_path: str | Path) -> None:
-        """Load a built-in alias, a listed model, or a model file/folder not listed yet (File menu)."""
+        """Load a built-in alias, a listed model, or a model file/folder not listed yet (File menu,
+        ``--model``); also before the search for models has ended."""
         if self.busy:
             return
         listed = next((e for e in self.entries() if isinstance(e, ModelEntry)
-                       and name_or_path in (e.name, str(e.path))), None)
-        if listed is None:
-            path = Path(name_or_path).expanduser()
-            size = path.stat().st_size if path.is_file() else 0
-            listed = ModelEntry(path.stem if path.is_file() else path.name, path,
-                                "gguf" if path.is_file() else "hf", "folder", size)
-        self._load_entry(listed)
+                       and str(name_or_path) in (e.name, str(e.path))), None)
+        self._load_entry(listed or _entry_for(name_or_path))
 
     def _load_entry(self, entry: ModelEntry) -> None:
         self.unload()  # one model at a time: free the old one's memory before reading the new
@@ -429,10 +484,16 @@ class ModelsPanel(QWidget):
 
     def _on_loaded(self, entry: ModelEntry) -> None:
         self._model = self._loading.pop()
-        self._loaded_key = _key(entry)
+        self._loaded_key, self._loaded_entry = _key(entry), entry
+        self._modes[self._loaded_key] = CHAT if self._model.supports_chat else COMPLETION
         if entry.source == "builtin" and not entry.fetched:
             self._replace_builtin(entry.name, fetched=True)
+        if not self._scanning and not any(_key(e) == self._loaded_key for e in self.entries()):
+            self._items.appendRow(self._row_items(entry))  # a file the search does not cover
+            self._count_rows()
         self._refresh_rows()
+        if self.selected_entry() is None:
+            self._select_key(self._loaded_key)  # loaded by name (--model, Open recent): show it
         self.status_label.setText(f"Loaded {entry.name}")
         self._update_preview()
         self._update_actions()
@@ -442,7 +503,7 @@ class ModelsPanel(QWidget):
         """Close the loaded model and forget it."""
         if self._model is None:
             return
-        model, self._model, self._loaded_key = self._model, None, None
+        model, self._model, self._loaded_key, self._loaded_entry = self._model, None, None, None
         model.close()
         self._refresh_rows()
         self.status_label.setText(f"Unloaded {model.name}")
@@ -472,6 +533,7 @@ class ModelsPanel(QWidget):
             self._refresh_row(rows[0], entry)  # opened again: the file may have changed
         else:
             self._items.appendRow(self._row_items(entry))
+            self._count_rows()
         self.filter_edit.clear()  # so the new row is visible and selectable
         self._select_key(_key(entry))
         self._on_selection()
@@ -487,15 +549,17 @@ class ModelsPanel(QWidget):
     # ----- jobs ------------------------------------------------------------------------------------
     def _run_action(self, what: str, fn: Callable[[Job], Any], on_success: Callable[[Any], None]) -> None:
         """Run the one user-visible job: progress on the bar, Cancel enabled, the other buttons not."""
-        self.status_label.setStyleSheet("")
+        self.status_label.setProperty("error", False)
+        self._colour_errors()
         self.status_label.setText(f"{what}…")
         self._reset_progress()
-        self.progress_bar.setFormat("%p%")
+        self.progress_bar.show()
 
         def ended(slot: Callable[..., None]) -> Callable[..., None]:
             def call(*args: Any) -> None:
                 self._action = None
                 slot(*args)
+                self._reset_progress()  # idle: the bar goes away until the next action
                 self._close_abandoned()
                 self._update_actions()
                 self.busy_changed.emit(False)
@@ -516,18 +580,19 @@ class ModelsPanel(QWidget):
         self.progress_bar.setFormat(f"{stage} %p%")
 
     def _on_action_failed(self, message: str) -> None:
-        self.status_label.setStyleSheet("color: #c92a2a;")
+        self.status_label.setProperty("error", True)
+        self._colour_errors()
         self.status_label.setText(message)
-        self._reset_progress()
 
     def _on_action_cancelled(self, what: str) -> None:
         self.status_label.setText(f"{what.split()[0]} cancelled")
-        self._reset_progress()
 
     def _reset_progress(self) -> None:
+        """An idle bar: hidden, empty (no "load 100%" left from the last action, no "0%")."""
+        self.progress_bar.hide()
         self.progress_bar.setRange(0, PROGRESS_STEPS)
         self.progress_bar.setValue(0)
-        self.progress_bar.setFormat("")  # no "0%" on an idle bar
+        self.progress_bar.setFormat("")
 
     def _close_abandoned(self) -> None:
         while self._loading:
@@ -582,8 +647,9 @@ class ModelsPanel(QWidget):
         entry = self.selected_entry()
         idle = not self.busy
         self.fetch_button.setEnabled(idle and _is_unfetched_builtin(entry))
-        self.load_button.setEnabled(idle and entry is not None and _key(entry) != self._loaded_key)
-        self.load_button.setText("Show network" if isinstance(entry, NetworkEntry) else "Load")
+        loaded = entry is not None and self._model is not None and _key(entry) == self._loaded_key
+        self.load_button.setEnabled(idle and isinstance(entry, ModelEntry) and not loaded)
+        self.show_button.setEnabled(idle and (loaded or isinstance(entry, NetworkEntry)))
         self.unload_button.setEnabled(idle and self._model is not None)
         self.cancel_button.setEnabled(not idle)
         self.open_button.setEnabled(idle)
@@ -620,9 +686,21 @@ def _row(*widgets: QWidget | None) -> QHBoxLayout:
 
 
 def _key(entry: Entry) -> str:
-    """What identifies a row across rescans: the source and the path."""
-    kind = "net" if isinstance(entry, NetworkEntry) else entry.source
-    return f"{kind}:{entry.path}"
+    """What identifies a row across rescans and however it was named: the real path (a model
+    loaded by alias or by a symlink's path before the search ended is the row the search finds)."""
+    kind = "net" if isinstance(entry, NetworkEntry) else "model"
+    return f"{kind}:{Path(entry.path).resolve()}"
+
+
+def _entry_for(name_or_path: str | Path) -> ModelEntry:
+    """A list entry for a model not listed (yet): a built-in by its alias, else a file or folder."""
+    builtin = next((e for e in discovery.builtin_entries() if e.name == str(name_or_path)), None)
+    if builtin is not None:
+        return builtin
+    path = Path(name_or_path).expanduser()
+    size = path.stat().st_size if path.is_file() else 0
+    return ModelEntry(path.stem if path.is_file() else path.name, path, "gguf" if path.is_file() else "hf",
+                      "folder", size)
 
 
 def _is_unfetched_builtin(entry: Entry | None) -> bool:
@@ -656,6 +734,8 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
         ("Vocabulary", f"{info.vocab_size:,}"),
         ("Quant types", ", ".join(f"{name} × {n}" for name, n in info.tensor_types.items())),
         ("Chat template", "yes" if info.chat_template else "no"),
+        ("Mode", info.mode if info.supports_chat else
+         f"{info.mode}: a base model, it continues text (a chat would echo the prompt)"),
         ("File size", weights),
         ("Memory estimate", f"{_format_bytes(info.estimated_memory)} (weights {weights}"
                             f" + KV cache {kv} at full context)"),
@@ -683,5 +763,5 @@ def _chip(k: int, token_id: int, piece: str) -> str:
     """One token as a coloured chip: its text (whitespace made visible) and, small, its id."""
     shown = piece.replace(" ", "·").replace("\n", "↵").replace("\t", "→") or "∅"
     colour = CHIP_COLOURS[k % len(CHIP_COLOURS)]
-    return (f'<span style="background-color:{colour}; color:#1a1a1a;">&nbsp;{html.escape(shown)}'
-            f'<sub style="color:#555;">{token_id}</sub>&nbsp;</span>')
+    return (f'<span style="background-color:{colour}; color:{CHIP_TEXT};">&nbsp;{html.escape(shown)}'
+            f'<sub style="color:{CHIP_ID};">{token_id}</sub>&nbsp;</span>')

@@ -1,22 +1,29 @@
 """The Models panel: listing, filtering, details against model_info.describe, load / unload,
-the tokenizer preview against the tokenizer, a real cancelled fetch, and opening Loom networks."""
+the tokenizer preview against the tokenizer, a real cancelled fetch, opening Loom networks, the
+mode a model supports, "Show in panels", a load before the search ends, layout and contrast."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton
 
 from loomlab.core import load_network, save_network
 from loomlab.core.errors import ModelFormatError
-from loomlab.core.llm import model_info, registry
+from loomlab.core.llm import discovery, model_info, registry
+from loomlab.core.llm.model_info import CHAT, COMPLETION
 from loomlab.core.llm.textmodel import TextModel, load_model
 from loomlab.core.llm.tokenizer_process import TokenizerProcess
-from loomlab.views.models_panel import ModelsPanel, NetworkEntry
+from loomlab.views import models_panel
+from loomlab.views.models_panel import COLUMNS, ModelsPanel, NetworkEntry
 from loomlab.views.workers import JobRunner
+
+from .contrast import AA, assert_legible, contrast, dark_theme
 
 GOLDENS = Path(__file__).resolve().parent.parent / "data" / "loom-goldens-seed1.json"
 SMOLLM = "smollm2-135m"
@@ -27,14 +34,15 @@ def make_panel(qtbot):
     """Panels on their own runners; each is shut down (jobs joined, model closed) after the test."""
     made: list[tuple[JobRunner, ModelsPanel]] = []
 
-    def make(folders: list[str] | None = None) -> ModelsPanel:
+    def make(folders: list[str] | None = None, wait_for_scan: bool = True) -> ModelsPanel:
         runner = JobRunner()
         panel = ModelsPanel(runner, folders)
         qtbot.addWidget(panel)
         panel.resize(1000, 620)
         panel.show()
         made.append((runner, panel))
-        qtbot.waitUntil(lambda: not panel.scanning, timeout=20000)
+        if wait_for_scan:
+            qtbot.waitUntil(lambda: not panel.scanning, timeout=20000)
         return panel
 
     yield make
@@ -63,6 +71,7 @@ def test_lists_builtins_and_discovered_models(make_panel, tmp_path):
     fake = _fake_gguf(tmp_path, "tiny-fake.gguf")
     panel = make_panel([str(tmp_path)])
     names = panel.visible_names()
+    assert panel.scan_label.text() == f"{len(names)} models listed"
     assert names[:len(registry.BUILTINS)] == list(registry.BUILTINS)
     listed = {e.path: e for e in panel.entries()}
     assert listed[fake].source == "folder" and listed[fake].size == fake.stat().st_size
@@ -135,9 +144,10 @@ def test_load_preview_unload(make_panel, qtbot, monkeypatch):
     assert isinstance(model, TextModel) and panel.model is model and busy == [True, False]
     assert isinstance(model.tokenizer, TokenizerProcess) and model.tokenizer.running  # off this GIL
     # it moved, to the end (the job throttles progress to ~30 updates a second, so a fast load
-    # shows only a few steps)
-    assert len(set(values)) >= 2 and values[-1] == panel.progress_bar.maximum()
-    assert values == sorted(values)
+    # shows only a few steps), then the idle bar went away, empty
+    assert values[-1] == 0 and panel.progress_bar.isHidden() and panel.progress_bar.text() == ""
+    moved = values[:-1]
+    assert len(set(moved)) >= 2 and moved[-1] == panel.progress_bar.maximum() and moved == sorted(moved)
     with load_model(SMOLLM) as reference:
         assert model.info() == reference.info()
 
@@ -223,9 +233,117 @@ def test_open_network_emits_it(make_panel, qtbot, tmp_path, monkeypatch, suffix)
     assert isinstance(entry, NetworkEntry) and entry.net is net
     assert panel.details()["Layers"] == "4" and f"{net.parameter_count():,}" in panel.details()["Parameters"]
 
-    # selecting it again after a model was selected makes it current again
+    assert panel.progress_bar.isHidden()  # no "0%" left after an action that reports no progress
+    assert panel.scan_label.text() == f"{len(registry.BUILTINS)} models · 1 network listed"
+
+    # selecting it again after a model was selected shows it in the panels again
     panel.select(SMOLLM)
+    assert not panel.show_button.isEnabled()  # not loaded: nothing to show
     panel.select(path.name)
-    with qtbot.waitSignal(panel.network_opened, timeout=1000) as again:
-        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    assert not panel.load_button.isEnabled() and panel.show_button.isEnabled()
+    with qtbot.waitSignal(panel.show_requested, timeout=1000) as again:
+        qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
     assert again.args[0] is net
+
+
+# ----- what the review found ----------------------------------------------------------------------------
+def _golden_network(tmp_path) -> Path:
+    case = next(c for c in json.loads(GOLDENS.read_text())["forward"] if c["name"] == "transformer_block")
+    path = tmp_path / "block.json"
+    path.write_text(json.dumps(case["network"]))
+    return path
+
+
+def _load(qtbot, panel: ModelsPanel, name: str) -> TextModel:
+    with qtbot.waitSignal(panel.model_loaded, timeout=30000) as loaded:
+        panel.load(name)
+    return loaded.args[0]
+
+
+def test_a_model_loaded_by_name_before_the_search_ends_is_the_listed_row(make_panel, qtbot, monkeypatch):
+    """--model and Open recent call load() at once; the search ends later."""
+    release = threading.Event()
+    discover = discovery.discover
+    monkeypatch.setattr(discovery, "discover", lambda folders: (release.wait(20), discover(folders))[1])
+    panel = make_panel([], wait_for_scan=False)
+    model = _load(qtbot, panel, SMOLLM)
+    assert panel.scanning
+    release.set()
+    qtbot.waitUntil(lambda: not panel.scanning, timeout=20000)
+    assert panel.visible_names().count(SMOLLM) == 1
+    entry = panel.selected_entry()
+    assert entry.name == SMOLLM and entry.source == "builtin"
+    row = panel.visible_names().index(SMOLLM)
+    assert _row_text(panel, row, "State") == "loaded" and _row_text(panel, row, "Mode") == CHAT
+    qtbot.waitUntil(lambda: panel.current_info is not None, timeout=10000)
+    assert panel.current_info == model_info.describe(model.net.source.path)
+    assert panel.details()["Name"] == panel.current_info.name and panel.details()["Mode"] == CHAT
+    assert panel.show_button.isEnabled() and not panel.load_button.isEnabled()
+
+
+def _row_text(panel: ModelsPanel, row: int, column: str) -> str:
+    return panel.list_view.model().index(row, COLUMNS.index(column)).data()
+
+
+@pytest.mark.parametrize(("alias", "mode"), [("smollm2-135m", CHAT), ("gemma3-270m", COMPLETION)])
+def test_the_mode_a_model_supports_is_listed_and_detailed(make_panel, qtbot, alias, mode):
+    registry.fetch(alias)
+    panel = make_panel([])
+    _select(qtbot, panel, alias)
+    assert panel.current_info.mode == mode == model_info.describe(registry.model_path(alias)).mode
+    assert panel.details()["Mode"].startswith(mode)
+    assert _row_text(panel, panel.visible_names().index(alias), "Mode") == mode
+
+
+def test_opening_a_network_keeps_the_model_and_both_can_be_shown_again(make_panel, qtbot, tmp_path):
+    panel = make_panel([])
+    model = _load(qtbot, panel, SMOLLM)
+    assert panel.progress_bar.isHidden()
+    with qtbot.waitSignal(panel.network_opened, timeout=10000) as opened:
+        panel.open_network(_golden_network(tmp_path))
+        assert panel.progress_bar.isVisible()  # while it opens
+    assert panel.progress_bar.isHidden()
+    assert panel.model is model and panel.unload_button.isEnabled()  # not stranded, still loaded
+    shown = []
+    panel.show_requested.connect(shown.append)
+    panel.select(SMOLLM)
+    assert panel.show_button.isEnabled() and not panel.load_button.isEnabled()
+    qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
+    panel.select("block.json")
+    qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
+    assert shown == [model, opened.args[0]]
+
+
+def test_docked_in_a_column_the_tokenizer_preview_is_on_screen(make_panel, qtbot):
+    panel = make_panel([])
+    _load(qtbot, panel, SMOLLM)
+    panel.resize(400, 900)  # the Models dock at the left of a 1600x1000 window
+    qtbot.wait(50)
+    assert (panel.width(), panel.height()) == (400, 900)  # no minimum size holds it wider
+    _select(qtbot, panel, SMOLLM)
+    for w in (panel.preview_edit, panel.preview_view, panel.preview_count, panel.load_button,
+              panel.show_button, panel.unload_button, panel.status_label, panel.list_view):
+        assert w.isVisible() and w.visibleRegion().boundingRect() == w.rect(), w
+    assert panel.preview_view.height() >= 120 and panel.list_view.height() >= 150
+    for button in panel.findChildren(QPushButton):
+        assert button.width() >= button.minimumSizeHint().width(), button.text()
+
+
+def test_legible_in_the_dark_theme(make_panel, qtbot, qapp, tmp_path):
+    _fake_gguf(tmp_path, "tiny-fake.gguf")
+    with dark_theme(qapp):
+        panel = make_panel([str(tmp_path)])
+        _load(qtbot, panel, SMOLLM)
+        panel.preview_edit.setText("Hello, world")
+        _select(qtbot, panel, "tiny-fake")  # the details show an error
+        error = next(label for label in panel.findChildren(QLabel)
+                     if label.property("error") and label.text() == panel.details()["Error"])
+        qtbot.waitUntil(error.isVisible, timeout=1000)  # Qt shows a widget added to a shown form later
+        assert assert_legible(panel) >= 20
+        assert error.palette().color(QPalette.ColorRole.WindowText).red() > 200  # still red
+    for colour in models_panel.CHIP_COLOURS:  # the preview's chips carry their own colours
+        for text in (models_panel.CHIP_TEXT, models_panel.CHIP_ID):
+            assert contrast(QColor(text), QColor(colour)) >= AA
+    # back in the light theme (Qt posts the palette change), errors are the light theme's red
+    light = models_panel.ERROR_ON_LIGHT
+    qtbot.waitUntil(lambda: error.palette().color(QPalette.ColorRole.WindowText) == light, timeout=2000)
