@@ -138,6 +138,7 @@ class Reply:
             raise
         finally:
             self._tokens.close()
+            self._tokens = iter(())  # the spent generator held the model's frames
             self._finish(reason or ("cancelled" if self._cancelled() else "error"), error)
 
     def _finish(self, reason: str, error: str | None) -> None:
@@ -179,8 +180,11 @@ class ChatSession:
 
     # ----- model -----------------------------------------------------------------------------
     def set_model(self, model: TextModel | None) -> None:
-        """Chat with ``model`` from the next reply on (a streaming reply goes on with its own)."""
+        """Chat with ``model`` from the next reply on (a streaming reply goes on with its own). A
+        finished reply is let go, so that an unloaded model is not kept alive by it."""
         self.model = model
+        if not self.busy:
+            self.reply = None
 
     @property
     def busy(self) -> bool:

@@ -1,7 +1,7 @@
 """End to end, as a person would do it: the main window loads smollm2-135m, a typed message gets a
 streamed greedy reply equal to what ``loomlab chat --message`` prints for the same message, and
 after closing the window a new one (a restart) shows the conversation from the database.
-Unloading the model clears every panel that showed its grid."""
+Unloading the model clears every panel that showed its grid and gives its memory back."""
 
 from __future__ import annotations
 
@@ -11,11 +11,18 @@ import sys
 
 from PySide6.QtCore import Qt
 
+from loomlab.core.llm import quant
+from loomlab.core.procinfo import release_memory, rss_bytes
+
 from .test_main_window import make_window
 
 MESSAGE = "Name three primary colours."
 MAX_TOKENS = 24
 TIMEOUT_MS = 120_000
+# What an unloaded model may leave resident: measured ~70 MiB (numba's worker threads' arenas and
+# stacks, the X server's shared buffers, Qt's caches); loading it took 190-300 MiB. Before unloading
+# gave memory back, none of it came back.
+UNLOADED_MARGIN = 120 * 2**20
 
 
 def cli_reply() -> str:
@@ -34,6 +41,9 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
 
     win = make_window(qtbot, tmp_path)
     chat = win.panels["chat"]
+    quant.warm_up()  # the JIT's code and compiler are the process's, not the model's
+    release_memory()
+    before = rss_bytes()
     win.open_model("smollm2-135m")
     qtbot.waitUntil(lambda: chat.model is not None, timeout=TIMEOUT_MS)
     assert chat.sampling.spins["temperature"].value() == 0  # the default preset is greedy
@@ -53,10 +63,19 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
     morph = win.panels["morph"]
     win.docks["morph"].raise_()  # the Morph panel fills its table once on screen
     qtbot.waitUntil(lambda: morph.table.rowCount() > 100, timeout=TIMEOUT_MS)
+    assert win.speed_label.text() == f"{reply.tokens_per_s:.1f} tok/s"
+    loaded = rss_bytes()
     win.panels["models"].unload()  # no panel keeps the unloaded model's grid
     assert chat.model is None and win.network is None and morph.table.rowCount() == 0
     assert win.panels["topology"].network is None and win.panels["telemetry"].network is None
+    assert win.speed_label.text() == ""  # no speed without a model
     qtbot.waitUntil(lambda: not morph.is_busy(), timeout=TIMEOUT_MS)  # its cancelled job ends
+    # the memory goes back once the last job that could hold the model has ended
+    qtbot.waitUntil(lambda: not win._release_pending, timeout=TIMEOUT_MS)
+    after = rss_bytes()
+    print(f"resident memory: {before / 2**20:.0f} MiB before loading, {loaded / 2**20:.0f} MiB loaded, "
+          f"{after / 2**20:.0f} MiB after unloading")
+    assert after - before < UNLOADED_MARGIN and loaded - after > 0.4 * (loaded - before)
     win.close()
 
     restarted = make_window(qtbot, tmp_path)  # same settings and database: a restart

@@ -27,8 +27,28 @@ def test_cpu_name_and_machine_line():
 
 
 def test_resident_memory_grows_by_what_is_touched():
+    procinfo.release_memory()  # else the block may reuse pages earlier tests freed but kept resident
     before = procinfo.rss_bytes()
     block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, every page written
     grown = procinfo.rss_bytes() - before
     assert 0.9 * block.nbytes <= grown <= 1.5 * block.nbytes
     assert procinfo.peak_rss_bytes() >= procinfo.rss_bytes() >= block.nbytes
+
+
+RELEASE_PROBE = """
+import numpy as np
+from loomlab.core import procinfo
+blocks = [np.ones(16384, np.float32) for _ in range(4000)]  # 4000 x 64 KiB from malloc's heap
+pin = np.ones(16384, np.float32)  # allocated last: freeing the blocks leaves a hole, not a free top
+del blocks
+resident = procinfo.rss_bytes()
+given = procinfo.release_memory()
+print(given, resident - procinfo.rss_bytes())
+"""
+
+
+def test_release_memory_gives_freed_heap_pages_back():
+    # in a child process: the freed 250 MiB stay resident until release_memory trims them
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True, check=True)
+    given, dropped = map(int, out.stdout.split())
+    assert given >= 200 * 2**20 and abs(given - dropped) < 8 * 2**20

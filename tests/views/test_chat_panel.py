@@ -10,12 +10,13 @@ import json
 import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from loomlab.core.llm.chat_template import encode_chat
 from loomlab.core.llm.textmodel import load_model
+from loomlab.core.workspace.chat import REGENERATE_SAMPLING, reply_summary
 from loomlab.core.workspace.store import Workspace
-from loomlab.views.chat_panel import PRESETS, ChatPanel
+from loomlab.views.chat_panel import COMPLETION_TAB, PRESETS, ChatPanel
 from loomlab.views.workers import JobRunner
 
 SHORT = 8  # max tokens of most replies: enough to check the text, quick on two cores
@@ -78,6 +79,37 @@ def anchor_point(view, href: str) -> QPoint:
             it += 1
         block = block.next()
     raise AssertionError(f"no link {href!r} in the view")
+
+
+def fragments(view):
+    doc = view.document()
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            yield it.fragment()
+            it += 1
+        block = block.next()
+
+
+def token_format(view, href: str):
+    return next(f.charFormat() for f in fragments(view) if f.charFormat().anchorHref() == href)
+
+
+def fragment_colours(view) -> list:
+    colours = {f.charFormat().foreground().color().name(): f.charFormat().foreground().color()
+               for f in fragments(view) if f.text().strip()}
+    return list(colours.values())
+
+
+def contrast(a, b) -> float:
+    """WCAG contrast ratio of two colours."""
+    def luminance(c):
+        channels = [x / 255 for x in (c.red(), c.green(), c.blue())]
+        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in channels]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
 
 
 def titles(panel) -> list[str]:
@@ -169,7 +201,7 @@ def test_editing_a_past_message_branches_and_branches_can_be_switched(qtbot, pan
     assert "1/2" in panel.view.toPlainText() and "What is 2+2?" in panel.view.toPlainText()
 
 
-def test_regenerate_adds_a_sibling_reply(qtbot, panel, model, workspace):
+def test_regenerate_adds_a_sampled_sibling_reply_with_its_seed(qtbot, panel, model, workspace):
     first = send_and_wait(qtbot, panel, "Hi")
     with qtbot.waitSignal(panel.reply_finished, timeout=TIMEOUT_MS) as blocker:
         qtbot.mouseClick(panel.regenerate_button, Qt.MouseButton.LeftButton)
@@ -177,7 +209,68 @@ def test_regenerate_adds_a_sibling_reply(qtbot, panel, model, workspace):
     assert second.id != first.id and second.parent_id == first.parent_id
     assert [m.id for m in workspace.branches(second.id)] == [first.id, second.id]
     assert workspace.thread(panel.conversation_id)[-1].id == second.id
-    assert second.content == first.content  # greedy: the same words again
+    # greedy would repeat the words: Regenerate samples, and its seed is shown and repeats it
+    seed = second.extra["seed"]
+    oracle = model.chat([{"role": "user", "content": "Hi"}], **REGENERATE_SAMPLING, seed=seed,
+                        max_tokens=SHORT)
+    assert second.content == "".join(r.text for r in oracle)
+    assert f"seed {seed}" in panel.view.toPlainText() and f"seed {seed}" in panel.status.text()
+
+
+def test_the_status_line_follows_the_branch_on_screen(qtbot, panel, workspace):
+    first = send_and_wait(qtbot, panel, "Hi")
+    with qtbot.waitSignal(panel.reply_finished, timeout=TIMEOUT_MS) as blocker:
+        panel.regenerate()
+    second = blocker.args[0]
+    assert panel.status.text() == reply_summary(second)
+    click_link(qtbot, panel.view, f"branch:{second.id}:-1")
+    assert workspace.thread(panel.conversation_id)[-1].id == first.id
+    assert panel.status.text() == reply_summary(first) != reply_summary(second)
+
+
+def test_token_colours_have_a_legend_and_an_off_switch(qtbot, panel):
+    reply = send_and_wait(qtbot, panel, "Hi")
+    href = f"tok:{reply.id}:1"
+    assert panel.legend.isVisible() and "unlikely" in panel.legend.text()
+    assert token_format(panel.view, href).background().style() != Qt.BrushStyle.NoBrush
+    panel.colour_tokens.setChecked(False)
+    assert token_format(panel.view, href).background().style() == Qt.BrushStyle.NoBrush
+
+
+def test_the_transcript_follows_a_palette_change(qtbot, panel):
+    from loomlab.views.theme import ThemeController, dark_palette
+
+    send_and_wait(qtbot, panel, "Hi")
+    theme = ThemeController(QApplication.instance(), "dark")
+    try:
+        qtbot.waitUntil(lambda: panel.palette().text().color() == dark_palette().text().color())
+        text = panel.palette().text().color()
+        base = panel.view.palette().base().color()
+        colours = fragment_colours(panel.view)
+        assert text in colours and contrast(text, base) >= 4.5
+        assert all(contrast(c, base) >= 4.5 for c in colours), colours
+    finally:
+        theme.set_choice("light")
+
+
+def test_a_base_model_opens_on_completion_and_continues_text(qtbot, panel, model):
+    gemma = load_model("gemma3-270m")
+    try:
+        panel.set_model(gemma)
+        assert panel.tabs.currentIndex() == COMPLETION_TAB and panel.mode_notice.isVisible()
+        assert "without a chat template" in panel.mode_notice.text() and not panel.send_button.isEnabled()
+        assert "completion only" in panel.model_label.text()
+        prompt = "The capital of France is"
+        expected = "".join(r.text for r in gemma.generate(prompt, temperature=0, max_tokens=SHORT))
+        panel.completion_box.setPlainText(prompt)
+        with qtbot.waitSignal(panel.completion_finished, timeout=TIMEOUT_MS) as blocker:
+            qtbot.mouseClick(panel.continue_button, Qt.MouseButton.LeftButton)
+        assert panel.completion_box.toPlainText() == prompt + expected == prompt + blocker.args[0].text
+        assert f"{SHORT} tokens" in panel.status.text()
+    finally:
+        panel.set_model(model)
+        gemma.close()
+    assert not panel.mode_notice.isVisible() and panel.send_button.isEnabled()
 
 
 def test_conversation_list_creates_renames_deletes_and_searches(qtbot, panel, workspace, monkeypatch):

@@ -1,0 +1,115 @@
+"""Chat in the window against the engine alone: greedy decode speed of the same loaded model.
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" python tests/bench/bench_gui_chat.py \
+        [--model smollm2-135m] [--tokens 128] [--repeat 3]
+
+The main window (every panel, as a user sees it at 1600x1000, the Chat panel in front and the
+Telemetry panel below it) loads the model; then runs alternate between
+
+* ``engine``: ``model.chat(...)`` of the same loaded model, iterated in this thread with the
+  window idle (no event loop running), and
+* ``window``: the same message typed into the Chat panel and sent, the event loop running; the
+  rate is what the panel stores for the reply (the figure on screen),
+
+best of ``--repeat`` each, and ``loomlab bench`` in a separate process for reference. Prints JSON.
+Issue 11's target: window >= 0.9x the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings
+
+from loomlab.app.gui import make_app, warm_up
+from loomlab.app.main_window import MainWindow
+from loomlab.core.procinfo import machine
+
+MESSAGE = "Write a long story about a dragon who learns to fly, with many details."
+TARGET = 0.9
+
+
+def wait_until(done, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the window did not get there in time")
+        time.sleep(0.005)
+
+
+def window_rate(window: MainWindow, tokens: int) -> tuple[float, int]:
+    chat = window.panels["chat"]
+    replies = []
+    chat.reply_finished.connect(replies.append)
+    chat.new_conversation()
+    chat.sampling.spins["max_tokens"].setValue(tokens)
+    chat.send(MESSAGE)
+    wait_until(lambda: bool(replies))
+    chat.reply_finished.disconnect(replies.append)
+    return replies[0].tokens_per_s, replies[0].token_count
+
+
+def engine_rate(model, tokens: int) -> tuple[float, int]:
+    records = list(model.chat([{"role": "user", "content": MESSAGE}], temperature=0.0, max_tokens=tokens,
+                              logprobs=5))
+    return model.metrics().decode_tokens_per_s, len(records)
+
+
+def cli_bench(model: str, tokens: int) -> float:
+    out = subprocess.run([sys.executable, "-m", "loomlab.app.cli", "bench", model, "--tokens", str(tokens),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["decode_tokens_per_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    app = make_app(sys.argv[:1])
+    warm_up()
+    with tempfile.TemporaryDirectory(prefix="loomlab-bench-") as scratch:
+        settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(workspace_path=Path(scratch) / "ws.sqlite3", settings=settings)
+        window.resize(1600, 1000)
+        window.show()
+        try:
+            window.open_model(args.model)
+            wait_until(lambda: window.model is not None and not window.handing_over)
+            wait_until(lambda: window.panels["chat"].model is not None)
+            model = window.model
+            engine_rate(model, 4)  # warm-up
+            runs = {"engine": [], "window": []}
+            for _ in range(args.repeat):
+                runs["engine"].append(engine_rate(model, args.tokens))
+                runs["window"].append(window_rate(window, args.tokens))
+        finally:
+            window.close()
+            app.processEvents()
+    best = {k: max(rate for rate, _ in v) for k, v in runs.items()}
+    result = {
+        "model": args.model, "machine": machine(), "python": platform.python_version(),
+        "tokens": args.tokens, "command": " ".join(sys.argv),
+        "engine_tokens_per_s": [round(r, 1) for r, _ in runs["engine"]],
+        "window_tokens_per_s": [round(r, 1) for r, _ in runs["window"]],
+        "generated": [n for _, n in runs["window"]],
+        "window_over_engine": round(best["window"] / best["engine"], 3),
+        "cli_bench_tokens_per_s": cli_bench(args.model, args.tokens),
+        "target": TARGET,
+    }
+    result["window_over_cli_bench"] = round(best["window"] / result["cli_bench_tokens_per_s"], 3)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
