@@ -25,11 +25,12 @@ from PySide6.QtWidgets import (
 
 from loomlab.core import save_network
 from loomlab.core.backend import get_backend
-from loomlab.core.procinfo import rss_bytes
-from loomlab.core.store import Workspace
+from loomlab.core.procinfo import release_memory, rss_bytes
+from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import ChatPanel
 from loomlab.views.models_panel import ModelsPanel
 from loomlab.views.morph_panel import MorphPanel
+from loomlab.views.run_panel import RunPanel
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.theme import THEMES, ThemeController
 from loomlab.views.topology_panel import TopologyPanel
@@ -41,7 +42,10 @@ NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
 STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
-PANELS = ("models", "chat", "topology", "telemetry", "morph")
+RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _release_if_idle)
+PANELS = ("models", "chat", "topology", "telemetry", "morph", "run")
+#: Panels that show a layer and select it when another of them does.
+LINKED = ("topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
              ("Ctrl+Shift+S", "Save the network as"), ("Ctrl+Return", "Send a chat message"),
              ("Ctrl+Q", "Quit"))
@@ -71,7 +75,13 @@ class MainWindow(QMainWindow):
             "topology": TopologyPanel(),
             "telemetry": TelemetryPanel(),
             "morph": MorphPanel(self.runner),
+            "run": RunPanel(self.runner),
         }
+        self._release_pending = False  # memory to give back once the unloaded model's jobs end
+        self._release_timer = QTimer(self)
+        self._release_timer.setSingleShot(True)
+        self._release_timer.setInterval(RELEASE_PAUSE_MS)
+        self._release_timer.timeout.connect(self._release)
         self._tabbed = False
         self.docks = self._build_docks()
         self.docks["morph"].visibilityChanged.connect(self.panels["morph"].set_shown)
@@ -83,11 +93,11 @@ class MainWindow(QMainWindow):
     # ----- construction --------------------------------------------------------------------
     def _build_docks(self) -> dict[str, QDockWidget]:
         titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D",
-                  "telemetry": "Telemetry", "morph": "Morph"}
+                  "telemetry": "Telemetry", "morph": "Morph", "run": "Run"}
         area = Qt.DockWidgetArea
         areas = {"models": area.LeftDockWidgetArea, "chat": area.RightDockWidgetArea,
                  "topology": area.RightDockWidgetArea, "telemetry": area.BottomDockWidgetArea,
-                 "morph": area.BottomDockWidgetArea}
+                 "morph": area.BottomDockWidgetArea, "run": area.BottomDockWidgetArea}
         docks = {}
         for name in PANELS:
             dock = QDockWidget(titles[name], self)
@@ -108,6 +118,7 @@ class MainWindow(QMainWindow):
             self._tabbed = True
             if not self._restored:
                 self.tabifyDockWidget(self.docks["telemetry"], self.docks["morph"])
+                self.tabifyDockWidget(self.docks["morph"], self.docks["run"])
                 self.docks["telemetry"].raise_()  # live during a chat; Morph works when opened
 
     def _build_menus(self) -> None:
@@ -183,8 +194,21 @@ class MainWindow(QMainWindow):
         models.model_loaded.connect(self.set_model)
         models.model_unloaded.connect(self.clear_model)
         models.network_opened.connect(self.set_network)
+        models.show_requested.connect(self.show_in_panels)
         self.panels["chat"].tokens_per_second.connect(
             lambda tps: self.speed_label.setText(f"{tps:.1f} tok/s"))
+        for name in LINKED:  # selecting a layer in one of them selects it in the others
+            self.panels[name].layer_selected.connect(lambda key, source=name: self._select_layer(key, source))
+        self.runner.changed.connect(self._release_if_idle)
+        # trained weights: the panels that show weights read them again
+        self.panels["run"].trained.connect(lambda _losses: self.panels["morph"].refresh())
+        self.panels["run"].trained.connect(lambda _losses: self.panels["topology"].refresh())
+        self.panels["morph"].morphed.connect(lambda _reports: self.panels["topology"].refresh())
+
+    def _select_layer(self, key, source: str) -> None:
+        for name in LINKED:
+            if name != source:
+                self.panels[name].select_layer_key(key)
 
     # ----- what is open ----------------------------------------------------------------------
     def set_model(self, model) -> None:
@@ -219,15 +243,40 @@ class MainWindow(QMainWindow):
         return self._steps_pending > 0
 
     def clear_model(self) -> None:
-        """The model was unloaded: no panel keeps its grid (a Loom network opened since stays)."""
+        """The model was unloaded: no panel keeps its grid (a Loom network opened since stays), and
+        the memory it used goes back to the system once its last job has ended."""
         self.panels["chat"].clear_model()
         if self.model is not None and self.network is self.model.net:
             self.panels["morph"].clear()
             self.panels["topology"].set_network(None)
             self.panels["telemetry"].set_network(None)
+            self.panels["run"].set_network(None)
             self.network = None
             self.network_label.setText("No network open")
         self.model = None
+        self.speed_label.setText("")
+        self._release_pending = True
+        self._release_if_idle()
+
+    def _release_if_idle(self) -> None:
+        """Give freed memory back (an unloaded model's) once no job may still hold part of it and
+        the events queued for the panels that held it have run (a short pause after that)."""
+        if self._release_pending and not self.runner.active and not self._shut_down:
+            self._release_timer.start()
+
+    def _release(self) -> None:
+        if self.runner.active or self.handing_over:
+            return  # runner.changed calls _release_if_idle again when the jobs end
+        self._release_pending = False
+        release_memory()
+
+    def show_in_panels(self, item) -> None:
+        """Show a loaded model (a TextModel) or an opened network in the Chat, Topology, Telemetry,
+        Morph and Run panels again (the Models panel's "Show in panels")."""
+        if hasattr(item, "net"):
+            self.set_model(item)
+        else:
+            self.set_network(item)
 
     def set_network(self, net, label: str = "network") -> None:
         """A Loom network was opened: show it, watch it, morph it."""
@@ -237,9 +286,12 @@ class MainWindow(QMainWindow):
     def _show_network(self, net, label: str) -> None:
         self.network = net
         s = net.summary()
-        self.network_label.setText(f"{label} — {s['layers']} cells, {s['parameters']:,} parameters")
+        layers = _count(s["layers"], "layer")
+        grid = f"{_count(s['cells'], 'cell')} × {s['layers_per_cell']} per cell ({layers})"
+        self.network_label.setText(f"{label} — {grid}, {s['parameters']:,} parameters")
         self._chain(lambda: self.network is net, [lambda: self.panels["topology"].set_network(net),
-                                                  lambda: self.panels["telemetry"].set_network(net)])
+                                                  lambda: self.panels["telemetry"].set_network(net),
+                                                  lambda: self.panels["run"].set_network(net)])
 
     # ----- file actions ----------------------------------------------------------------------
     def choose_model(self) -> None:
@@ -316,6 +368,7 @@ class MainWindow(QMainWindow):
         """Stop everything this window started; safe to call twice."""
         self._shut_down = True
         self.memory_timer.stop()
+        self._release_timer.stop()
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("state", self.saveState())
         for name in PANELS:  # panels first: a finishing reply still writes to the workspace
@@ -329,3 +382,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

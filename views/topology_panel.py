@@ -823,6 +823,9 @@ class TopologyPanel(QWidget):
         self.view.setCameraPosition(pos=QVector3D(*map(float, (lo + hi) / 2)), distance=distance,
                                     elevation=28, azimuth=-75)
         w, h = self.view.width(), self.view.height()
+        if w < 1 or h < 1:  # not laid out yet (a tab behind another): fit once it is shown
+            self._fit_on_show = True
+            return
         for _ in range(40):
             xy, _, front = self.view.project(topo.positions)
             r = topo.sizes / 2 / self.view.pixelSize(topo.positions)

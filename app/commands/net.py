@@ -79,8 +79,9 @@ def cmd_net_info(args) -> int:
                       f"{r.parameters:,}", f"{r.bytes:,}", f"{r.input_shape} -> {r.output_shape}"))
     print_table(header, table)
     by_dtype = ", ".join(f"{k} {v:,} B" for k, v in summary["memory_by_dtype"].items()) or "none"
-    print(f"\ngrid {'x'.join(map(str, summary['shape']))}, {summary['layers']} cells, "
-          f"{summary['parameters']:,} parameters, {summary['memory_bytes']:,} bytes of weights ({by_dtype})")
+    grid = f"{'x'.join(map(str, summary['shape']))}, {summary['cells']} cells, {summary['layers']} layers"
+    print(f"\ngrid {grid}, {summary['parameters']:,} parameters, "
+          f"{summary['memory_bytes']:,} bytes of weights ({by_dtype})")
     return 0
 
 

@@ -5,6 +5,7 @@ Unloading the model clears every panel that showed its grid and gives its memory
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from PySide6.QtCore import Qt
 from loomlab.core.llm import quant
 from loomlab.core.procinfo import release_memory, rss_bytes
 
+from ..core.goldens import forward_case
 from .test_main_window import make_window
 
 MESSAGE = "Name three primary colours."
@@ -64,6 +66,18 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
     win.docks["morph"].raise_()  # the Morph panel fills its table once on screen
     qtbot.waitUntil(lambda: morph.table.rowCount() > 100, timeout=TIMEOUT_MS)
     assert win.speed_label.text() == f"{reply.tokens_per_s:.1f} tok/s"
+
+    # a Loom network opened beside the model takes the panels; the model stays loaded and
+    # "Show in panels" brings its grid back
+    net_path = tmp_path / "block.json"
+    net_path.write_text(json.dumps(forward_case("transformer_block")["network"]))
+    win.open_network(str(net_path))
+    qtbot.waitUntil(lambda: win.network is not win.model.net and not win.handing_over, timeout=TIMEOUT_MS)
+    assert win.panels["telemetry"].network is win.network is not None
+    assert chat.model is win.model and win.panels["models"].model is win.model
+    win.panels["models"].show_requested.emit(win.model)
+    qtbot.waitUntil(lambda: win.network is win.model.net and not win.handing_over, timeout=TIMEOUT_MS)
+    assert win.panels["telemetry"].network is win.panels["topology"].network is win.model.net
     loaded = rss_bytes()
     win.panels["models"].unload()  # no panel keeps the unloaded model's grid
     assert chat.model is None and win.network is None and morph.table.rowCount() == 0

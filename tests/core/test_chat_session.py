@@ -43,10 +43,9 @@ def test_send_streams_and_stores_the_models_own_reply_token_by_token(session, mo
     expected = oracle(model, [{"role": "system", "content": "You are terse."},
                               {"role": "user", "content": "Name a colour."}])
     reply = session.send("Name a colour.")
-    stored_while_streaming = []
     for record in reply.stream():
-        stored_while_streaming.append(workspace.get_message(reply.message_id).content)
-        assert stored_while_streaming[-1] == reply.text  # in the database before it reaches the reader
+        # in the database before it reaches the reader
+        assert workspace.get_message(reply.message_id).content == reply.text and reply.records[-1] is record
     assert reply.records == expected
     thread = workspace.thread(session.conversation_id)
     assert [(m.role, m.content) for m in thread] == [("user", "Name a colour."), ("assistant", reply.text)]
@@ -54,8 +53,9 @@ def test_send_streams_and_stores_the_models_own_reply_token_by_token(session, mo
     assert stored.finish_reason == expected[-1].finish_reason and stored.token_count == len(expected)
     assert stored.tokens_per_s == pytest.approx(reply.metrics.decode_tokens_per_s)
     conv = workspace.get(session.conversation_id)
-    assert conv.title == "Name a colour." and conv.system_prompt == "You are terse." and conv.model == model.name
-    assert session.status_line() == reply_summary(stored) and f"{len(expected)} tokens" in session.status_line()
+    assert (conv.title, conv.system_prompt, conv.model) == ("Name a colour.", "You are terse.", model.name)
+    line = session.status_line()
+    assert line == reply_summary(stored) and f"{len(expected)} tokens" in line
 
 
 def test_a_second_turn_carries_the_conversation(session, model):
@@ -126,7 +126,8 @@ def test_a_sampling_chat_always_has_a_seed(session, model):
     reply = session.send("Hi")
     list(reply.stream())
     assert reply.seed is not None
-    assert reply.records == oracle(model, [{"role": "user", "content": "Hi"}], temperature=0.9, seed=reply.seed)
+    expected = oracle(model, [{"role": "user", "content": "Hi"}], temperature=0.9, seed=reply.seed)
+    assert reply.records == expected
 
 
 def test_editing_a_user_message_branches_and_the_status_follows_the_branch(session, model, workspace):
