@@ -60,3 +60,41 @@ def test_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("loomlab: error: ") and message in err[-1]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from loomlab.core.llm import load_model
+
+    with load_model("smollm2-135m") as m:
+        yield m
+
+
+def greedy_text(model, messages, max_tokens=8) -> str:
+    return "".join(r.text for r in model.chat(messages, temperature=0, max_tokens=max_tokens))
+
+
+def test_chat_from_a_pipe_prints_only_the_replies_one_line_each(smollm2, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n/system Be terse.\n/reset\nHi\n"))
+    assert main(["chat", "smollm2-135m", "--max-tokens", "8"]) == 0
+    out = capsys.readouterr()
+    first = greedy_text(smollm2, [{"role": "user", "content": "Hi"}])
+    # /reset starts over but keeps the system prompt, and says so
+    terse = {"role": "system", "content": "Be terse."}
+    second = greedy_text(smollm2, [terse, {"role": "user", "content": "Hi"}])
+    assert out.out == f"{first}\n{second}\n"  # no prompts mixed in, every reply ends its line
+    assert '[new conversation; system prompt kept: "Be terse."]' in out.err and "> " not in out.out
+
+
+def test_chat_json_alternatives_are_text_as_read(smollm2, capsys):
+    assert main(["chat", "smollm2-135m", "--message", "What is the capital of France?", "--max-tokens", "4",
+                 "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    records = [json.loads(x) for x in lines[:-1]]
+    tops = [t for r in records for t in r["top"]]
+    assert len(tops) == 4 * 5
+    assert all(text == smollm2.tokenizer.decode([i]) for i, text, _ in tops)
+    assert any(text.startswith(" ") for _, text, _ in tops)  # "Ġ"-pieces come out as spaces
+    assert not any("Ġ" in text for _, text, _ in tops)
