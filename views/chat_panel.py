@@ -288,6 +288,7 @@ class ChatPanel(QWidget):
         self._records: OrderedDict[int, list[TokenRecord]] = OrderedDict()
         self._editing: int | None = None  # the past message the input box is rewriting
         self._context_used = 0
+        self._shut_down = False  # the workspace may be closed from then on: draw nothing more
         # the streamed text reaches the view once a frame: no event per token crosses threads
         self._frame_timer = QTimer(self)
         self._frame_timer.setInterval(FRAME_MS)
@@ -306,8 +307,9 @@ class ChatPanel(QWidget):
         splitter.addWidget(self._build_conversation_side())
         splitter.addWidget(self._build_middle())
         splitter.addWidget(self._build_settings_side())
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([200, 620, 320])
+        for column, stretch in enumerate((0, 1, 0)):  # the transcript takes what the window adds
+            splitter.setStretchFactor(column, stretch)
+        splitter.setSizes([160, 640, 300])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(splitter)
@@ -413,10 +415,14 @@ class ChatPanel(QWidget):
         self.token_label.setWordWrap(True)
         self.alternatives = AlternativesTable()
         tokens = _column(self.colour_tokens, self.legend, self.token_label, self.alternatives)
-        side = _column(_group("System prompt", self.system_prompt), _group("Sampling", self.sampling),
-                       _group("Token alternatives", tokens))
-        side.setMinimumWidth(side.sizeHint().width())
-        return side
+        # two tabs rather than one tall column: in a window of 1000 px the column squeezed the
+        # sampling form and left the alternatives table three rows
+        self.side_tabs = QTabWidget()
+        self.side_tabs.addTab(_column(_group("System prompt", self.system_prompt),
+                                      _group("Sampling", self.sampling), stretch=True), "Settings")
+        self.side_tabs.addTab(tokens, "Tokens")
+        self.side_tabs.setMinimumWidth(self.side_tabs.sizeHint().width())
+        return self.side_tabs
 
     # ----- model -------------------------------------------------------------------------------
     def set_model(self, model: TextModel) -> None:
@@ -708,6 +714,7 @@ class ChatPanel(QWidget):
         self.token_label.setText(f"Token {record.index + 1} of reply {message_id}: "
                                  f"{self._token_text(record.id, record.text)}  (p = {p:.4f})")
         self.alternatives.show_record(record, self._token_text)
+        self.side_tabs.setCurrentWidget(self.alternatives.parentWidget())
 
     def _token_text(self, token_id: int, text: str) -> str:
         if self.model is not None and token_id >= 0:
@@ -775,7 +782,7 @@ class ChatPanel(QWidget):
     # ----- drawing the thread --------------------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange:
+        if event.type() == QEvent.Type.PaletteChange and not self._shut_down:
             self._render()  # the transcript's colours were taken from the palette when drawn
 
     def _render(self) -> None:
@@ -930,6 +937,7 @@ class ChatPanel(QWidget):
     def shutdown(self) -> None:
         """Stop a streaming reply and wait for its job (the session stores what was generated as
         "cancelled"); stop the frame timer."""
+        self._shut_down = True
         stream = self._stream
         if stream is not None:
             stream.reply.cancel()
@@ -970,7 +978,8 @@ def _css(colour: QColor) -> str:
 
 # -- helpers -------------------------------------------------------------------------------------
 
-def _column(*parts) -> QWidget:
+def _column(*parts, stretch: bool = False) -> QWidget:
+    """``parts`` stacked; with ``stretch`` they keep their heights and the space left goes below."""
     widget = QWidget()
     layout = QVBoxLayout(widget)
     layout.setContentsMargins(0, 0, 0, 0)
@@ -979,6 +988,8 @@ def _column(*parts) -> QWidget:
             layout.addWidget(part)
         else:
             layout.addLayout(part)
+    if stretch:
+        layout.addStretch(1)
     return widget
 
 

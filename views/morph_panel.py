@@ -31,12 +31,13 @@ from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
     QFileDialog,
-    QGridLayout,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -180,12 +181,13 @@ class MorphPanel(QWidget):
         busy.addWidget(self.cancel_button)
 
         self.memory_label, self.error_label, self.drift_label = (QLabel("—", wordWrap=True) for _ in range(3))
-        summary = QGridLayout()
-        for row, (name, label) in enumerate((("Memory", self.memory_label), ("Worst layer", self.error_label),
-                                             ("Output drift", self.drift_label))):
-            summary.addWidget(QLabel(f"<b>{name}</b>"), row, 0, Qt.AlignmentFlag.AlignTop)
-            summary.addWidget(label, row, 1)
-        summary.setColumnStretch(1, 1)
+        # a heading above each figure, not beside it: a word-wrapped label in a grid cell was not
+        # given the height its text needs once the text grew (the worst layer's name was cut)
+        summary = QVBoxLayout()
+        for name, label in (("Memory", self.memory_label), ("Worst layer", self.error_label),
+                            ("Output drift", self.drift_label)):
+            summary.addWidget(QLabel(f"<b>{name}</b>"))
+            summary.addWidget(label)
 
         side = QVBoxLayout()
         side.addWidget(self.title)
@@ -196,8 +198,15 @@ class MorphPanel(QWidget):
         side.addStretch(1)
         side.addLayout(busy)
         side.addWidget(self.status)
-        self._side = QWidget()
-        self._side.setLayout(side)
+        inner = QWidget()
+        inner.setLayout(side)
+        # the controls scroll when a short dock cannot give them their height, rather than be
+        # squeezed (a wrapped label then loses its second line)
+        self._side = QScrollArea()
+        self._side.setWidget(inner)
+        self._side.setWidgetResizable(True)
+        self._side.setFrameShape(QFrame.Shape.NoFrame)
+        self._side.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         side.setContentsMargins(0, 0, 0, 0)
         self._layout = QBoxLayout(QBoxLayout.Direction.TopToBottom, self)
         self._layout.addWidget(self.table, 1)
@@ -442,6 +451,11 @@ class MorphPanel(QWidget):
         combo.setMinimumContentsLength(8)  # room for the longest name in bold (a pending choice)
         combo.currentTextChanged.connect(lambda _, r=k: self._on_user_choice(r))
         self.table.setCellWidget(k, DTYPE, combo)
+        # rows as tall as the combo needs in the style now in use (the window may have changed
+        # the style since this panel was built)
+        header, need = self.table.verticalHeader(), combo.minimumSizeHint().height() + 1  # + the grid line
+        if header.defaultSectionSize() < need:
+            header.setDefaultSectionSize(need)
 
     def _show_cheap_all(self) -> None:
         with self._bulk_update():

@@ -1,0 +1,75 @@
+"""Every panel as a person sees it in a 1600x1000 window with smollm2-135m loaded and a reply on
+screen: a screenshot of each, nothing clipped, in the light and the dark palette, text legible."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QRect
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication
+
+from loomlab.app.main_window import PANELS
+
+from ..views.contrast import assert_legible, dark_theme
+from ..views.panel_layout import assert_unclipped
+from .test_main_window import make_window
+
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    """Nothing module-scoped can hold Qt widgets past qtbot; this only names the screenshot folder."""
+    return tmp_path_factory.mktemp("screens")
+
+
+def assert_spin_boxes_whole(panel) -> int:
+    """A spin box at least as wide as its longest value needs (its size hint): no cut-off digits."""
+    boxes = [b for b in panel.findChildren(QAbstractSpinBox) if b.isVisibleTo(panel)]
+    for box in boxes:
+        assert box.width() >= box.sizeHint().width(), \
+            f"spin box {box.text()!r} is {box.width()} px wide, its text needs {box.sizeHint().width()}"
+    return len(boxes)
+
+
+def visible_rows(table) -> int:
+    viewport = table.viewport().rect()
+    return sum(viewport.contains(QRect(table.visualRect(table.model().index(r, 0))))
+               for r in range(table.rowCount()))
+
+
+@pytest.mark.parametrize("palette", ["light", "dark"])
+def test_every_panel_fits_and_reads_at_1600x1000(qtbot, tmp_path, shown, palette):
+    win = make_window(qtbot, tmp_path)
+    win.resize(1600, 1000)
+    chat = win.panels["chat"]
+    try:
+        win.open_model("smollm2-135m")
+        qtbot.waitUntil(lambda: chat.model is not None and not win.handing_over, timeout=TIMEOUT_MS)
+        chat.sampling.spins["max_tokens"].setValue(8)
+        with qtbot.waitSignal(chat.reply_finished, timeout=TIMEOUT_MS) as blocker:
+            chat.send("Name three colours.")
+        chat.show_token(blocker.args[0].id, 1)  # five alternatives in the table
+        context = dark_theme(QApplication.instance()) if palette == "dark" else _nothing()
+        with context:
+            for name in PANELS:
+                win.docks[name].show()
+                win.docks[name].raise_()
+                qtbot.waitUntil(lambda n=name: win.panels[n].isVisible(), timeout=5000)
+                qtbot.wait(100)
+                win.grab().save(str(shown / f"{palette}-{name}.png"))  # what was checked, to look at
+                panel = win.panels[name]
+                assert assert_unclipped(panel) > 0
+                assert_spin_boxes_whole(panel)
+                if palette == "dark":
+                    assert assert_legible(panel) > 0
+        assert visible_rows(chat.alternatives) == 5
+    finally:
+        win.close()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
