@@ -15,11 +15,15 @@ the end of the row); the per-block inner loop has a run-time trip count so LLVM'
 vectorizer turns it into straight SIMD code, and two rows share each pass (same ``x`` loads, half
 the loop overhead, two independent dependency chains).
 
-Threads: the kernels run on numba's OpenMP pool, BLAS on OpenBLAS's own pool, whose workers
-keep spinning for a while after each call. On 2 cores, alternating the two pools call after call
-(a tile dequantized on numba's threads, multiplied on BLAS's) made SmolLM2's prefill of 37
-tokens take 6 s instead of 0.1 s, so ``matmul`` dequantizes its tiles on the calling thread only
-and leaves both cores to BLAS.
+Threads: the decode kernels (``matvec``, ``rows``) run on numba's OpenMP pool. Inside
+:func:`adaptive_threads` (held by a generating model) they use as many threads as the CPUs other
+processes leave free (``cpu_threads``), re-chosen while they run; elsewhere, numba's count as the
+caller set it. Each kernel ends at a barrier, so a thread that another process deschedules
+stalls it for a whole time slice: with one busy competitor on 2 cores, decode fell from ~45 to
+0.8-10 tokens/s on 2 threads. Prefill's ``matmul`` dequantizes its tiles on the calling thread
+only and multiplies them with BLAS, which the model limits to one thread
+(:func:`single_threaded_blas`): OpenBLAS's workers keep spinning after each call, and alternating
+its pool with numba's call after call made SmolLM2's 37-token prefill take 6 s instead of 0.1 s.
 """
 
 from __future__ import annotations
@@ -694,6 +698,18 @@ def single_threaded_blas():
 # ---------------------------------------------------------------------------------------------
 # How many threads the kernels use: numba's count is a per-thread setting, so it is chosen in the
 # thread that runs the kernels, inside adaptive_threads().
+#
+# Why the thread count, and not the scheduling, is what adapts: SmolLM2's decode matvecs, ms per
+# token on this 2-core machine, median (idle / beside one busy process; 2 threads unless said):
+#   numba's default OpenMP layer, spinning waits, static chunks  13 / 110-160   (1 thread: 26 / 28)
+#   OpenMP with OMP_WAIT_POLICY=passive                            28 / 29  (a futex wake per
+#                                                                  kernel eats what a thread gains)
+#   TBB layer (a further dependency), default chunks               14-22 / 54
+#   TBB with dynamic chunks (numba.set_parallel_chunksize(1))      16-30 / 27-29
+#   numba.set_parallel_chunksize on OpenMP: no gain (its `omp for` hands chunks out statically)
+# No layer or chunking beats one thread beside a busy core, and each costs idle speed; the default
+# layer at 2 threads idle and 1 beside the competitor is the best of both columns. (The workqueue
+# layer measured 34 beside it but aborts when two threads launch kernels at once.)
 
 thread_chooser: ThreadChooser | None = ThreadChooser(limit=numba.config.NUMBA_NUM_THREADS)
 """Picks the kernels' thread count inside :func:`adaptive_threads` from the CPUs other processes
