@@ -198,6 +198,9 @@ BENCH_PROMPT = ("The history of computing is a story of people and machines: fro
 def cmd_bench(args) -> int:
     import platform
 
+    import numba
+
+    from loomlab.core.llm.quant import thread_chooser
     from loomlab.core.procinfo import machine
 
     if args.tokens < 1 or args.repeat < 1:
@@ -207,18 +210,24 @@ def cmd_bench(args) -> int:
         best = None
         for _ in range(args.repeat):
             t = time.perf_counter()
-            records = list(model.generate(BENCH_PROMPT, max_tokens=args.tokens))
+            threads = set()  # the kernels' thread counts seen between tokens (they follow the load)
+            records = []
+            for record in model.generate(BENCH_PROMPT, max_tokens=args.tokens):
+                records.append(record)
+                threads.add(numba.get_num_threads())
             m = model.metrics()
             run = {"prompt_tokens": m.prompt_tokens, "generated_tokens": len(records),
                    "prefill_tokens_per_s": round(m.prefill_tokens_per_s, 1),
                    "decode_tokens_per_s": round(m.decode_tokens_per_s, 1),
                    "time_to_first_token_ms": round(m.time_to_first_token_s * 1000, 1),
-                   "wall_s": round(time.perf_counter() - t, 3)}
+                   "wall_s": round(time.perf_counter() - t, 3),
+                   "kernel_threads": sorted(threads),
+                   "others_busy_cores": round(thread_chooser.others, 2) if thread_chooser else None}
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
         best["peak_rss_mib"] = round(model.metrics().peak_rss_bytes / 2**20, 1)
-    result = {"model": args.model, "machine": machine(),
-              "python": platform.python_version(), **best}
+    result = {"model": args.model, "machine": machine(), "python": platform.python_version(),
+              "numba_threads": numba.get_num_threads(), **best}
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -48,6 +48,9 @@ def test_bench_reports_speeds(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["generated_tokens"] == 8 and r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0
     assert r["peak_rss_mib"] > 100
+    # the kernels' thread counts seen while decoding lie within numba's pool (they follow the load)
+    assert r["kernel_threads"] and set(r["kernel_threads"]) <= set(range(1, r["numba_threads"] + 1))
+    assert r["others_busy_cores"] >= 0
 
 
 @pytest.mark.parametrize("argv, message", [
