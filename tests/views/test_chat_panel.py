@@ -231,6 +231,7 @@ def test_the_status_line_follows_the_branch_on_screen(qtbot, panel, workspace):
 def test_token_colours_have_a_legend_and_an_off_switch(qtbot, panel):
     reply = send_and_wait(qtbot, panel, "Hi")
     href = f"tok:{reply.id}:1"
+    panel.side_tabs.setCurrentWidget(panel.alternatives.parentWidget())  # the Tokens tab
     assert panel.legend.isVisible() and "unlikely" in panel.legend.text()
     assert token_format(panel.view, href).background().style() != Qt.BrushStyle.NoBrush
     panel.colour_tokens.setChecked(False)
