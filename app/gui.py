@@ -101,7 +101,7 @@ def _take_screenshot(window: MainWindow, options: GuiOptions) -> int:
     try:
         drive(window, options)
         _settle(window, 1.0)
-        if not window.grab().save(options.screenshot):
+        if not window.snapshot().save(options.screenshot):
             raise RuntimeError(f"cannot write the screenshot to {options.screenshot}")
     except RuntimeError as e:
         return _fail(e)

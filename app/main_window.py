@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib.metadata import version
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtCore import QByteArray, QPoint, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -352,6 +352,17 @@ class MainWindow(QMainWindow):
 
     def show_shortcuts(self) -> None:
         QMessageBox.information(self, "Keyboard shortcuts", "\n".join(f"{k}\t{v}" for k, v in SHORTCUTS))
+
+    def snapshot(self) -> QPixmap:
+        """The window as it looks. ``grab()`` leaves the 3-D view blank (it is a native window of
+        its own, see ``PickingView``), so the view's own frame is painted over its place."""
+        pixmap = self.grab()
+        view = self.panels["topology"].view
+        if view.container.isVisible() and view.isExposed():
+            painter = QPainter(pixmap)
+            painter.drawImage(view.container.mapTo(self, QPoint(0, 0)), view.grabFramebuffer())
+            painter.end()
+        return pixmap
 
     # ----- status, layout, shutdown ----------------------------------------------------------
     def _update_memory(self) -> None:

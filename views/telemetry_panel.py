@@ -36,7 +36,7 @@ DIRECTIONS = ("forward", "backward")
 MAX_RATE_HZ = 30.0
 # Each refresh holds the GIL for a few ms (drain, redraw) and stalls a decoding worker meanwhile:
 # at 10 Hz that costs an LLM's decode a few percent, at 30 Hz several times more (bench_telemetry).
-DEFAULT_RATE_HZ = 10.0
+DEFAULT_RATE_HZ = 5.0
 DEFAULT_SAMPLE_HZ = 10.0  # passes a second the heatmap records: one column per pass
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20

@@ -26,9 +26,10 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.opengl as gl
 from pyqtgraph.opengl.GLGraphicsItem import GLGraphicsItem
+from pyqtgraph.opengl.GLViewWidget import GLViewMixin
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QMatrix4x4, QPainter, QVector3D
-from PySide6.QtOpenGL import QOpenGLBuffer
+from PySide6.QtGui import QColor, QImage, QMatrix4x4, QPainter, QVector3D
+from PySide6.QtOpenGL import QOpenGLBuffer, QOpenGLWindow
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
@@ -318,17 +319,51 @@ def floor_grid(lo: np.ndarray, hi: np.ndarray, pitch: Pitch) -> np.ndarray:
     return np.asarray(segments, dtype=np.float32).reshape(-1, 3)
 
 
-class PickingView(gl.GLViewWidget):
-    """A GLViewWidget that tells a click (press and release in place) from an orbit drag."""
+class PickingView(GLViewMixin, QOpenGLWindow):
+    """pyqtgraph's 3-D view in a window of its own (``container`` is the widget that holds it),
+    telling a click (press and release in place) from an orbit drag.
+
+    A window, not pyqtgraph's ``GLViewWidget`` (a QOpenGLWidget): one QOpenGLWidget in a
+    top-level window makes Qt compose every repaint of that window through OpenGL, which a
+    software renderer (llvmpipe: Xvfb, VMs, remote desktops) does on the CPU. Each streamed chat
+    token then cost both cores ~30 ms of compositing and the chat decoded at half the engine's
+    speed (tests/bench/bench_gui_chat.py). A native child window is drawn on its own.
+    """
 
     clicked = Signal(float, float)
     hovered = Signal(float, float)  # the pointer moved over the view with no button held
 
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setMouseTracking(True)  # moves without a button pressed, for hover tooltips
+    def __init__(self):
+        super().__init__()  # a QWindow delivers moves without a button too, for hover tooltips
+        self.container = QWidget.createWindowContainer(self)
+        self.container.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self._press: QPointF | None = None
+        self._tooltip = ""
         self.shader_programs: dict[type, object] = {}  # item class -> program in this view's context
+
+    def devicePixelRatioF(self) -> float:  # noqa: N802 - the QWidget name GLViewMixin calls
+        return self.devicePixelRatio()
+
+    def paintGL(self, *args, **kwargs) -> None:  # noqa: N802 - Qt's name
+        if self.width() < 1 or self.height() < 1:
+            return  # not laid out yet (pyqtgraph's projection divides by the size)
+        super().paintGL(*args, **kwargs)
+
+    def grabFramebuffer(self) -> QImage:  # noqa: N802 - Qt's name
+        """The view as it looks now. A QOpenGLWindow's own grab reads whatever frame it last
+        drew (a QOpenGLWidget's draws one): draw the scene first, then read it back."""
+        if not self.isValid():
+            return QImage()
+        self.makeCurrent()
+        self.paintGL()
+        return super().grabFramebuffer()
+
+    def toolTip(self) -> str:  # noqa: N802 - as QWidget names it
+        return self._tooltip
+
+    def setToolTip(self, text: str) -> None:  # noqa: N802
+        self._tooltip = text
+        self.container.setToolTip(text)
 
     def initializeGL(self):
         self.shader_programs = {}  # a new context: programs of the old one are gone with it
@@ -626,7 +661,7 @@ class TopologyPanel(QWidget):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addLayout(bar)
-        left_layout.addWidget(self.view, 1)
+        left_layout.addWidget(self.view.container, 1)
 
         self.inspector = LayerInspector()
         self.legend = QLabel()
@@ -698,10 +733,16 @@ class TopologyPanel(QWidget):
         self._draw()
         self.inspector.show_layer(None, None, None, 0)
         self.reset_camera()
-        if net is not None:
-            # colours show the latest sampled pass; passes in between cost the engine nothing
-            self._observer = net.attach(CallbackObserver(self._on_event, max_rate_hz=self._sample_hz,
-                                                         clock=self._clock))
+        if self.isVisible():
+            self._attach_observer()
+
+    def _attach_observer(self) -> None:
+        """Watch the network while the panel is on screen: colours show the latest sampled pass
+        (passes in between cost the engine nothing), and a hidden panel costs it nothing at all
+        (the statistics of a sampled pass were ~6% of a chat's decode speed)."""
+        if self._observer is None and self._net is not None:
+            self._observer = self._net.attach(CallbackObserver(self._on_event, max_rate_hz=self._sample_hz,
+                                                               clock=self._clock))
             self._timer.start()
 
     def _detach_observer(self) -> None:
@@ -837,10 +878,15 @@ class TopologyPanel(QWidget):
             self.view.setCameraPosition(distance=distance)
         self._fit_on_show = not self.isVisible()
 
-    def showEvent(self, event) -> None:
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
+        self._attach_observer()
         if self._fit_on_show:  # the view had no real size when the network arrived
             self.reset_camera()
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().hideEvent(event)
+        self._detach_observer()
 
     # ----- picking -----------------------------------------------------------------------------
     def pick(self, x: float, y: float) -> int | None:
@@ -874,7 +920,8 @@ class TopologyPanel(QWidget):
         if text != self.view.toolTip():
             self.view.setToolTip(text)
             if text:
-                QToolTip.showText(self.view.mapToGlobal(QPoint(round(x), round(y))), text, self.view)
+                where = self.view.mapToGlobal(QPoint(round(x), round(y)))
+                QToolTip.showText(where, text, self.view.container)
             else:
                 QToolTip.hideText()
 

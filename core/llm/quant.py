@@ -644,12 +644,23 @@ def warm_up() -> None:
     numba's first call initialises its compiler and loads the cached machine code, holding the
     GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
     rather than let a worker's first matrix product freeze it.
+
+    The kernels run on a thread of their own that ends here. OpenMP keeps a pool of worker
+    threads for every thread that has started a parallel region, and while two pools live their
+    idle workers spin against each other: on 2 cores every kernel then took ~35% longer and a
+    decode in a worker thread ran at half speed (29 instead of 52 tokens/s) once the GUI thread
+    had warmed up here. A pool ends with its thread, so the caller is left with none.
     """
-    for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
-        m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type, shape=(1, fmt.block_elems),
-                        name="warm-up")
-        m.matvec(np.zeros(fmt.block_elems, F32))
-        m.rows(np.zeros(1, np.int64))
+    def run() -> None:
+        for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
+            m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type,
+                            shape=(1, fmt.block_elems), name="warm-up")
+            m.matvec(np.zeros(fmt.block_elems, F32))
+            m.rows(np.zeros(1, np.int64))
+
+    worker = threading.Thread(target=run, name="loomlab-warm-up")
+    worker.start()
+    worker.join()
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -56,7 +56,7 @@ def test_every_panel_fits_and_reads_at_1600x1000(qtbot, tmp_path, shown, palette
                 win.docks[name].raise_()
                 qtbot.waitUntil(lambda n=name: win.panels[n].isVisible(), timeout=5000)
                 qtbot.wait(100)
-                win.grab().save(str(shown / f"{palette}-{name}.png"))  # what was checked, to look at
+                win.snapshot().save(str(shown / f"{palette}-{name}.png"))  # what was checked, to look at
                 panel = win.panels[name]
                 assert assert_unclipped(panel) > 0
                 assert_spin_boxes_whole(panel)

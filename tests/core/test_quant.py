@@ -11,6 +11,9 @@ float64 oracle. Real errors (a wrong nibble, scale or offset) are orders of magn
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numba
 import numpy as np
 import pytest
@@ -220,3 +223,25 @@ def test_smollm2_tensors(smollm2, name, ggml_type):
     ("blk.0.attn_q.weight", GT.Q5_0)])
 def test_gemma3_tensors(gemma3, name, ggml_type):
     check_real_tensor(gemma3[name], ggml_type, np.random.default_rng(8))
+
+
+POOL_PROBE = """
+import os
+import subprocess
+import sys
+
+import numba
+before = len(os.listdir("/proc/self/task"))
+from loomlab.core.llm import quant
+quant.warm_up()
+print(numba.get_num_threads(), before, len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc (Linux only)")
+def test_warm_up_leaves_the_caller_no_openmp_pool():
+    # run in the calling thread, the kernels would leave it a pool of numba.get_num_threads() - 1
+    # workers, and a second pool (a generating worker's) then halves decode speed on 2 cores
+    out = subprocess.run([sys.executable, "-c", POOL_PROBE], capture_output=True, text=True, check=True)
+    threads, before, after = map(int, out.stdout.split())
+    assert after == before, f"{after - before} threads left behind by warm_up ({threads} numba threads)"

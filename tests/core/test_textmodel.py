@@ -143,3 +143,13 @@ def test_info(model):
     assert (info["architecture"], info["layers"], info["hidden_size"], info["vocab_size"]) == \
         ("llama", 30, 576, 49152)
     assert info["chat_template"] == "file" and info["weight_types"]["Q4_1"] == 210
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_is_a_stable_argsort_without_sorting_everything(seed):
+    from loomlab.core.llm.textmodel import top_k
+
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 20, 1000).astype(np.float32)  # many ties, at the boundary too
+    for k in (1, 5, 37, 1000):
+        assert top_k(values, k).tolist() == np.argsort(-values, kind="stable")[:k].tolist()

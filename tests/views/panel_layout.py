@@ -35,7 +35,8 @@ def assert_unclipped(panel: QWidget) -> int:
 
 def assert_tick_labels_apart(axis: pg.AxisItem) -> None:
     """The axis draws at least two tick labels, none running into another or out of the axis."""
-    painter = QPainter(QImage(8, 8, QImage.Format.Format_ARGB32))
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)  # held: a painter on a freed image crashes
+    painter = QPainter(image)
     try:
         specs = axis.generateDrawSpecs(painter)
     finally:

@@ -74,6 +74,7 @@ def make_panel(qtbot, net=None, runner=None, shown=True) -> TopologyPanel:
     if shown:
         panel.show()
         qtbot.waitExposed(panel)
+        qtbot.waitUntil(panel.view.isExposed)  # the 3-D view is a native window of its own
     if net is not None:
         panel.set_network(net)
     return panel
@@ -164,7 +165,13 @@ def test_set_network_watches_it_rebuilds_and_detaches_from_the_old_network(qtbot
         second[0, 0, x, 0] = dense(8, 8)
     panel = make_panel(qtbot, first, shown=False)
     panel.select_layer_key((0, 0, 0, 0, ""))
-    assert len(first.observers) == 1 and panel._timer.isActive()  # given a network, it watches it
+    assert first.observers == [] and not panel._timer.isActive()  # off screen it costs nothing
+    panel.show()
+    qtbot.waitExposed(panel)
+    assert len(first.observers) == 1 and panel._timer.isActive()  # on screen it watches
+    panel.hide()
+    assert first.observers == [] and not panel._timer.isActive()
+    panel.show()
     panel.set_network(second)
     assert first.observers == [] and len(second.observers) == 1
     assert len(panel.topology.rows) == 3 and panel.scatter.pos.shape == (3, 3)
@@ -207,6 +214,8 @@ def test_forward_passes_on_another_thread_recolour_by_activity(qtbot):
     net = small_net()
     panel = TopologyPanel(sample_hz=None)  # every pass, as the oracle sees them
     qtbot.addWidget(panel)
+    panel.show()  # it watches a network while on screen
+    qtbot.waitExposed(panel)
     panel.set_network(net)
     panel.select_layer_key((0, 0, 0, 0, ""))
     panel.colour_mode.setCurrentIndex(panel.colour_mode.findData("rms"))
@@ -278,11 +287,13 @@ def test_the_view_draws_again_in_a_new_gl_context(qtbot):
     blue = np.round(np.array(TYPE_COLOURS["Dense"][:3]) * 255)
     view = panel.view
     view.grabFramebuffer()  # drawn once in the docked context: its buffers are then that context's
-    view.setParent(None)
-    qtbot.addWidget(view)
-    view.resize(500, 400)
-    view.show()
-    qtbot.waitExposed(view)
+    container = view.container  # as a floated dock moves it into a window of its own
+    container.setParent(None)
+    qtbot.addWidget(container)
+    container.resize(500, 400)
+    container.show()
+    qtbot.waitExposed(container)
+    qtbot.waitUntil(view.isExposed)
     panel.reset_camera()
     pixels = pg.imageToArray(view.grabFramebuffer(), copy=True)[..., [2, 1, 0]]  # BGRA -> RGB
     assert (np.abs(pixels.reshape(-1, 3) - blue).max(axis=1) <= 2).sum() > 100, "no Dense points drawn"
