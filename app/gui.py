@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QApplication
 
 from .main_window import APP_NAME, PANELS, MainWindow
 
+SCREENSHOT_SIZE = (1600, 1000)  # the size every panel is laid out and tested for
 STATE_TIMEOUT_S = 600  # fetching a built-in model on a slow network can take minutes
 
 
@@ -97,6 +98,7 @@ def _run_window(app: QApplication, window: MainWindow, options: GuiOptions) -> i
 
 
 def _take_screenshot(window: MainWindow, options: GuiOptions) -> int:
+    window.resize(*SCREENSHOT_SIZE)
     window.show()
     try:
         drive(window, options)
