@@ -265,8 +265,11 @@ class MainWindow(QMainWindow):
             self._release_timer.start()
 
     def _release(self) -> None:
-        if self.runner.active or self.handing_over:
+        if self.runner.active:
             return  # runner.changed calls _release_if_idle again when the jobs end
+        if self.handing_over:  # panels still to take what came since: nothing calls back, so look again
+            self._release_timer.start()
+            return
         self._release_pending = False
         release_memory()
 

@@ -669,7 +669,7 @@ class ChatPanel(QWidget):
             if at_bottom:
                 bar.setValue(bar.maximum())
         stream.shown = count
-        tokens = sum(r.id >= 0 for r in records[:count])
+        tokens = stream.reply.generated_tokens
         elapsed = time.perf_counter() - stream.first_token_at
         if tokens > 1 and elapsed > 0:
             self.tokens_per_second.emit((tokens - 1) / elapsed)
@@ -683,23 +683,16 @@ class ChatPanel(QWidget):
         self._frame_timer.stop()
         reply = stream.reply
         self._update_actions()
+        self._say(f"Error: {reply.error}" if reply.error else reply.summary())
         if stream.completion:
-            m = reply.metrics
-            self._say(f"Error: {reply.error}" if reply.error else
-                      f"{reply.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tokens/s · "
-                      f"finish: {reply.finish_reason}")
             self.completion_finished.emit(reply)
-            if reply.generated_tokens > 1:
-                self.tokens_per_second.emit(m.decode_tokens_per_s)
-            return
-        message = reply.message
-        self._say(f"Error: {reply.error}" if reply.error else reply_summary(message))
-        if reply.conversation_id == self.conversation_id:
-            self._render()
-        self.refresh_conversations()
-        self.reply_finished.emit(message)
-        if message.tokens_per_s is not None:
-            self.tokens_per_second.emit(message.tokens_per_s)
+        else:
+            if reply.conversation_id == self.conversation_id:
+                self._render()
+            self.refresh_conversations()
+            self.reply_finished.emit(reply.message)
+        if reply.metrics.generated_tokens > 0:  # the figure the reply stores and shows
+            self.tokens_per_second.emit(reply.metrics.decode_tokens_per_s)
 
     def _keep_records(self, message_id: int, records: list[TokenRecord]) -> None:
         self._records[message_id] = records

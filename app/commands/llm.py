@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -118,17 +120,13 @@ def cmd_generate(args) -> int:
 def cmd_chat(args) -> int:
     """A conversation through the same ChatSession the window uses. It is kept in a throw-away
     workspace unless ``--save`` keeps it in the user's (where the window lists it)."""
-    import tempfile
-
     from loomlab.core.workspace.chat import ChatSession
-    from loomlab.core.workspace.store import Workspace, default_path
 
     sampling = _sampling(args)
     logprobs = sampling.pop("logprobs")
     if args.drop_oldest:
         sampling["context_policy"] = "drop_oldest"
-    with tempfile.TemporaryDirectory(prefix="loomlab-chat-") as scratch, _load(args.model) as model, \
-            Workspace(default_path() if args.save else Path(scratch) / "chat.sqlite3") as workspace:
+    with _load(args.model) as model, _chat_workspace(args.save) as workspace:
         session = ChatSession(workspace, model, logprobs=logprobs)
         session.set_system_prompt(args.system or "")
         session.set_sampling(sampling)
@@ -158,6 +156,20 @@ def cmd_chat(args) -> int:
                       file=sys.stderr)
             elif line.strip():
                 _chat_turn(session, line, args.json)
+
+
+@contextmanager
+def _chat_workspace(save: bool):
+    """The user's workspace, or one in a temporary folder that goes when the chat ends."""
+    from loomlab.core.workspace.store import Workspace, default_path
+
+    if save:
+        with Workspace(default_path()) as workspace:
+            yield workspace
+        return
+    with tempfile.TemporaryDirectory(prefix="loomlab-chat-") as scratch, \
+            Workspace(Path(scratch) / "chat.sqlite3") as workspace:
+        yield workspace
 
 
 def _chat_turn(session, text: str, as_json: bool) -> None:

@@ -141,10 +141,6 @@ class TextModel:
         :meth:`chat` would prefill)."""
         return len(encode_chat(self.tokenizer, self.template, list(messages)))
 
-    def count_tokens(self, text: str) -> int:
-        """How many tokens ``text`` takes as a plain prompt (BOS included when the model wants one)."""
-        return len(self.tokenizer.encode(text, add_special_tokens=True))
-
     def token_text(self, token_id: int) -> str:
         """The text a token id stands for, as a reader would see it (``" capital"``, not the
         tokenizer's piece ``"Ġcapital"``); cached, since alternatives repeat."""
@@ -181,7 +177,7 @@ class TextModel:
         dropped = 0
         while True:
             ids = encode_chat(self.tokenizer, self.template, messages)
-            if len(ids) + params.max_tokens <= self.net.args.context_length or context_policy == "error":
+            if len(ids) + params.max_tokens <= self.context_length or context_policy == "error":
                 break
             oldest = next((i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"), None)
             if oldest is None:
@@ -249,7 +245,7 @@ class TextModel:
         return ids
 
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
-        ctx = self.net.args.context_length
+        ctx = self.context_length
         if len(ids) + params.max_tokens > ctx:
             raise LoomShapeError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} exceeds the "
                                  f"context length {ctx} (use context_policy='drop_oldest' in chat, or fewer "

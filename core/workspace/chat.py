@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import LoomError
 from ..llm.textmodel import Metrics, TextModel, TokenRecord
-from .store import Conversation, Message, Workspace, metrics_line
+from .store import Conversation, Message, Workspace, format_metrics
 
 NEW_TITLE = "New chat"
 TITLE_LENGTH = 40
@@ -66,14 +66,14 @@ class Reply:
         message: the stored reply, once done.
     """
 
-    def __init__(self, model: TextModel, workspace: Workspace | None, conversation_id: int | None,
-                 message_id: int | None, request: _Request, logprobs: int):
+    def __init__(self, model: TextModel, request: _Request, logprobs: int):
         self.model = model
-        self.workspace = workspace
-        self.conversation_id = conversation_id
-        self.message_id = message_id
+        self.workspace: Workspace | None = None  # set with the ids when the session stores it
+        self.conversation_id: int | None = None
+        self.message_id: int | None = None
         self.seed = request.sampling.get("seed") if request.sampling.get("temperature", 0) > 0 else None
         self.records: list[TokenRecord] = []
+        self.generated_tokens = 0  # records that are tokens (a cancelled stream's last one is not)
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.metrics: Metrics | None = None
@@ -94,10 +94,6 @@ class Reply:
     @property
     def text(self) -> str:
         return "".join(r.text for r in self.records)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(r.id >= 0 for r in self.records)
 
     def cancel(self) -> None:
         """Stop within one token; what was generated is kept."""
@@ -125,6 +121,7 @@ class Reply:
         try:
             for record in self._tokens:
                 self.records.append(record)
+                self.generated_tokens += record.id >= 0
                 if record.text and self.message_id is not None:
                     self.workspace.append_to_reply(self.message_id, record.text)
                 reason = record.finish_reason or reason
@@ -142,22 +139,25 @@ class Reply:
             self._finish(reason or ("cancelled" if self._cancelled() else "error"), error)
 
     def _finish(self, reason: str, error: str | None) -> None:
-        m = replace(self.model.metrics())
-        self.metrics, self.finish_reason, self.error = m, reason, error
+        self.metrics, self.finish_reason, self.error = replace(self.model.metrics()), reason, error
         try:
             if self.message_id is not None:
-                generated = m.generated_tokens > 0
-                extra: dict[str, Any] = {}
-                if error:
-                    extra["error"] = error
-                if self.seed is not None:
-                    extra["seed"] = self.seed
-                self.message = self.workspace.finish_reply(
-                    self.message_id, reason, token_count=self.generated_tokens,
-                    tokens_per_s=m.decode_tokens_per_s if generated else None,
-                    ttft_s=m.time_to_first_token_s if generated else None, extra=extra or None)
+                self.message = self.workspace.finish_reply(self.message_id, reason, **self._figures())
         finally:
             self._done.set()
+
+    def _figures(self) -> dict[str, Any]:
+        """What a finished reply keeps: its counts and speeds, and its seed and error as extras."""
+        m = self.metrics
+        generated = m.generated_tokens > 0
+        extra = {k: v for k, v in (("error", self.error), ("seed", self.seed)) if v is not None}
+        return {"token_count": self.generated_tokens,
+                "tokens_per_s": m.decode_tokens_per_s if generated else None,
+                "ttft_s": m.time_to_first_token_s if generated else None, "extra": extra}
+
+    def summary(self) -> str:
+        """One line about the finished reply, the same whether it was stored or not."""
+        return _summary_line(finish_reason=self.finish_reason, **self._figures())
 
 
 class ChatSession:
@@ -344,7 +344,7 @@ class ChatSession:
         if request.sampling.get("temperature", 0.0) > 0 and request.sampling.get("seed") is None:
             # a sampled reply always has a seed, shown with it, so it can be repeated
             request.sampling = {**request.sampling, "seed": secrets.randbelow(2**31)}
-        return Reply(model, None, None, None, request, self.logprobs)
+        return Reply(model, request, self.logprobs)
 
     def _store(self, reply: Reply, parent: Message) -> Reply:
         """Give a prepared reply its place in the store, under ``parent``."""
@@ -363,11 +363,18 @@ class ChatSession:
 
 def reply_summary(message: Message) -> str:
     """One line about a stored reply: its metrics, its seed when it sampled, its error."""
-    parts = [metrics_line(message)] if metrics_line(message) else []
-    if message.extra.get("seed") is not None:
-        parts.append(f"seed {message.extra['seed']}")
-    if message.extra.get("error"):
-        parts.append(message.extra["error"])
+    return _summary_line(message.token_count, message.tokens_per_s, message.ttft_s, message.finish_reason,
+                         message.extra)
+
+
+def _summary_line(token_count: int | None, tokens_per_s: float | None, ttft_s: float | None,
+                  finish_reason: str | None, extra: Mapping[str, Any]) -> str:
+    metrics = format_metrics(token_count, tokens_per_s, ttft_s, finish_reason)
+    parts = [metrics] if metrics else []
+    if extra.get("seed") is not None:
+        parts.append(f"seed {extra['seed']}")
+    if extra.get("error"):
+        parts.append(extra["error"])
     return " · ".join(parts) or "no reply (interrupted)"
 
 

@@ -642,13 +642,19 @@ def _iso(seconds: float) -> str:
 
 def metrics_line(msg: Message) -> str:
     """``"12 tokens · 40.1 tokens/s · first token 0.10 s · finish: eos"`` for a stored reply."""
+    return format_metrics(msg.token_count, msg.tokens_per_s, msg.ttft_s, msg.finish_reason)
+
+
+def format_metrics(token_count: int | None, tokens_per_s: float | None, ttft_s: float | None,
+                   finish_reason: str | None) -> str:
+    """The figures of a reply in the one wording every view uses; unknown ones are left out."""
     parts = []
-    if msg.token_count is not None:
-        parts.append(f"{msg.token_count} tokens")
-    if msg.tokens_per_s is not None:
-        parts.append(f"{msg.tokens_per_s:.1f} tokens/s")
-    if msg.ttft_s is not None:
-        parts.append(f"first token {msg.ttft_s:.2f} s")
-    if msg.finish_reason is not None:
-        parts.append(f"finish: {msg.finish_reason}")
+    if token_count is not None:
+        parts.append(f"{token_count} tokens")
+    if tokens_per_s is not None:
+        parts.append(f"{tokens_per_s:.1f} tokens/s")
+    if ttft_s is not None:
+        parts.append(f"first token {ttft_s:.2f} s")
+    if finish_reason is not None:
+        parts.append(f"finish: {finish_reason}")
     return " · ".join(parts)

@@ -3,6 +3,8 @@ screen: a screenshot of each, nothing clipped, in the light and the dark palette
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 from PySide6.QtCore import QRect
 from PySide6.QtWidgets import QAbstractSpinBox, QApplication
@@ -18,7 +20,7 @@ TIMEOUT_MS = 120_000
 
 @pytest.fixture(scope="module")
 def shown(tmp_path_factory):
-    """Nothing module-scoped can hold Qt widgets past qtbot; this only names the screenshot folder."""
+    """Where the screenshots of both palettes go (one folder for the module, to look at)."""
     return tmp_path_factory.mktemp("screens")
 
 
@@ -49,7 +51,7 @@ def test_every_panel_fits_and_reads_at_1600x1000(qtbot, tmp_path, shown, palette
         with qtbot.waitSignal(chat.reply_finished, timeout=TIMEOUT_MS) as blocker:
             chat.send("Name three colours.")
         chat.show_token(blocker.args[0].id, 1)  # five alternatives in the table
-        context = dark_theme(QApplication.instance()) if palette == "dark" else _nothing()
+        context = dark_theme(QApplication.instance()) if palette == "dark" else nullcontext()
         with context:
             for name in PANELS:
                 win.docks[name].show()
@@ -65,11 +67,3 @@ def test_every_panel_fits_and_reads_at_1600x1000(qtbot, tmp_path, shown, palette
         assert visible_rows(chat.alternatives) == 5
     finally:
         win.close()
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
