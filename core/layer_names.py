@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .errors import LoomConfigError
 from .layers.base import Layer
-from .llm.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm
+from .llm.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, is_filler_bias
 from .network import VolumetricNetwork
 
 LayerKey = tuple[int, int, int, int, str]
@@ -132,13 +130,9 @@ def _tensor_name(layer: Layer, names: dict[str, str], prefix: str, block: int | 
     """Name ``layer`` by the tensors behind its store's parts. A bias of zeros is left out: the
     builders fill a bias the file lacks with zeros, and one the file has as zeros adds nothing."""
     tensors = {part: prefix + names[part] for part, m in layer.weights.blocks.items()
-               if part in names and not (part.startswith("b") and _all_zero(m))}
+               if part in names and not is_filler_bias(part, m)}
     stems = list(dict.fromkeys(t.rsplit(".", 1)[0].removeprefix(prefix) for t in tensors.values()))
     return LayerName(prefix + _join_stems(stems), block, tensors)
-
-
-def _all_zero(m) -> bool:
-    return isinstance(m, np.ndarray) and m.ndim == 1 and not m.any()
 
 
 def _join_stems(stems: list[str]) -> str:

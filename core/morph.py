@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes
+from .cancel import as_cancel_check
 from .errors import LoomConfigError
 from .layers.base import Layer
 from .network import VolumetricNetwork
@@ -137,12 +138,13 @@ def dtype_sweep(load, probe: np.ndarray, dtype_names=None, on_progress=None,
     ``on_progress(done, total, dtype)`` is called after each dtype; ``cancel()`` returning True
     stops early (the rows so far are returned).
     """
+    stop = as_cancel_check(cancel)
     names = list(dtype_names or [f.name for f in dtypes.FORMATS.values()])
     reference = load()
     y32 = reference.backend.to_numpy(reference.forward(probe)).astype(np.float64)
     rows = []
     for i, name in enumerate(names):
-        if cancel is not None and cancel():
+        if stop():
             break
         net = load()
         morph_all(net, name)

@@ -8,7 +8,6 @@ events.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -258,7 +257,7 @@ class VolumetricNetwork:
         model's tied LM head multiplies with its embedding's own matrix)."""
         sizes: dict[int, int] = {}
         for la in self.weighted_layers():
-            sizes.update(_tensors(la.weights))
+            sizes.update(la.weights.tensor_sizes())
         return sum(sizes.values())
 
     def memory_bytes(self) -> int:
@@ -271,7 +270,7 @@ class VolumetricNetwork:
         out: dict[str, int] = {}
         seen: set[tuple] = set()
         for la in self.weighted_layers():
-            held = (la.cfg.dtype, *sorted(_tensors(la.weights)))
+            held = (la.cfg.dtype, *sorted(la.weights.tensor_sizes()))
             if held not in seen:
                 seen.add(held)
                 out[la.cfg.dtype] = out.get(la.cfg.dtype, 0) + dtype_nbytes(la.cfg.dtype, len(la.weights))
@@ -297,23 +296,6 @@ class VolumetricNetwork:
             "memory_bytes": self.memory_bytes(),
             "memory_by_dtype": self.memory_by_dtype(),
         }
-
-
-def _tensors(store) -> dict[int, int]:
-    """``{identity: elements}`` of the tensors a weight store holds. A language model's store
-    names its file matrices (``blocks``), which two layers may share; any other store is one
-    tensor of its own."""
-    blocks = getattr(store, "blocks", None)
-    if blocks is None:
-        return {id(store): len(store)}
-    return {id(m): math.prod(m.shape) for name, m in blocks.items() if not is_filler_bias(name, m)}
-
-
-def is_filler_bias(part: str, m) -> bool:
-    """Whether a language-model store's part is a bias of zeros: the layer builders fill the
-    bias slots of Loom's layout that the file lacks with zeros, which are not the model's
-    parameters (a file's own all-zero bias, which adds nothing, is taken for one too)."""
-    return part.startswith("b") and isinstance(m, np.ndarray) and m.ndim == 1 and not m.any()
 
 
 def _place(layer: Layer, coords: Coord, path: str) -> None:

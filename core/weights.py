@@ -77,6 +77,11 @@ class WeightStore:
         self._compute[key] = (self.version, arr)
         return arr
 
+    def tensor_sizes(self) -> dict[int, int]:
+        """``{identity: elements}`` of the tensors held: here one of its own. A store whose
+        tensors another layer shares (a tied LM head) names them, so shared ones count once."""
+        return {id(self): len(self)}
+
     # ----- what views show ---------------------------------------------------------------
     def encodings(self, layer_dtype: str) -> dict[str, str]:
         """How each named part of the weights is stored as the forward pass reads it: here one

@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core import dtypes, save_network
-from loomlab.core.layer_names import layer_label
+from loomlab.core.layer_names import LayerKey, layer_label
 from loomlab.core.layers.base import Layer
 from loomlab.core.morph import MorphReport, morph_sublayer, probe_input, weighted_cells
 from loomlab.core.morph_probe import compare, current_report, llm_probe, net_drift, net_outputs
@@ -61,9 +61,6 @@ DTYPES = tuple(dtypes.FORMATS)
 NO_CHOICE = "—"
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
 DEFAULT_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the old cat sleeps in the warm sun."
-
-
-LayerKey = tuple[int, int, int, int, str]  # (z, y, x, l, path), as observer events locate a layer
 
 
 @dataclass

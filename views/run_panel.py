@@ -60,7 +60,6 @@ class RunPanel(QWidget):
 
     ran = Signal(object)  # the forward output (a numpy array) of a finished run
     trained = Signal(list)  # the epoch losses once training ends (finished or stopped): weights changed
-    busy_changed = Signal(bool)  # a run or training started (True) or ended (False)
 
     def __init__(self, runner: JobRunner, parent: QWidget | None = None, *,
                  plot_rate_hz: float = DEFAULT_PLOT_RATE_HZ):
@@ -375,7 +374,6 @@ class RunPanel(QWidget):
                 if outcome == "succeeded":
                     on_success(result)
             self._sync_controls()
-            self.busy_changed.emit(False)
             self._start_pending()
 
         self._job = self._runner.start(
@@ -385,7 +383,6 @@ class RunPanel(QWidget):
             on_cancel=lambda: ended("cancelled", f"{name} stopped"))
         self.status.setText(f"{name}…")
         self._sync_controls()
-        self.busy_changed.emit(True)
 
     def _on_progress(self, stage: str, done: int, total: int) -> None:
         self.progress.setRange(0, total)

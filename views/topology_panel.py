@@ -985,6 +985,8 @@ class TopologyPanel(QWidget):
             if index is not None:
                 self._last[index] = event
         if self.colour_mode.currentData() != "type":
-            self._recolour()
+            # only the colours move between passes: sizes and legend change with the selection
+            # and the mode (_recolour), and re-sending sizes re-uploads their buffer every tick
+            self.scatter.setData(color=self.point_colours())
         if self._selected is not None and self._selected in self._last:
             self.inspector.show_stats(self._last[self._selected])

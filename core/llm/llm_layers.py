@@ -106,6 +106,10 @@ class MatrixStore(WeightStore):
             at += n
         return out
 
+    def tensor_sizes(self) -> dict[int, int]:
+        """The file's matrices by identity (two layers may share one), without filler biases."""
+        return {id(m): math.prod(m.shape) for name, m in self.blocks.items() if not is_filler_bias(name, m)}
+
     def encodings(self, layer_dtype: str) -> dict[str, str]:
         """Each matrix's encoding as forward reads it (see :meth:`current`): the file's own (Q4_1,
         Q6_K, F16 ...; float32 for vectors) until the master is changed or the layer is morphed,
@@ -139,6 +143,13 @@ class MatrixStore(WeightStore):
         clone.scale, clone.version = self.scale, self.version
         clone.native = {k: v.copy() for k, v in self.native.items()}
         return clone
+
+
+def is_filler_bias(part: str, m) -> bool:
+    """Whether a store's part is a bias of zeros: the layer builders fill the bias slots of
+    Loom's layout that the file lacks with zeros, which are not the model's parameters (a file's
+    own all-zero bias, which adds nothing, is taken for one too)."""
+    return part.startswith("b") and isinstance(m, np.ndarray) and m.ndim == 1 and not m.any()
 
 
 class InferenceOnly:

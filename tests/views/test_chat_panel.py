@@ -19,6 +19,8 @@ from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import COMPLETION_TAB, PRESETS, ChatPanel
 from loomlab.views.workers import JobRunner
 
+from .contrast import AA, contrast
+
 SHORT = 8  # max tokens of most replies: enough to check the text, quick on two cores
 TIMEOUT_MS = 60_000
 
@@ -100,16 +102,6 @@ def fragment_colours(view) -> list:
     colours = {f.charFormat().foreground().color().name(): f.charFormat().foreground().color()
                for f in fragments(view) if f.text().strip()}
     return list(colours.values())
-
-
-def contrast(a, b) -> float:
-    """WCAG contrast ratio of two colours."""
-    def luminance(c):
-        channels = [x / 255 for x in (c.red(), c.green(), c.blue())]
-        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in channels]
-        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
 
 
 def titles(panel) -> list[str]:
@@ -248,8 +240,8 @@ def test_the_transcript_follows_a_palette_change(qtbot, panel):
         text = panel.palette().text().color()
         base = panel.view.palette().base().color()
         colours = fragment_colours(panel.view)
-        assert text in colours and contrast(text, base) >= 4.5
-        assert all(contrast(c, base) >= 4.5 for c in colours), colours
+        assert text in colours and contrast(text, base) >= AA
+        assert all(contrast(c, base) >= AA for c in colours), colours
     finally:
         theme.set_choice("light")
 

@@ -31,9 +31,9 @@ from loomlab.views.morph_panel import (
     TYPE,
     MorphPanel,
 )
-from loomlab.views.workers import JobRunner
 
 from .contrast import assert_legible, dark_theme
+from .jobs import choose, settle
 
 GOLDENS = Path(__file__).resolve().parent.parent / "data" / "loom-goldens-seed1.json"
 
@@ -58,13 +58,6 @@ def small_net(seed: int = 0, blocks: int = 1) -> VolumetricNetwork:
 
 
 @pytest.fixture
-def runner():
-    r = JobRunner()
-    yield r
-    assert r.shutdown()
-
-
-@pytest.fixture
 def panel(qtbot, runner):
     p = MorphPanel(runner)
     qtbot.addWidget(p)
@@ -74,19 +67,8 @@ def panel(qtbot, runner):
     p.shutdown()
 
 
-def settle(qtbot, panel, timeout=20000):
-    qtbot.waitUntil(lambda: not panel.is_busy(), timeout=timeout)
-
-
 def cell(panel, row, col):
     return panel.table.item(row, col).data(USER)
-
-
-def choose(qtbot, combo, dtype):
-    """Pick ``dtype`` the way a person does with the keyboard: focus the combo and type its name."""
-    combo.setFocus()
-    qtbot.keyClicks(combo, dtype)
-    assert combo.currentText() == dtype
 
 
 def assert_row_is(panel, row, r):

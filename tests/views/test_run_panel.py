@@ -23,10 +23,10 @@ from loomlab.core.train_tasks import make_task
 from loomlab.views.run_panel import LANGUAGE_MODEL_NOTICE, MAX_EPOCHS, RunPanel, describe_output
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.theme import dark_palette
-from loomlab.views.workers import JobRunner
 from tests.core.goldens import goldens
 
 from .contrast import AA, assert_legible, contrast, dark_theme
+from .jobs import choose, settle
 
 TINY_LLAMA = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-llama"
 
@@ -46,13 +46,6 @@ def masters(net: VolumetricNetwork) -> list[np.ndarray]:
 
 
 @pytest.fixture
-def runner():
-    r = JobRunner()
-    yield r
-    assert r.shutdown()
-
-
-@pytest.fixture
 def panel(qtbot, runner):
     p = RunPanel(runner)
     qtbot.addWidget(p)
@@ -62,19 +55,9 @@ def panel(qtbot, runner):
     p.shutdown()
 
 
-def settle(qtbot, panel, timeout=20000):
-    qtbot.waitUntil(lambda: not panel.is_busy(), timeout=timeout)
-
-
 def shown(qtbot, panel, net):
     panel.set_network(net)
     settle(qtbot, panel)  # the task is chosen in a job
-
-
-def choose(qtbot, combo, text):
-    combo.setFocus()
-    qtbot.keyClicks(combo, text)
-    assert combo.currentText() == text
 
 
 def set_training(qtbot, panel, *, epochs, lr, optimizer="sgd", loss="mse"):
