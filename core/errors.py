@@ -67,3 +67,7 @@ class ModelNotFoundError(LoomConfigError):
             message = (f"no model {name!r}: not a built-in ({', '.join(builtins)}), no file or folder "
                        f"of that name{where}; `loomlab models list` shows the models found")
         super().__init__(message)
+
+
+class LoomCancelled(LoomError):
+    """Long work that has no partial result (a merge, a DNA sketch) was stopped by its ``cancel``."""
