@@ -229,7 +229,7 @@ class _Reader:
         cls = layer_class(cfg.type)
         if cls is None:
             raise LoomFormatError(f"{path}.type", f"layer type {cfg.type!r} is not supported yet")
-        children = []
+        children, children_key = [], None
         for key in ("parallel_branches", "sequential_layers"):
             kids = _get(obj, key)
             if kids is None:
@@ -237,7 +237,10 @@ class _Reader:
             if not isinstance(kids, list):
                 raise LoomFormatError(f"{path}.{key}", "expected an array of layer objects")
             children += [self.layer(k, f"{path}.{key}[{j}]", depth + 1) for j, k in enumerate(kids)]
+            children_key = children_key or (key if kids else None)
         layer = cls(cfg, None, children)
+        if children_key is not None:
+            layer.children_key = children_key  # written back under the key it came from
         layer.check(path)
         if cls.weighted:
             layer.weights = self.weights(obj, cfg, cls.param_count(cfg), path)
@@ -439,7 +442,7 @@ def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes] | Non
             values["weights"] = base64.b64encode(blob).decode("ascii")
         else:
             blobs[path] = blob
-    group = "parallel_branches" if cfg.type == "Parallel" else "sequential_layers"
+    group = layer.children_key
     values[group] = [_layer_to_dict(c, (0, 0, 0, 0), f"{path}.{group}[{j}]", blobs)
                      for j, c in enumerate(layer.children)]
     out = {}

@@ -1,0 +1,253 @@
+"""A network's DNA and the comparison of two (Loom's ``ExtractDNA`` / ``CompareNetworks``, spec §6).
+
+A signature is one unit vector per grid cell: the direction of the layer's weights. Two layers
+overlap as much as their directions agree, and a layer whose best match sits at another position
+is a "logic shift" (the same function moved elsewhere in the grid). The arithmetic is Loom's,
+float32 where Loom uses float32 and summed in Loom's order, so the numbers equal Loom's.
+
+Beyond Loom, ``across_dtypes=True`` compares what each layer computes with (its dequantized
+weights) instead of scoring layers of different dtypes 0, so a model and its int8 or Q8_0 morph
+compare as nearly the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..enums import DTYPES, LAYER_TYPES, by_id, lookup
+from ..errors import LoomConfigError
+from ..network import VolumetricNetwork
+from ..weights import WeightStore
+
+UNIT = np.ones(1, dtype=np.float32)  # the signature of a layer without weights
+LOGIC_SHIFT_MIN = 0.8  # a best match elsewhere above this is reported as a logic shift
+_CONTAINERS = ("Parallel", "Sequential")
+_WEIGHTLESS = ("Softmax", "Residual")
+
+
+def position_key(z: int, y: int, x: int, l: int) -> str:  # noqa: E741
+    """Loom's spelling of a grid position: ``"z,y,x,l"``."""
+    return f"{z},{y},{x},{l}"
+
+
+@dataclass(frozen=True)
+class LayerSignature:
+    """One grid cell's signature: position, Loom's type and dtype ids, and a unit vector."""
+
+    z: int
+    y: int
+    x: int
+    l: int  # noqa: E741
+    layer_type: int
+    dtype: int
+    weights: np.ndarray = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        return position_key(self.z, self.y, self.x, self.l)
+
+    def to_loom(self) -> dict:
+        return {"Z": self.z, "Y": self.y, "X": self.x, "L": self.l, "Type": self.layer_type,
+                "DType": self.dtype, "Weights": [float(v) for v in self.weights]}
+
+
+@dataclass(frozen=True)
+class DNA:
+    """Signatures in the grid's flat order (Loom's ``NetworkDNA``)."""
+
+    signatures: tuple[LayerSignature, ...]
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def __iter__(self):
+        return iter(self.signatures)
+
+    def to_loom(self) -> list[dict]:
+        return [s.to_loom() for s in self.signatures]
+
+    @classmethod
+    def from_loom(cls, items: Any) -> DNA:
+        """Read Loom's list of ``{Z, Y, X, L, Type, DType, Weights}``; a malformed entry raises
+        :class:`LoomConfigError` naming it."""
+        if not isinstance(items, list):
+            raise LoomConfigError(f"DNA must be a list of signatures, got {type(items).__name__}")
+        return cls(tuple(_signature_from_loom(item, i) for i, item in enumerate(items)))
+
+
+@dataclass(frozen=True)
+class LogicShift:
+    source_pos: str
+    target_pos: str
+    overlap: float
+
+    def to_loom(self) -> dict:
+        return {"SourcePos": self.source_pos, "TargetPos": self.target_pos, "Overlap": self.overlap}
+
+
+@dataclass(frozen=True)
+class DNAComparison:
+    """Loom's ``CompareNetworks`` result: mean overlap of same-position layers, each of them,
+    and the layers whose best match lies elsewhere."""
+
+    overall_overlap: float
+    layer_overlaps: dict[str, float]
+    logic_shifts: list[LogicShift]
+
+    def to_loom(self) -> dict:
+        return {"OverallOverlap": self.overall_overlap, "LayerOverlaps": dict(self.layer_overlaps),
+                "LogicShifts": [s.to_loom() for s in self.logic_shifts]}
+
+
+# ----- extraction --------------------------------------------------------------------------
+def extract_dna(net: VolumetricNetwork, *, dequantized: bool = False) -> DNA:
+    """One signature per grid layer, in flat order (spec §6.1).
+
+    Loom signs a layer by its float32 master weights (times its scale), whatever its dtype;
+    ``dequantized=True`` signs it by the weights its forward pass uses instead.
+    """
+    sigs = []
+    for (z, y, x, l), layer in net.layers():  # noqa: E741
+        sigs.append(LayerSignature(z, y, x, l, _type_id(layer), lookup(DTYPES, layer.cfg.dtype).id,
+                                   layer_vector(layer, dequantized)))
+    return DNA(tuple(sigs))
+
+
+def layer_vector(layer, dequantized: bool = False) -> np.ndarray:
+    """The unit vector that signs ``layer`` (its children's, for a container)."""
+    kind = layer.cfg.type
+    if kind in _WEIGHTLESS:
+        return UNIT
+    if kind in _CONTAINERS:
+        parts = [layer_vector(c, dequantized) for c in layer.children if not c.cfg.is_remote_link]
+        gate = getattr(layer, "gate", None)
+        if gate is not None:
+            parts.append(layer_vector(gate, dequantized))
+        return normalize(np.concatenate(parts)) if parts else UNIT
+    store = layer.weights
+    if store is None:
+        return UNIT
+    if not isinstance(store, WeightStore):
+        raise LoomConfigError(f"{kind} layer holds {type(store).__name__} weights (a language model's): "
+                              "sign it with loomlab.core.evolve.sketch.sketch_dna")
+    if len(store) == 0:
+        return UNIT
+    if dequantized:
+        return normalize(store.dequantized(layer.cfg.dtype))
+    w = store.master
+    scale = np.float32(store.scale)
+    return normalize(w if scale in (0, 1) else w * scale)
+
+
+def normalize(v: np.ndarray) -> np.ndarray:
+    """``v / |v|`` as Loom computes it: float32 squares summed in float64 in order, the norm
+    rounded to float32, zeros for a zero vector."""
+    v = np.asarray(v, dtype=np.float32).reshape(-1)
+    ss = np.cumsum((v * v).astype(np.float64))[-1] if v.size else 0.0
+    m = np.float32(np.sqrt(ss))
+    return np.zeros_like(v) if m == 0 else v / m
+
+
+# ----- comparison --------------------------------------------------------------------------
+def cosine_similarity(a: LayerSignature, b: LayerSignature, *, across_dtypes: bool = False) -> float:
+    """Loom's ``CosineSimilarity``: 0 for another type, dtype or length; else the float32 dot
+    product of the two unit vectors, summed in order and not re-normalised."""
+    if a.layer_type != b.layer_type or a.weights.size != b.weights.size:
+        return 0.0
+    if a.dtype != b.dtype and not across_dtypes:
+        return 0.0
+    return _dot(a.weights, b.weights)
+
+
+def _dot(u: np.ndarray, v: np.ndarray) -> float:
+    u_zero, v_zero = not u.any(), not v.any()
+    if u_zero or v_zero:
+        return 1.0 if u_zero and v_zero else 0.0
+    return float(np.cumsum(u * v, dtype=np.float32)[-1])
+
+
+def compare_dna(a: VolumetricNetwork | DNA, b: VolumetricNetwork | DNA, *,
+                across_dtypes: bool = False) -> DNAComparison:
+    """Loom's ``CompareNetworks`` (spec §6.3) of two networks or their DNA.
+
+    ``across_dtypes``: networks are signed by their dequantized weights and layers of different
+    dtypes are compared rather than scored 0 (Loom's behaviour, the default).
+    """
+    dna_a, dna_b = (_as_dna(n, across_dtypes) for n in (a, b))
+    by_position: dict[str, LayerSignature] = {}
+    for sig in dna_b:
+        by_position.setdefault(sig.key, sig)  # the first one at a position, as Loom's scan finds
+    overlaps: dict[str, float] = {}
+    total, matched = np.float32(0), 0
+    for sig in dna_a:
+        other = by_position.get(sig.key)
+        if other is not None:
+            overlap = cosine_similarity(sig, other, across_dtypes=across_dtypes)
+            overlaps[sig.key] = overlap
+            total = np.float32(total + np.float32(overlap))
+            matched += 1
+    overall = float(np.float32(total / np.float32(matched))) if matched else 0.0
+    return DNAComparison(overall, overlaps, _logic_shifts(dna_a, dna_b, across_dtypes))
+
+
+def _logic_shifts(dna_a: DNA, dna_b: DNA, across_dtypes: bool) -> list[LogicShift]:
+    by_length: dict[int, list[LayerSignature]] = {}
+    for sig in dna_b:
+        by_length.setdefault(sig.weights.size, []).append(sig)
+    shifts = []
+    for sig in dna_a:
+        best, best_sig = -1.0, None
+        for other in by_length.get(sig.weights.size, ()):
+            overlap = cosine_similarity(sig, other, across_dtypes=across_dtypes)
+            if overlap > best:  # strictly greater: a tie keeps the first in b's order
+                best, best_sig = overlap, other
+        if best_sig is not None and best > LOGIC_SHIFT_MIN and best_sig.key != sig.key:
+            shifts.append(LogicShift(sig.key, best_sig.key, best))
+    return shifts
+
+
+def _as_dna(n: VolumetricNetwork | DNA, dequantized: bool) -> DNA:
+    if isinstance(n, DNA):
+        return n
+    if isinstance(n, VolumetricNetwork):
+        return extract_dna(n, dequantized=dequantized)
+    raise LoomConfigError(f"compare_dna takes networks or DNA, got {type(n).__name__}")
+
+
+def _type_id(layer) -> int:
+    return lookup(LAYER_TYPES, layer.cfg.type).id
+
+
+def _signature_from_loom(item: Any, i: int) -> LayerSignature:
+    where = f"DNA[{i}]"
+    if not isinstance(item, dict):
+        raise LoomConfigError(f"{where} must be an object, got {type(item).__name__}")
+    missing = [k for k in ("Z", "Y", "X", "L", "Type", "DType", "Weights") if k not in item]
+    if missing:
+        raise LoomConfigError(f"{where} lacks {', '.join(missing)}")
+    ints = {}
+    for k in ("Z", "Y", "X", "L", "Type", "DType"):
+        v = item[k]
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 and k != "Type"):
+            raise LoomConfigError(f"{where}.{k} must be a non-negative integer, got {v!r}")
+        ints[k] = v
+    for table, k in ((LAYER_TYPES, "Type"), (DTYPES, "DType")):
+        try:
+            by_id(table, ints[k])
+        except KeyError:
+            raise LoomConfigError(f"{where}.{k} {ints[k]} is not a Loom id") from None
+    weights = item["Weights"]
+    if not isinstance(weights, list) or not all(_is_number(w) for w in weights):
+        raise LoomConfigError(f"{where}.Weights must be a list of numbers")
+    vec = np.asarray(weights, dtype=np.float32)
+    if not np.isfinite(vec).all():
+        raise LoomConfigError(f"{where}.Weights holds a non-finite value")
+    return LayerSignature(ints["Z"], ints["Y"], ints["X"], ints["L"], ints["Type"], ints["DType"], vec)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
