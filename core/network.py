@@ -26,6 +26,13 @@ Coord = tuple[int, int, int, int]
 PRECISIONS = ("loom", "fast")
 
 
+def compute_dtypes(input_dtype, precision: str) -> tuple[type, type]:
+    """``(act, compute)``: the dtype between grid layers for an input of ``input_dtype`` (float64
+    stays float64, anything else is float32) and the dtype layers compute in under ``precision``."""
+    act = np.float64 if input_dtype == np.float64 else np.float32
+    return act, (np.float64 if precision == "loom" else act)
+
+
 class Run:
     """One forward pass (and the backward pass over what it recorded)."""
 
@@ -195,8 +202,8 @@ class VolumetricNetwork:
         """Forward ``x`` and return the record of the pass (what :meth:`forward` is built on);
         trainers that need every layer's output and token use it directly."""
         x = self.backend.xp.asarray(x)
-        act = np.float64 if x.dtype == np.float64 else np.float32
-        trace = Trace(Run(self, train), act, np.float64 if self.precision == "loom" else act)
+        trace = Trace(Run(self, train), *compute_dtypes(x.dtype, self.precision))
+        act = trace.act
         current = x.astype(act)
         for i, layer in enumerate(self.cells):
             if layer is None:
@@ -212,6 +219,12 @@ class VolumetricNetwork:
         self.step_count += 1
         trace.output = current
         return trace
+
+    def count_pass(self) -> None:
+        """Record a forward pass made for this network elsewhere (many networks batched together):
+        the step count advances and no pass is left for :meth:`backward`, as after ``forward``."""
+        self.step_count += 1
+        self._tape = None
 
     def backward(self, grad):
         """Back-propagate dL/d(output) of the last ``forward(train=True)``; returns dL/d(input).

@@ -1,0 +1,235 @@
+"""Built-in evolution tasks: XOR, sine regression and two-spirals.
+
+A task holds fixed data and turns a population of networks into fitness values (higher is better).
+Everything a task depends on is in its ``params`` (JSON-able), so ``get_task(task.name,
+**task.params)`` rebuilds an equal task on another process or machine, and evaluation draws no
+random numbers: the same networks get bit-identical fitness in-process or on a Dask worker, in one
+call or split in chunks (see :mod:`.batched`).
+
+Evaluation runs every member through :func:`.batched.forward_stacked` (same-shaped members in one
+batched matmul per layer). Evolution makes odd networks (other layer types, sizes that do not fit
+the data, overflowing weights), and such a member must not end the run: a member whose forward
+raises :class:`LoomError`, whose output is not finite or is not ``rows x outputs`` values in
+``rows`` rows, gets the task's ``floor`` fitness. Scores below the floor are raised to it, so the
+floor is the lowest fitness a task gives.
+
+Fitness of each task (outputs ``y`` of the network, targets ``t``):
+
+* ``xor``: 4 points (0/1, 0/1) -> 0/1, neat-python's ``4 - sum((y - t)^2)``, solved at 3.9;
+  floor 0 (every output wrong by 1).
+* ``sine``: ``points`` inputs evenly spaced over [-pi, pi], target ``sin(x)``; fitness ``-mean((y -
+  t)^2)``, solved at -0.01; floor -1 (an output of zero scores -0.5).
+* ``spirals``: Lang and Witbrock's two spirals, ``points`` per spiral over three turns, scaled into
+  [-1, 1]; one output whose sign is the class (+ for the first spiral, - for the second, 0 is
+  wrong); fitness is the fraction classified right, solved at 0.95; floor 0.
+
+Seed networks are chains of Dense layers (Loom's Dense has no bias): ``inputs -> hidden (x depth)
+-> outputs`` with weights uniform in ``[-init_scale, init_scale)`` drawn from ``seed``. No bias is
+needed: XOR's (0, 0) -> 0 and the odd symmetry of sine and of the spirals (the second spiral is
+the first one negated) suit networks without one.
+
+Networks are evaluated at their own ``precision``; seed networks get the task's. Loom JSON and
+``.loom`` files do not carry a precision, so an evaluator that rebuilds members from bytes sets it
+from ``task.params["precision"]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..enums import ACTIVATIONS, lookup
+from ..errors import LoomConfigError, LoomError
+from ..layers.base import make_layer
+from ..network import PRECISIONS, VolumetricNetwork
+from .batched import as_numpy, forward_stacked
+
+# Parameters every task takes (the shape and start of its seed network, and when it is solved);
+# each task adds its own and may change these defaults.
+COMMON_PARAMS: dict[str, Any] = {
+    "hidden": 4, "depth": 1, "activation": "Tanh", "output_activation": "Linear",
+    "seed": 0, "init_scale": 0.5, "precision": "loom", "threshold": None,
+}
+
+
+class Task(ABC):
+    """A fitness function over networks with fixed, deterministic data.
+
+    Subclasses set ``name``, ``floor``, ``defaults`` (their params and defaults, over
+    :data:`COMMON_PARAMS`), build ``inputs`` (``rows x n_inputs``) and ``targets`` in
+    :meth:`_data`, and score stacked outputs in :meth:`_score`.
+    """
+
+    name: ClassVar[str]
+    floor: ClassVar[float]
+    defaults: ClassVar[dict[str, Any]]
+    n_inputs: ClassVar[int]
+    n_outputs: ClassVar[int]
+
+    def __init__(self, **params: Any):
+        known = {**COMMON_PARAMS, **self.defaults}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise LoomConfigError(f"task {self.name!r} has no parameter {unknown[0]!r}; "
+                                  f"its parameters: {', '.join(sorted(known))}")
+        self.params: dict[str, Any] = {k: _checked(self.name, k, params.get(k, v)) for k, v in known.items()}
+        self.fitness_threshold: float | None = self.params["threshold"]
+        self.inputs, self.targets = self._data()
+
+    # ----- what subclasses supply --------------------------------------------------
+    @abstractmethod
+    def _data(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(inputs, targets)``: float32 ``rows x n_inputs`` and ``rows x n_outputs``."""
+
+    @abstractmethod
+    def _score(self, y: np.ndarray) -> np.ndarray:
+        """Fitness of each member from its outputs, ``y`` float64 ``[members, rows * n_outputs]``."""
+
+    # ----- the task's contract -----------------------------------------------------
+    def seed_network(self) -> VolumetricNetwork:
+        """The starting genome: Dense ``n_inputs -> hidden (x depth) -> n_outputs``."""
+        p = self.params
+        sizes = [self.n_inputs] + [p["hidden"]] * p["depth"] + [self.n_outputs]
+        net = VolumetricNetwork(1, 1, 1, len(sizes) - 1, precision=p["precision"])
+        rng = np.random.default_rng(p["seed"])
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+            last = i == len(sizes) - 2
+            net[0, 0, 0, i] = make_layer("Dense", input_height=n_in, output_height=n_out, rng=rng,
+                                         init_scale=p["init_scale"],
+                                         activation=p["output_activation" if last else "activation"])
+        return net
+
+    def evaluate(self, nets: Sequence[VolumetricNetwork]) -> list[float]:
+        """Fitness of each network, in order (see the module's docstring for the floor)."""
+        fitness = np.full(len(nets), self.floor)
+        # overflow to inf/nan is an expected outcome of evolved weights, scored as the floor
+        with np.errstate(all="ignore"):
+            for members, result in forward_stacked(nets, self.inputs, catch=LoomError):
+                if not isinstance(result, BaseException):
+                    fitness[members] = self._fitness(as_numpy(result))
+        return [float(f) for f in fitness]
+
+    def solved(self, fitness: float) -> bool:
+        return self.fitness_threshold is not None and fitness >= self.fitness_threshold
+
+    def _fitness(self, y: np.ndarray) -> np.ndarray | float:
+        rows = self.inputs.shape[0]
+        if y.ndim < 2 or y.shape[1] != rows or y[0].size != rows * self.n_outputs:
+            return self.floor
+        y = y.reshape(len(y), -1).astype(np.float64)
+        score = self._score(y)
+        ok = np.isfinite(y).all(axis=1) & np.isfinite(score)
+        return np.where(ok, np.maximum(score, self.floor), self.floor)
+
+    # ----- value semantics ---------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.params == self.params
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.params.items()))))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
+
+
+class XorTask(Task):
+    name = "xor"
+    floor = 0.0
+    defaults = {"threshold": 3.9}
+    n_inputs, n_outputs = 2, 1
+
+    def _data(self):
+        x = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32)
+        return x, np.array([[0], [1], [1], [0]], np.float32)
+
+    def _score(self, y):
+        return 4.0 - ((y - self.targets.reshape(1, -1)) ** 2).sum(axis=1)
+
+
+class SineTask(Task):
+    name = "sine"
+    floor = -1.0
+    defaults = {"points": 32, "hidden": 8, "threshold": -0.01}
+    n_inputs, n_outputs = 1, 1
+
+    def _data(self):
+        x = np.linspace(-np.pi, np.pi, self.params["points"], dtype=np.float32).reshape(-1, 1)
+        return x, np.sin(x)
+
+    def _score(self, y):
+        return -((y - self.targets.reshape(1, -1)) ** 2).mean(axis=1)
+
+
+class SpiralsTask(Task):
+    name = "spirals"
+    floor = 0.0
+    defaults = {"points": 97, "hidden": 16, "depth": 2, "threshold": 0.95}
+    n_inputs, n_outputs = 2, 1
+
+    def _data(self):
+        # Lang & Witbrock (1988): 97 points per spiral at angle i*pi/16 and radius 6.5*(104-i)/104;
+        # other point counts keep the three turns and the radii from 6.5 down to 6.5*8/104
+        n = self.params["points"]
+        i = np.arange(n) * (96 / max(n - 1, 1))
+        angle, radius = i * np.pi / 16, (104 - i) / 104
+        first = np.stack([radius * np.sin(angle), radius * np.cos(angle)], axis=1)
+        x = np.concatenate([first, -first]).astype(np.float32)
+        labels = np.concatenate([np.ones(n), -np.ones(n)]).astype(np.float32)
+        return x, labels.reshape(-1, 1)
+
+    def _score(self, y):
+        return (np.sign(y) == self.targets.reshape(1, -1)).mean(axis=1)
+
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (XorTask, SineTask, SpiralsTask)}
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """The built-in task ``name`` with ``params`` over its defaults.
+
+    An unknown name or parameter, or a value of the wrong type or range, raises
+    :class:`LoomConfigError` naming it and what is valid.
+    """
+    cls = TASKS.get(name)
+    if cls is None:
+        raise LoomConfigError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(TASKS))}")
+    return cls(**params)
+
+
+def _checked(task: str, key: str, value: Any) -> Any:
+    """``value`` of parameter ``key``, validated and in its plain JSON type."""
+    where = f"task {task!r} parameter {key!r}"
+    if key in ("activation", "output_activation"):
+        entry = lookup(ACTIVATIONS, value) if isinstance(value, str) else None
+        if entry is None:
+            names = sorted({e.name for e in ACTIVATIONS.values()})
+            raise LoomConfigError(f"{where}: {value!r} is not an activation; one of {', '.join(names)}")
+        return entry.name
+    if key == "precision":
+        if value not in PRECISIONS:
+            raise LoomConfigError(f"{where}: {value!r} is not one of {', '.join(PRECISIONS)}")
+        return value
+    if key == "threshold":
+        return None if value is None else _number(where, value)
+    if key == "init_scale":
+        scale = _number(where, value)
+        if scale <= 0:
+            raise LoomConfigError(f"{where} must be > 0, got {value!r}")
+        return scale
+    # the remaining parameters are counts (hidden, depth, points) and the seed
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise LoomConfigError(f"{where} must be an integer, got {value!r}")
+    low = {"depth": 0, "seed": 0}.get(key, 1)
+    if value < low:
+        raise LoomConfigError(f"{where} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _number(where: str, value: Any) -> float:
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool) \
+            or not np.isfinite(value):
+        raise LoomConfigError(f"{where} must be a finite number, got {value!r}")
+    return float(value)

@@ -1,0 +1,148 @@
+"""Batched forward of many networks: each member's output against its own forward (the oracle),
+on random and NEAT-mutated populations in both precisions; grouping; results independent of
+which members are batched together; errors per member."""
+
+import numpy as np
+import pytest
+
+from loomlab.core import CallbackObserver, LoomConfigError, LoomError, LoomShapeError, make_layer
+from loomlab.core.evolve.batched import forward_many, forward_stacked, group_key
+
+from .mutants import mlp, mutate
+
+
+def assert_same_as_forward(nets, x, outs):
+    """Equal to each member's own forward up to float32 rounding."""
+    assert len(outs) == len(nets)
+    for net, y in zip(nets, outs, strict=True):
+        ref = net.forward(x)
+        assert y.shape == ref.shape and y.dtype == ref.dtype
+        scale = max(float(np.abs(ref).max(initial=0)), 1.0)
+        np.testing.assert_allclose(y, ref, rtol=2e-6, atol=2e-6 * scale)
+
+
+def population(rng, n, sizes, *, precision="loom", rate=0.3):
+    d = sizes[1]
+    return [mutate(mlp(sizes, rng, precision=precision), rng, d, rate) for _ in range(n)]
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_random_mlps_equal_their_own_forward(precision, batch):
+    rng = np.random.default_rng(1)
+    nets = [mlp([6, 16, 16, 3], rng, act, precision=precision)
+            for act in ["Tanh", "ReLU", "Sigmoid", "GELU", "Silu", "LeakyReLU"] for _ in range(5)]
+    x = rng.standard_normal((batch, 6)).astype(np.float32)
+    stacked = forward_stacked(nets, x)
+    assert sorted(len(members) for members, _ in stacked) == [5] * 6  # one group per activation
+    assert_same_as_forward(nets, x, forward_many(nets, x))
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+def test_mutated_population_equals_own_forward(precision):
+    rng = np.random.default_rng(2)
+    nets = population(rng, 120, [4, 4, 4, 4], precision=precision)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    outs = forward_many(nets, x, catch=LoomError)
+    ok = [(net, y) for net, y in zip(nets, outs, strict=True) if not isinstance(y, Exception)]
+    assert len(ok) > 60
+    assert_same_as_forward([n for n, _ in ok], x, [y for _, y in ok])
+    for net, y in zip(nets, outs, strict=True):
+        if isinstance(y, Exception):
+            with pytest.raises(type(y)):
+                net.forward(x)
+    batched = sum(len(m) for m, r in forward_stacked(nets, x, catch=LoomError) if len(m) > 1)
+    assert batched > 40  # most mutants are still Dense chains and share a group
+
+
+def test_results_do_not_depend_on_the_other_members():
+    # the same member alone, in a chunk or in the whole population: bit-identical (Dask chunks)
+    rng = np.random.default_rng(3)
+    nets = population(rng, 60, [2, 8, 1], rate=0.2) + population(rng, 20, [2, 8, 1], precision="fast")
+    x = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32)
+    whole = forward_many(nets, x, catch=LoomError)
+    chunks = [y for i in range(0, len(nets), 7) for y in forward_many(nets[i:i + 7], x, catch=LoomError)]
+    for i, net in enumerate(nets):
+        alone = forward_many([net], x, catch=LoomError)[0]
+        for other in (chunks[i], whole[i]):
+            if isinstance(alone, Exception):
+                assert type(other) is type(alone)
+            else:
+                np.testing.assert_array_equal(other, alone)
+
+
+def test_grouping_follows_enabled_shapes_not_dtypes():
+    rng = np.random.default_rng(4)
+    a, b = mlp([3, 5, 2], rng), mlp([3, 5, 2], rng)
+    b.cells[0].weights.morph("int8")
+    b.cells[0].cfg.dtype = "int8"
+    c = mlp([3, 5, 5, 2], rng)
+    c.cells[1].cfg.is_disabled = True  # enabled chain 3 -> 5 -> 2, as a and b
+    other_act = mlp([3, 5, 2], rng, "ReLU")
+    other_size = mlp([3, 4, 2], rng)
+    fast = mlp([3, 5, 2], rng, precision="fast")
+    assert group_key(a) == group_key(b) == group_key(c)
+    assert len({group_key(n) for n in (a, other_act, other_size, fast)}) == 4
+    nets = [a, other_act, b, other_size, c, fast]
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    assert sorted(sorted(m) for m, _ in forward_stacked(nets, x)) == [[0, 2, 4], [1], [3], [5]]
+    assert_same_as_forward(nets, x, forward_many(nets, x))
+
+
+def test_members_that_cannot_be_batched_run_their_own_forward():
+    rng = np.random.default_rng(5)
+    norm = mlp([4, 4, 2], rng)
+    norm[0, 0, 0, 0] = make_layer("RMSNorm", input_height=4, output_height=4, rng=rng)
+    watched = mlp([4, 4, 2], rng)
+    events = []
+    watched.attach(CallbackObserver(events.append))
+    assert group_key(norm) is None and group_key(watched) is None
+    nets = [norm, watched, mlp([4, 4, 2], rng)]
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    assert_same_as_forward(nets, x, forward_many(nets, x))
+    assert len([e for e in events if e.type == "forward"]) == 2 * 2  # 2 layers: forward_many, oracle
+
+
+def test_input_reading_and_dtypes_match_forward():
+    rng = np.random.default_rng(6)
+    nets = [mlp([4, 6, 4, 2], rng), mlp([4, 6, 4, 2], rng, precision="fast")]
+    for x in (rng.standard_normal((1, 3, 4)),  # B = 1 row of 4 values read from a [1, 3, 4] tensor
+              rng.standard_normal((2, 9)),  # rows read from the flat tensor: B = 2 rows of 4
+              rng.standard_normal((5, 4))):  # float64 stays float64
+        for xx in (x.astype(np.float32), x):
+            assert_same_as_forward(nets, xx, forward_many(nets, xx))
+    # a chain whose widths shrink below the next layer's input: 4 -> 6 reads, 6 -> 2 then 3 fails
+    broken = mlp([4, 6, 2], rng)
+    broken.cells.append(None)
+    broken.layers_per_cell = 3
+    broken[0, 0, 0, 2] = make_layer("Dense", input_height=3, output_height=1, rng=rng)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    with pytest.raises(LoomShapeError):
+        forward_many([broken], x)
+    (err,) = forward_many([broken], x, catch=LoomShapeError)
+    assert isinstance(err, LoomShapeError)
+    with pytest.raises(LoomShapeError):
+        forward_many(nets, np.zeros((0, 4), np.float32))
+
+
+def test_all_layers_disabled_returns_the_input():
+    rng = np.random.default_rng(7)
+    net = mlp([3, 3, 3], rng)
+    for layer in net.cells:
+        layer.cfg.is_disabled = True
+    x = rng.standard_normal((2, 3))
+    (y,) = forward_many([net], x.astype(np.float32))
+    np.testing.assert_array_equal(y, x.astype(np.float32))
+    assert forward_many([], x) == []
+
+
+def test_batched_pass_counts_as_a_forward():
+    rng = np.random.default_rng(8)
+    net = mlp([2, 3, 1], rng)
+    x = np.ones((1, 2), np.float32)
+    net.forward(x, train=True)
+    steps = net.step_count
+    forward_many([net], x)
+    assert net.step_count == steps + 1
+    with pytest.raises(LoomConfigError):  # as after forward(train=False): nothing to back-propagate
+        net.backward(np.ones((1, 1), np.float32))
