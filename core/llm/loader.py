@@ -20,7 +20,8 @@ from types import ModuleType
 from ..errors import ModelFormatError
 from . import arch_gemma3, arch_llama, arch_qwen
 from .causal_lm import CausalLM
-from .weights_source import Progress, open_source
+from .model_args import ModelArgs
+from .weights_source import Progress, WeightSource, open_source
 
 # Model name (GGUF general.architecture or config.json model_type) -> the module that builds it.
 ARCHITECTURES: dict[str, ModuleType] = {
@@ -38,16 +39,20 @@ def architecture(name: str, fld: str = "general.architecture") -> ModuleType:
     return module
 
 
+def read_args(source: WeightSource) -> tuple[ModuleType, ModelArgs]:
+    """The architecture module of an opened model and its settings (GGUF metadata or config.json)."""
+    fld = "general.architecture" if source.kind == "gguf" else "config.json:model_type"
+    module = architecture(source.architecture, fld)
+    if source.kind == "gguf":
+        return module, module.Args.from_gguf(source.metadata, source.offsets)
+    return module, module.Args.from_hf(source.metadata)
+
+
 def load_causal_lm(path: str | os.PathLike[str], progress: Progress | None = None) -> CausalLM:
     """Open a GGUF file or HF directory and build its network (weights stay in the file's encoding)."""
     source = open_source(path)
     try:
-        fld = "general.architecture" if source.kind == "gguf" else "config.json:model_type"
-        module = architecture(source.architecture, fld)
-        if source.kind == "gguf":
-            args = module.Args.from_gguf(source.metadata, source.offsets)
-        else:
-            args = module.Args.from_hf(source.metadata)
+        module, args = read_args(source)
         weights = source.load(module.GGUF_BLOCK_NAMES, progress)
         sanitize: Callable | None = getattr(module, "sanitize", None)
         net = module.build(args, sanitize(weights, args) if sanitize else weights)

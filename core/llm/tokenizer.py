@@ -220,6 +220,11 @@ class Tokenizer:
     def special_ids(self) -> frozenset[int]:
         return self._special
 
+    def to_json(self) -> str:
+        """This tokenizer as an HF ``tokenizer.json`` text (what :meth:`from_file` reads); a GGUF
+        vocabulary's duplicate spellings keep only the id HF knows them by."""
+        return self._hf.to_str()
+
     def close(self) -> None:
         """Nothing to free (the HF tokenizer is plain memory); here so a model closes whichever
         tokenizer it has, this one or a :class:`~.tokenizer_process.TokenizerProcess`."""
