@@ -241,6 +241,8 @@ class _Reader:
         layer = cls(cfg, None, children)
         if children_key is not None:
             layer.children_key = children_key  # written back under the key it came from
+        if cfg.is_remote_link and _get(obj, "weights") is None:
+            return layer  # a bare link (NEAT's): it runs its target, so its own sizes are unused
         layer.check(path)
         if cls.weighted:
             layer.weights = self.weights(obj, cfg, cls.param_count(cfg), path)
