@@ -231,8 +231,9 @@ def _add_connection(net: VolumetricNetwork, coords: list, rng: GoRand) -> None:
         b = rng.intn(n)
     source = net[coords[a]]
     tz, ty, tx, tl = coords[b]
-    # a remote link holds Loom's zero-value config (Dense, ReLU, float64) besides its target
-    link = layer_class("Dense")(LayerConfig(type="Dense", activation="ReLU", dtype="float64", seq_length=0,
+    # a remote link holds Loom's zero-value config (Dense, ReLU, float64) besides its target,
+    # but seq_length 1: our reader reads Loom's 0 as 1, so a saved link reloads unchanged
+    link = layer_class("Dense")(LayerConfig(type="Dense", activation="ReLU", dtype="float64",
                                             is_remote_link=True, target_z=tz, target_y=ty,
                                             target_x=tx, target_l=tl))
     source.children.append(link)

@@ -1,0 +1,84 @@
+"""Loom's NEAT population (``NEATPopulation``, spec §7.6): elitist truncation selection, children
+spliced from two elites by fitness and then mutated, every draw from one Go generator.
+
+This is the Loom-exact evolution loop: given the same seed network, config and fitnesses, the
+members equal Loom's. Speciation, stagnation and checkpoints are the job of :mod:`.run`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..errors import LoomConfigError
+from ..network import VolumetricNetwork
+from .gorand import GoRand
+from .neat import NEATConfig, neat_mutate
+from .splice import SpliceConfig, splice
+
+
+class NEATPopulation:
+    """``size`` mutants of ``seed_net``, evolved one generation per :meth:`evolve`.
+
+    Attributes:
+        members: the current networks (after :meth:`evolve`, the elites first, best first).
+        fitness: the fitnesses last given to :meth:`evolve`, sorted best first (zeros before).
+    """
+
+    def __init__(self, seed_net: VolumetricNetwork, size: int, config: NEATConfig):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise LoomConfigError(f"a population needs a size >= 1, got {size!r}")
+        if not isinstance(config, NEATConfig):
+            raise LoomConfigError(f"a population needs a NEATConfig, got {type(config).__name__}")
+        self.config = config
+        self.size = size
+        self.rng = GoRand(config.seed)
+        self.members = [neat_mutate(seed_net, config.with_seed(self.rng.int63())) for _ in range(size)]
+        self.fitness = [0.0] * size
+
+    @property
+    def elite_count(self) -> int:
+        return max(1, self.size // 4)
+
+    def evolve(self, fitnesses: Sequence[float]) -> None:
+        """Rank the members by ``fitnesses`` (one per member, in order; higher is better) and
+        replace all but the best quarter by mutated children of two of them."""
+        fit = self._checked(fitnesses)
+        # a stable sort, best first: ties keep their order, as Loom's bubble sort does
+        order = sorted(range(self.size), key=lambda i: -fit[i])
+        ranked = [self.members[i] for i in order]
+        self.fitness = [fit[i] for i in order]
+        elite = self.elite_count
+        next_gen = ranked[:elite]
+        for _ in range(elite, self.size):
+            a = self.rng.intn(elite)
+            b = self.rng.intn(elite)
+            while elite > 1 and b == a:
+                b = self.rng.intn(elite)
+            child = splice(ranked[a], ranked[b],
+                           SpliceConfig(fitness_a=self.fitness[a], fitness_b=self.fitness[b])).child
+            next_gen.append(neat_mutate(child, self.config.with_seed(self.rng.int63())))
+        self.members = next_gen
+
+    def best(self) -> VolumetricNetwork:
+        """The best member of the last evaluation (the first elite)."""
+        return self.members[0]
+
+    @property
+    def best_fitness(self) -> float:
+        return self.fitness[0]
+
+    def summary(self, generation: int) -> str:
+        """Loom's one-line report of the last evaluation."""
+        f = self.fitness
+        return (f"Gen {generation} | best={f[0]:.4f}  avg={sum(f) / len(f):.4f}  "
+                f"worst={f[-1]:.4f}  pop={self.size}")
+
+    def _checked(self, fitnesses: Sequence[float]) -> list[float]:
+        fit = list(fitnesses)
+        if len(fit) != self.size:
+            raise LoomConfigError(f"evolve needs {self.size} fitnesses (one per member), got {len(fit)}")
+        for i, f in enumerate(fit):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+                raise LoomConfigError(f"fitness {i} must be a finite number, got {f!r}")
+        return [float(f) for f in fit]
