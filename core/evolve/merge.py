@@ -244,12 +244,15 @@ class _Parent:
                 config[key] = "float32"
             return config, tied
         vocab = self.args.vocab_size or self.shapes()["model.embed_tokens.weight"][0]
-        return _hf_config(self.args, vocab, tied, self.tokenizer.bos_id, sorted(self.tokenizer.eos_ids)), tied
+        tok = self.tokenizer
+        bos, eos = (tok.bos_id, sorted(tok.eos_ids)) if tok is not None else (None, [])
+        return _hf_config(self.args, vocab, tied, bos, eos), tied
 
     @cached_property
-    def tokenizer(self) -> Tokenizer:
-        """A GGUF file's tokenizer, built from its vocabulary."""
-        return Tokenizer.from_gguf_metadata(self.source.metadata)
+    def tokenizer(self) -> Tokenizer | None:
+        """A GGUF file's tokenizer, built from its vocabulary (None for a file without one)."""
+        meta = self.source.metadata
+        return Tokenizer.from_gguf_metadata(meta) if "tokenizer.ggml.model" in meta else None
 
     def tokenizer_files(self) -> dict[str, bytes]:
         """The tokenizer and chat-template files for the merged folder: an HF folder's own, or
@@ -259,6 +262,8 @@ class _Parent:
             return {name: (self.path / name).read_bytes() for name in TOKENIZER_FILES
                     if (self.path / name).is_file()}
         meta, tokenizer = self.source.metadata, self.tokenizer
+        if tokenizer is None:
+            return {}
         tokens = meta["tokenizer.ggml.tokens"]
         config = {key: tokens[i] for key, i in (
             ("bos_token", tokenizer.bos_id), ("eos_token", meta.get("tokenizer.ggml.eos_token_id")),
