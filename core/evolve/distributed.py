@@ -79,7 +79,8 @@ class DaskEvaluator:
         self.chunk_size = chunk_size
         self.timeout = float(timeout)
         self._cluster = None
-        if scheduler == "local":
+        self._local = scheduler == "local"
+        if self._local:
             self._cluster = _start_local_cluster(dd, _worker_count(n_workers))
             address = self._cluster.scheduler_address
         elif n_workers is not None:
@@ -104,7 +105,7 @@ class DaskEvaluator:
 
     @property
     def client(self):
-        """The ``distributed.Client`` in use (for its dashboard link, worker list, ...)."""
+        """The ``distributed.Client`` in use (its workers, scheduler information, ...); None once closed."""
         return self._client
 
     def evaluate(self, task: Task, members: Sequence[VolumetricNetwork], *,
@@ -114,6 +115,8 @@ class DaskEvaluator:
         On cancel, chunks not yet finished are cancelled on the cluster (a chunk already running
         on a worker runs to its end there, unobserved) and :class:`LoomCancelled` is raised.
         """
+        if self._client is None:
+            raise LoomConfigError(f"{self!r} is closed")
         stop = as_cancel_check(cancel)
         params = _task_params_json(task)
         total = len(members)
@@ -128,17 +131,17 @@ class DaskEvaluator:
         chunks = [items[i:i + size] for i in range(0, total, size)]
         run = uuid.uuid4().hex[:12]
         finished: queue.Queue[int] = queue.Queue()
-        futures = []
+        pending = {}  # chunk index -> future, until its result is read
         try:
-            for i, chunk in enumerate(chunks):
-                future = self._client.submit(evaluate_work_item, task.name, params, chunk,
-                                             key=f"loomlab-fitness-{run}-{i}", pure=False)
+            n = len(chunks)
+            for i, future in enumerate(self._client.map(
+                    evaluate_work_item, [task.name] * n, [params] * n, chunks,
+                    key=[f"loomlab-fitness-{run}-{i}" for i in range(n)], pure=False)):
                 future.add_done_callback(lambda _f, i=i: finished.put(i))
-                futures.append(future)
-            fitness: list[float] = []
+                pending[i] = future
             by_chunk: dict[int, list[float]] = {}
             done = 0
-            while done < total:
+            while pending:
                 if stop():
                     raise LoomCancelled(f"evaluation on task {task.name!r} cancelled after "
                                         f"{done} of {total} members")
@@ -146,17 +149,17 @@ class DaskEvaluator:
                     i = finished.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:
                     continue
-                by_chunk[i] = checked_fitness(_result(futures[i], task.name), len(chunks[i]), task.name)
+                # read and release at once: a result left on a worker that dies would be computed again
+                future = pending.pop(i)
+                by_chunk[i] = checked_fitness(_result(future, task.name), len(chunks[i]), task.name)
+                future.release()
                 done += len(chunks[i])
                 if progress is not None:
                     progress(done, total)
-            for i in range(len(chunks)):
-                fitness.extend(by_chunk[i])
-            return fitness
+            return [f for i in range(len(chunks)) for f in by_chunk[i]]
         finally:
-            pending = [f for f in futures if not f.done()]
             if pending:
-                self._client.cancel(pending)
+                self._client.cancel(list(pending.values()))
 
     def _auto_chunk_size(self, total: int) -> int:
         threads = max(1, sum(self._client.nthreads().values()))
@@ -181,7 +184,7 @@ class DaskEvaluator:
         self.close()
 
     def __repr__(self) -> str:
-        where = "local cluster" if self._cluster is not None else "scheduler"
+        where = "local cluster" if self._local else "scheduler"
         return f"DaskEvaluator({where} at {getattr(self, 'scheduler_address', '?')})"
 
 
@@ -254,9 +257,12 @@ def _worker_count(n_workers: int | None) -> int:
 
 def _start_local_cluster(dd: ModuleType, n_workers: int):
     try:
-        # worker processes (not threads): evaluation holds the GIL, and a killed one loses nothing
+        # worker processes (not threads): evaluation holds the GIL, and a killed one loses nothing.
+        # The scheduler's HTTP server (health, metrics; no dashboard) takes any free loopback port
+        # instead of trying 8787, which another cluster on the machine may hold.
         return dd.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=None)
+                               host="127.0.0.1", dashboard_address=None,
+                               scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
     except Exception as e:
         raise ClusterError(f"cannot start a local Dask cluster of {n_workers} workers: {e}") from None
 
