@@ -61,6 +61,21 @@ class GoRand:
         self._history = np.array([register[(LAG_GAP - 1 - i) % LEN] for i in range(LEN)], dtype=np.uint64)
         self._pending = np.empty(0, dtype=np.uint64)  # words made but not yet handed out
 
+    # ----- state, for checkpoints ---------------------------------------------------------------
+    def state(self) -> bytes:
+        """The generator's whole state: :meth:`from_state` continues exactly where this is."""
+        return np.concatenate([self._history, self._pending]).astype("<u8").tobytes()
+
+    @classmethod
+    def from_state(cls, data: bytes) -> GoRand:
+        words = np.frombuffer(data, dtype="<u8") if len(data) % 8 == 0 else np.empty(0, "<u8")
+        if words.size < LEN:
+            raise LoomConfigError(f"not a Go random state ({len(data)} bytes)")
+        out = cls.__new__(cls)
+        out._history = words[:LEN].astype(np.uint64)
+        out._pending = words[LEN:].astype(np.uint64)
+        return out
+
     # ----- the source ------------------------------------------------------------------------
     def _next_block(self) -> None:
         h = self._history

@@ -36,6 +36,15 @@ class NEATPopulation:
         self.members = [neat_mutate(seed_net, config.with_seed(self.rng.int63())) for _ in range(size)]
         self.fitness = [0.0] * size
 
+    @classmethod
+    def restore(cls, members: list[VolumetricNetwork], config: NEATConfig, rng: GoRand,
+                fitness: list[float]) -> NEATPopulation:
+        """A population in a saved state (its members, generator and last fitnesses)."""
+        out = cls.__new__(cls)
+        out.config, out.size, out.rng = config, len(members), rng
+        out.members, out.fitness = list(members), list(fitness)
+        return out
+
     @property
     def elite_count(self) -> int:
         return max(1, self.size // 4)

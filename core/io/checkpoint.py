@@ -74,6 +74,35 @@ def load_checkpoint(path: str | os.PathLike, *, backend: str = "numpy") -> Volum
         if isinstance(e, LoomFormatError):
             raise
         raise LoomFormatError(origin, f"cannot read checkpoint: {e}") from None
+    return _network_from(meta, blobs, origin, backend)
+
+
+def checkpoint_from_bytes(data: bytes, *, origin: str = "checkpoint bytes",
+                          backend: str = "numpy") -> VolumetricNetwork:
+    """Read a ``.loom`` checkpoint held in memory (as :func:`checkpoint_bytes` makes it, e.g.
+    from a database); any defect raises :class:`LoomFormatError`."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    what = foreign_format(bytes(data[:16]), "checkpoint")
+    if what is not None:
+        raise LoomFormatError(origin, what)
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 < size <= len(data) - 8:
+        raise LoomFormatError(origin, "not a valid safetensors file: bad header size")
+    header = _parse_json(bytes(data[8:8 + size]))
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    try:
+        blobs = load(bytes(data))
+    except SafetensorError as e:
+        raise LoomFormatError(origin, f"not a valid safetensors file: {e}") from None
+    for name, t in blobs.items():
+        if t.dtype != np.uint8 or t.ndim != 1:
+            raise LoomFormatError(f"$.{name}", f"tensor must be 1-D uint8, got {t.dtype} {t.shape}")
+    return _network_from(meta.get(METADATA_KEY, "") if isinstance(meta, dict) else "", blobs, origin, backend)
+
+
+def _network_from(meta: str, blobs: dict[str, np.ndarray], origin: str, backend: str) -> VolumetricNetwork:
     doc = _parse_json(meta.encode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else doc

@@ -125,8 +125,36 @@ CREATE INDEX messages_by_parent ON messages(parent_id);
 CREATE INDEX conversations_by_updated ON conversations(updated);
 """
 
+# Evolution runs (core/workspace/evolution_runs.py): a run's config, then one checkpoint per
+# generation with its members as .loom bytes; a checkpoint is written in one transaction.
+_SCHEMA_V2 = """
+CREATE TABLE evolution_runs (
+    id INTEGER PRIMARY KEY,
+    task TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'running',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE evolution_checkpoints (
+    run_id INTEGER NOT NULL REFERENCES evolution_runs(id) ON DELETE CASCADE,
+    generation INTEGER NOT NULL,
+    state_json TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (run_id, generation)
+);
+CREATE TABLE evolution_members (
+    run_id INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    network BLOB NOT NULL,
+    PRIMARY KEY (run_id, generation, idx),
+    FOREIGN KEY (run_id, generation) REFERENCES evolution_checkpoints(run_id, generation) ON DELETE CASCADE
+);
+"""
+
 # version -> DDL that brings the file from version-1 to version. Append, never edit.
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # External-content FTS5 tables mirror the real tables by rowid; not versioned, because whether

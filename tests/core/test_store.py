@@ -87,9 +87,11 @@ def test_default_workspace_creates_its_folder_and_file(monkeypatch, tmp_path):
 def test_file_is_wal_with_foreign_keys_and_a_schema_version(ws, path):
     assert sql(path, "PRAGMA journal_mode") == [("wal",)]  # WAL is a property of the file
     assert ws._conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
-    assert [row[0] for row in sql(path, "SELECT version FROM schema_version")] == [1] == [SCHEMA_VERSION]
+    assert [row[0] for row in sql(path, "SELECT version FROM schema_version")] == [1, 2] \
+        == list(range(1, SCHEMA_VERSION + 1))
     tables = {row[0] for row in sql(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"schema_version", "conversations", "messages"} <= tables
+    assert {"schema_version", "conversations", "messages", "evolution_runs", "evolution_checkpoints",
+            "evolution_members"} <= tables
 
 
 def test_reopening_runs_no_migration_twice_and_sees_everything(path):
@@ -99,7 +101,7 @@ def test_reopening_runs_no_migration_twice_and_sees_everything(path):
         before = (ws.list_conversations(), ws.thread(conv.id), ws.branches(edited.id))
     with Workspace(path) as ws:
         assert (ws.list_conversations(), ws.thread(conv.id), ws.branches(edited.id)) == before
-    assert len(sql(path, "SELECT * FROM schema_version")) == 1
+    assert len(sql(path, "SELECT * FROM schema_version")) == SCHEMA_VERSION
 
 
 def test_a_file_that_is_not_sqlite_is_refused_naming_its_path(tmp_path):

@@ -1,0 +1,212 @@
+"""An evolution run people can trust and repeat: a task, a starting genome, NEAT mutation, and
+injected components (evaluator, speciation, reporters, a checkpoint store), as neat-python
+composes them.
+
+Without ``speciation`` a run is Loom's own population (:class:`.population.NEATPopulation`): the
+same seed gives Loom's members. With it, members are grouped into species that share fitness and
+die out when stagnant (:mod:`.speciation`). Either way every random number comes from one Go
+generator seeded by the NEAT config, and the evaluator only returns floats in member order, so
+the history does not depend on how or where members are evaluated.
+
+With a ``store`` (a workspace), a checkpoint is written after every generation: the members to
+evaluate next (``.loom`` bytes), the generator's state, species and statistics. :meth:`Evolution.
+resume` continues a stored run exactly as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..cancel import as_cancel_check
+from ..errors import LoomCancelled, LoomConfigError
+from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
+from ..network import VolumetricNetwork
+from ..workspace.evolution_runs import EvolutionRuns
+from ..workspace.store import Workspace
+from .evaluators import Evaluator, InProcessEvaluator
+from .gorand import GoRand
+from .neat import NEATConfig
+from .population import NEATPopulation
+from .reporters import GenerationStats, Reporter
+from .speciation import Speciation, SpeciationConfig
+from .tasks import Task, get_task
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: int | None
+    generation: int  # generations evaluated so far
+    best_fitness: float
+    solved: bool
+    status: str  # "finished", "solved" or "stopped"
+
+
+class Evolution:
+    """Evolve networks for ``task``.
+
+    Args:
+        task: what fitness means (:func:`.tasks.get_task`).
+        genome: the starting network (default: the task's seed network).
+        config: NEAT mutation; its seed seeds the whole run (default: Loom's default config for
+            the genome's width, with a random seed).
+        population: members per generation.
+        evaluator: computes fitness (default: in-process; see :mod:`.evaluators`).
+        speciation: None for Loom's population, or the settings of speciated reproduction.
+        reporters: hook receivers (:mod:`.reporters`).
+        store: a workspace to checkpoint into after every generation.
+    """
+
+    def __init__(self, task: Task, genome: VolumetricNetwork | None = None, config: NEATConfig | None = None,
+                 *, population: int = 150, evaluator: Evaluator | None = None,
+                 speciation: SpeciationConfig | None = None, reporters: Sequence[Reporter] = (),
+                 store: Workspace | None = None):
+        if not isinstance(task, Task):
+            raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
+        genome = genome if genome is not None else task.seed_network()
+        config = config or NEATConfig.default(_width(genome))
+        self._setup(task, config, population, evaluator, speciation, reporters)
+        self.population = NEATPopulation(genome, population, config)
+        self.runs = EvolutionRuns(store) if store is not None else None
+        self.run_id = self.runs.create(task.name, self.describe()) if self.runs else None
+        self._checkpoint("running")
+
+    def _setup(self, task, config, population, evaluator, speciation, reporters) -> None:
+        self.task, self.config, self.size = task, config, population
+        self.evaluator = evaluator or InProcessEvaluator()
+        self.speciation = Speciation(speciation) if speciation is not None else None
+        self.reporters = list(reporters)
+        self.generation = 0
+        self.history: list[GenerationStats] = []
+        self.best: VolumetricNetwork | None = None
+        self.best_fitness = -math.inf
+
+    # ----- the run -------------------------------------------------------------------------------
+    @property
+    def members(self) -> list[VolumetricNetwork]:
+        return self.population.members
+
+    def describe(self) -> dict:
+        """What rebuilds this run (stored with it): task, NEAT config, size, speciation."""
+        return {"task": {"name": self.task.name, "params": self.task.params},
+                "neat": self.config.to_loom(), "population": self.size,
+                "speciation": self.speciation.config.to_dict() if self.speciation else None}
+
+    def run(self, generations: int, until: float | None = None,
+            cancel: Callable[[], bool] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> RunResult:
+        """Evaluate and reproduce ``generations`` times, or until a member reaches ``until`` (or
+        the task's threshold). ``cancel`` stops at the next chance, keeping the last checkpoint;
+        ``progress(done, total)`` reports members evaluated in the current generation."""
+        if isinstance(generations, bool) or not isinstance(generations, int) or generations < 0:
+            raise LoomConfigError(f"generations must be an integer >= 0, got {generations!r}")
+        stop = as_cancel_check(cancel)
+        for _ in range(generations):
+            if stop():
+                return self._stopped()
+            try:
+                solved = self._generation(until, stop, progress)
+            except LoomCancelled:
+                return self._stopped()
+            if solved:
+                return RunResult(self.run_id, self.generation, self.best_fitness, True, "solved")
+        if self.runs:
+            self.runs.set_status(self.run_id, "finished")
+        return RunResult(self.run_id, self.generation, self.best_fitness, False, "finished")
+
+    def _generation(self, until, stop, progress) -> bool:
+        g = self.generation + 1
+        for r in self.reporters:
+            r.start_generation(g)
+        members = self.members
+        fitness = self.evaluator.evaluate(self.task, members, progress=progress, cancel=stop)
+        for r in self.reporters:
+            r.post_evaluate(g, fitness)
+        sizes = {}
+        if self.speciation:
+            self.speciation.speciate(members, g)
+            sizes = self.speciation.sizes()
+            for r in self.reporters:
+                r.species_changed(g, sizes)
+        stats = GenerationStats.of(g, fitness, sizes)
+        top = max(range(len(fitness)), key=lambda i: (fitness[i], -i))
+        if fitness[top] > self.best_fitness:
+            self.best, self.best_fitness = members[top], fitness[top]
+        solved = self.task.solved(fitness[top]) or (until is not None and fitness[top] >= until)
+        if self.speciation:
+            self.population.members = self.speciation.reproduce(members, fitness, g, self.population.rng,
+                                                                self.config)
+            self.population.fitness = sorted(fitness, reverse=True)
+        else:
+            self.population.evolve(fitness)
+        self.generation = g
+        self.history.append(stats)
+        self._checkpoint("solved" if solved else "running")
+        for r in self.reporters:
+            r.end_generation(stats, self.size)
+        if solved:
+            for r in self.reporters:
+                r.found_solution(g, fitness[top])
+        return solved
+
+    def _stopped(self) -> RunResult:
+        if self.runs:
+            self.runs.set_status(self.run_id, "stopped")
+        return RunResult(self.run_id, self.generation, self.best_fitness, False, "stopped")
+
+    # ----- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint(self, status: str) -> None:
+        if not self.runs:
+            return
+        state = {"generation": self.generation, "rng": self.population.rng.state().hex(),
+                 "fitness": self.population.fitness, "history": [s.to_dict() for s in self.history],
+                 "best_fitness": None if self.best is None else self.best_fitness,
+                 "best": None if self.best is None else checkpoint_bytes(self.best).hex(),
+                 "speciation": self.speciation.to_state() if self.speciation else None}
+        self.runs.save_checkpoint(self.run_id, self.generation, state,
+                                  [checkpoint_bytes(m) for m in self.members], status)
+        for r in self.reporters:
+            r.checkpointed(self.run_id, self.generation)
+
+    @classmethod
+    def resume(cls, store: Workspace, run_id: int, *, evaluator: Evaluator | None = None,
+               reporters: Sequence[Reporter] = ()) -> Evolution:
+        """The stored run ``run_id`` as it was at its last checkpoint; :meth:`run` continues it."""
+        runs = EvolutionRuns(store)
+        record = runs.get(run_id)
+        cfg = record.config
+        task = get_task(cfg["task"]["name"], **cfg["task"]["params"])
+        config = NEATConfig.from_loom(cfg["neat"])
+        speciation = SpeciationConfig(**cfg["speciation"]) if cfg["speciation"] is not None else None
+        self = cls.__new__(cls)
+        self._setup(task, config, cfg["population"], evaluator, speciation, reporters)
+        self.runs, self.run_id = runs, run_id
+        point = runs.latest_checkpoint(run_id)
+        state = point.state
+        precision = task.params.get("precision", "loom")
+        self.population = NEATPopulation.restore([_restored(m, precision) for m in point.members], config,
+                                                 GoRand.from_state(bytes.fromhex(state["rng"])),
+                                                 state["fitness"])
+        self.generation = state["generation"]
+        self.history = [GenerationStats.from_dict(d) for d in state["history"]]
+        if state["best"] is not None:
+            self.best = _restored(bytes.fromhex(state["best"]), precision)
+            self.best_fitness = state["best_fitness"]
+        if self.speciation:
+            self.speciation.restore(state["speciation"])
+            for sp in self.speciation.species:
+                sp.representative.precision = precision
+        runs.set_status(run_id, "running")
+        return self
+
+
+def _restored(data: bytes, precision: str) -> VolumetricNetwork:
+    net = checkpoint_from_bytes(data)
+    net.precision = precision  # files do not carry it; the task's is what members ran at
+    return net
+
+
+def _width(genome: VolumetricNetwork) -> int:
+    """The width NEAT re-initialises layers at: the widest layer output of the genome."""
+    return max((layer.cfg.output_height for _, layer in genome.layers()), default=1) or 1

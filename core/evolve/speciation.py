@@ -1,0 +1,219 @@
+"""Speciation for evolution runs, as neat-python does it, with a genome distance built on DNA.
+
+Members are grouped into species by distance to each species' representative; each species gets
+offspring in proportion to its mean fitness (fitness sharing: a big species does not crowd out a
+new one), a species that has not improved for ``max_stagnation`` generations dies out (except the
+``species_elitism`` best), and children are spliced from two of a species' best and then mutated.
+Every random number comes from the run's Go generator, so a seed gives one history.
+
+Genome distance of networks A and B (grid positions aligned, as DNA does)::
+
+    structure_weight * differing / compared + weight_coefficient * mean((1 - cosine) / 2)
+
+where ``differing`` counts positions held by one network only, or with another layer type or
+weight count, plus remote links present in one only; ``cosine`` is the DNA overlap of the other
+positions (dequantized weights, so a dtype change alone is a small distance).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import LoomConfigError
+from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
+from ..network import VolumetricNetwork
+from .dna import DNA, cosine_similarity, extract_dna
+from .gorand import GoRand
+from .neat import NEATConfig, neat_mutate
+from .splice import SpliceConfig, splice
+
+
+@dataclass(frozen=True)
+class SpeciationConfig:
+    """Settings of speciation and reproduction (neat-python's names where it has them)."""
+
+    compatibility_threshold: float = 0.15
+    structure_weight: float = 1.0
+    weight_coefficient: float = 2.0
+    max_stagnation: int = 15
+    species_elitism: int = 2
+    elitism: int = 1
+    survival_threshold: float = 0.2
+    min_species_size: int = 2
+
+    def __post_init__(self):
+        for name in ("compatibility_threshold", "structure_weight", "weight_coefficient",
+                     "survival_threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise LoomConfigError(f"speciation {name} must be a number >= 0, got {v!r}")
+        if not 0 < self.survival_threshold <= 1:
+            raise LoomConfigError("speciation survival_threshold must lie in (0, 1], "
+                                  f"got {self.survival_threshold}")
+        for name in ("max_stagnation", "species_elitism", "elitism", "min_species_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise LoomConfigError(f"speciation {name} must be an integer >= 0, got {v!r}")
+        if self.max_stagnation < 1 or self.min_species_size < 1:
+            raise LoomConfigError("speciation max_stagnation and min_species_size must be >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Species:
+    id: int
+    representative: VolumetricNetwork
+    members: list[int]  # indices into the current members
+    created: int
+    last_improved: int
+    best_fitness: float = -math.inf
+
+    def to_state(self) -> dict:
+        return {"id": self.id, "representative": checkpoint_bytes(self.representative).hex(),
+                "members": self.members, "created": self.created, "last_improved": self.last_improved,
+                "best_fitness": None if math.isinf(self.best_fitness) else self.best_fitness}
+
+    @classmethod
+    def from_state(cls, d: dict) -> Species:
+        best = d["best_fitness"]
+        return cls(d["id"], checkpoint_from_bytes(bytes.fromhex(d["representative"])), list(d["members"]),
+                   d["created"], d["last_improved"], -math.inf if best is None else best)
+
+
+def genome_distance(a: VolumetricNetwork, b: VolumetricNetwork, config: SpeciationConfig,
+                    dna_a: DNA | None = None, dna_b: DNA | None = None) -> float:
+    """The distance of the module's docstring (0 for identical networks)."""
+    sigs_a = {s.key: s for s in (dna_a or extract_dna(a, dequantized=True))}
+    sigs_b = {s.key: s for s in (dna_b or extract_dna(b, dequantized=True))}
+    differing, drift = 0, []
+    for key in sigs_a.keys() | sigs_b.keys():
+        sa, sb = sigs_a.get(key), sigs_b.get(key)
+        if sa is None or sb is None or sa.layer_type != sb.layer_type or sa.weights.size != sb.weights.size:
+            differing += 1
+        else:
+            drift.append((1.0 - cosine_similarity(sa, sb, across_dtypes=True)) / 2)
+    links_a, links_b = _links(a), _links(b)
+    differing += len(links_a ^ links_b)
+    compared = len(sigs_a.keys() | sigs_b.keys()) + len(links_a | links_b)
+    structure = differing / compared if compared else 0.0
+    weights = float(np.mean(drift)) if drift else 0.0
+    return config.structure_weight * structure + config.weight_coefficient * weights
+
+
+def _links(net: VolumetricNetwork) -> set[tuple]:
+    return {(coord, child.cfg.target) for coord, layer in net.layers() for child in layer.children
+            if child.cfg.is_remote_link}
+
+
+class Speciation:
+    """The species of a run and how they reproduce (see the module's docstring)."""
+
+    def __init__(self, config: SpeciationConfig | None = None):
+        self.config = config or SpeciationConfig()
+        self.species: list[Species] = []
+        self.next_id = 1
+
+    # ----- grouping ----------------------------------------------------------------------------
+    def speciate(self, members: list[VolumetricNetwork], generation: int) -> None:
+        """Put every member into the species of the first representative within the threshold
+        (a new species when none is); representatives move to their closest new member."""
+        cfg = self.config
+        dnas = [extract_dna(m, dequantized=True) for m in members]
+        unplaced = list(range(len(members)))
+        for sp in self.species:  # each species keeps the member closest to its old representative
+            rep_dna = extract_dna(sp.representative, dequantized=True)
+            if not unplaced:
+                sp.members = []
+                continue
+            dist = [genome_distance(sp.representative, members[i], cfg, rep_dna, dnas[i]) for i in unplaced]
+            j = int(np.argmin(dist))
+            if dist[j] < cfg.compatibility_threshold:
+                sp.representative, sp.members = members[unplaced[j]], [unplaced[j]]
+                unplaced.pop(j)
+            else:
+                sp.members = []
+        for i in unplaced:
+            for sp in self.species:
+                if sp.members and genome_distance(sp.representative, members[i], cfg,
+                                                  dna_b=dnas[i]) < cfg.compatibility_threshold:
+                    sp.members.append(i)
+                    break
+            else:
+                self.species.append(Species(self.next_id, members[i], [i], generation, generation))
+                self.next_id += 1
+        self.species = [sp for sp in self.species if sp.members]
+
+    # ----- reproduction --------------------------------------------------------------------------
+    def reproduce(self, members: list[VolumetricNetwork], fitness: list[float], generation: int,
+                  rng: GoRand, neat: NEATConfig) -> list[VolumetricNetwork]:
+        """The next generation, ``len(members)`` networks, the overall best first, unchanged."""
+        cfg, size = self.config, len(members)
+        self._mark_improvement(fitness, generation)
+        alive = self._not_stagnant(generation)
+        lo, hi = min(fitness), max(fitness)
+        span = max(1.0, hi - lo)
+        # fitness sharing: a species' share is its members' mean fitness, shifted to be >= 0
+        shares = [float(np.mean([fitness[i] for i in sp.members])) - lo for sp in alive]
+        spawn = _spawn_amounts([s / span for s in shares], size, cfg.min_species_size)
+        best = max(range(size), key=lambda i: (fitness[i], -i))
+        children = [members[best]]
+        for sp, n in zip(alive, spawn, strict=True):
+            ranked = sorted(sp.members, key=lambda i: (-fitness[i], i))
+            keep = [members[i] for i in ranked[:cfg.elitism] if i != best][: max(0, n - 1)]
+            children += keep
+            parents = ranked[: max(2, math.ceil(cfg.survival_threshold * len(ranked)))]
+            for _ in range(n - len(keep) - (best in sp.members)):
+                a = parents[rng.intn(len(parents))]
+                b = parents[rng.intn(len(parents))]
+                child = splice(members[a], members[b],
+                               SpliceConfig(fitness_a=max(fitness[a] - lo, 0.0),
+                                            fitness_b=max(fitness[b] - lo, 0.0))).child
+                children.append(neat_mutate(child, neat.with_seed(rng.int63())))
+        return children[:size]
+
+    def _mark_improvement(self, fitness: list[float], generation: int) -> None:
+        for sp in self.species:
+            f = max(fitness[i] for i in sp.members)
+            if f > sp.best_fitness:
+                sp.best_fitness, sp.last_improved = f, generation
+
+    def _not_stagnant(self, generation: int) -> list[Species]:
+        cfg = self.config
+        by_fitness = sorted(self.species, key=lambda sp: -sp.best_fitness)
+        protected = {sp.id for sp in by_fitness[:cfg.species_elitism]}
+        alive = [sp for sp in self.species
+                 if sp.id in protected or generation - sp.last_improved < cfg.max_stagnation]
+        self.species = alive
+        return alive
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def to_state(self) -> dict:
+        return {"next_id": self.next_id, "species": [sp.to_state() for sp in self.species]}
+
+    def restore(self, state: dict) -> None:
+        self.next_id = state["next_id"]
+        self.species = [Species.from_state(d) for d in state["species"]]
+
+    def sizes(self) -> dict[int, int]:
+        return {sp.id: len(sp.members) for sp in self.species}
+
+
+def _spawn_amounts(shares: list[float], total: int, min_size: int) -> list[int]:
+    """Split ``total`` members over species in proportion to ``shares``, each at least
+    ``min_size`` (as far as ``total`` allows), by largest remainder; ties go to the older species."""
+    n = len(shares)
+    floor_each = min(min_size, total // max(n, 1))
+    rest = total - floor_each * n
+    weights = np.asarray(shares, dtype=np.float64)
+    weights = weights / weights.sum() if weights.sum() > 0 else np.full(n, 1.0 / n)
+    exact = weights * rest
+    amounts = np.floor(exact).astype(int)
+    order = sorted(range(n), key=lambda i: (-(exact[i] - amounts[i]), i))
+    for i in order[: rest - int(amounts.sum())]:
+        amounts[i] += 1
+    return [int(a) + floor_each for a in amounts]
