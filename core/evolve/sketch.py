@@ -88,6 +88,7 @@ def compare_models(a, b, *, width: int = DEFAULT_WIDTH, progress: Progress | Non
         report = None if progress is None else (
             lambda _, done, total, stage=f"sketch {label}": progress(stage, done, total))
         if isinstance(model, str | os.PathLike):
+            # here, not at the top: the loader brings numba's kernels, which signing a network never needs
             from ..llm.discovery import resolve
             from ..llm.loader import load_causal_lm
 
