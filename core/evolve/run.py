@@ -65,7 +65,7 @@ class Evolution:
         if not isinstance(task, Task):
             raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
         genome = genome if genome is not None else task.seed_network()
-        config = config or NEATConfig.default(_width(genome))
+        config = config or NEATConfig.default(genome_width(genome))
         self._setup(task, config, population, evaluator, speciation, reporters)
         self.population = NEATPopulation(genome, population, config)
         self.runs = EvolutionRuns(store) if store is not None else None
@@ -207,6 +207,6 @@ def _restored(data: bytes, precision: str) -> VolumetricNetwork:
     return net
 
 
-def _width(genome: VolumetricNetwork) -> int:
+def genome_width(genome: VolumetricNetwork) -> int:
     """The width NEAT re-initialises layers at: the widest layer output of the genome."""
     return max((layer.cfg.output_height for _, layer in genome.layers()), default=1) or 1

@@ -1,0 +1,179 @@
+"""``loomlab dna``, ``loomlab splice`` and ``loomlab evolve``: compare networks by their DNA, splice
+two, and run evolution experiments (headless, no Qt)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import tomllib
+from pathlib import Path
+
+from ..cli import CliError, print_table, progress_bar
+from .net import load_net
+
+EVOLVE_EXAMPLE = """\
+[run]
+task = "xor"          # xor, sine or spirals
+population = 150
+generations = 300
+until = 3.9           # optional: stop once a member reaches this fitness
+[task]                # the task's parameters (hidden, depth, activation, seed, ...)
+hidden = 4
+[neat]                # NEATConfig fields; seed seeds the whole run (default: random)
+seed = 1
+[speciation]          # present: speciated reproduction; its settings (all optional)
+compatibility_threshold = 0.15
+"""
+_RUN_KEYS = {"task", "population", "generations", "until", "scheduler", "workers"}
+
+
+def register(sub) -> None:
+    dna = sub.add_parser("dna", help="compare two networks by their DNA (Loom's CompareNetworks)")
+    dna.add_argument("a", help="a Loom JSON network or .loom checkpoint")
+    dna.add_argument("b", help="the network to compare it with")
+    dna.add_argument("--across-dtypes", action="store_true",
+                     help="compare dequantized weights, so a morph scores near its original (Loom: 0)")
+    dna.add_argument("--json", action="store_true", help="Loom's JSON result")
+    dna.set_defaults(handler=cmd_dna)
+
+    sp = sub.add_parser("splice", help="a child of two networks (Loom's SpliceDNA)")
+    sp.add_argument("a", help="parent A (the child has its structure)")
+    sp.add_argument("b", help="parent B")
+    sp.add_argument("-o", "--output", required=True, help="where to save the child (.json or .loom)")
+    sp.add_argument("--mode", default="blend", help="blend (default), point or uniform")
+    sp.add_argument("--alpha", type=float, default=0.5, help="B's share in a blend (default 0.5)")
+    sp.add_argument("--split", type=float, default=0.5, help="where point mode cuts (default 0.5)")
+    sp.add_argument("--fitness-a", type=float, default=0.0)
+    sp.add_argument("--fitness-b", type=float, default=0.0)
+    sp.add_argument("--seed", type=int, help="seed of uniform mode (default: random)")
+    sp.set_defaults(handler=cmd_splice)
+
+    ev = sub.add_parser("evolve", help="run (or resume) an evolution experiment",
+                        description="Evolve networks for a task as CONFIG.toml says; every generation is "
+                                    "checkpointed in the workspace, and Ctrl-C stops after the last one. "
+                                    "Example config:\n\n" + EVOLVE_EXAMPLE,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("config", nargs="?", help="the run's TOML config (not needed with --resume)")
+    ev.add_argument("--generations", type=int, help="generations to run (default: the config's)")
+    ev.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN from its last checkpoint")
+    ev.add_argument("--scheduler", help="evaluate on Dask: 'local' (a local cluster) or tcp://host:port")
+    ev.add_argument("--workspace", help="the workspace database (default: the workbench's)")
+    ev.add_argument("--list", action="store_true", help="list the workspace's runs and exit")
+    ev.set_defaults(handler=cmd_evolve)
+
+
+# ----- dna / splice --------------------------------------------------------------------------
+def cmd_dna(args) -> int:
+    from loomlab.core.evolve.dna import compare_dna
+
+    result = compare_dna(load_net(args.a), load_net(args.b), across_dtypes=args.across_dtypes)
+    if args.json:
+        print(json.dumps(result.to_loom(), indent=2))
+        return 0
+    print(f"overall overlap  {result.overall_overlap:.6f}")
+    print_table(("layer z,y,x,l", "overlap"), [(k, f"{v:.6f}") for k, v in result.layer_overlaps.items()])
+    if result.logic_shifts:
+        print("logic shifts")
+        print_table(("from", "to", "overlap"),
+                    [(s.source_pos, s.target_pos, f"{s.overlap:.6f}") for s in result.logic_shifts])
+    return 0
+
+
+def cmd_splice(args) -> int:
+    from loomlab.core.evolve.splice import SpliceConfig, splice
+    from loomlab.core.io import save_network
+
+    config = SpliceConfig(mode=args.mode, blend_alpha=args.alpha, split_ratio=args.split,
+                          fitness_a=args.fitness_a, fitness_b=args.fitness_b, seed=args.seed)
+    result = splice(load_net(args.a), load_net(args.b), config)
+    save_network(result.child, args.output)
+    print(f"saved {args.output}: {result.blended_count} of {len(result.similarities)} layers similar (> 0)")
+    return 0
+
+
+# ----- evolve ----------------------------------------------------------------------------------
+def cmd_evolve(args) -> int:
+    from loomlab.core.evolve.evaluators import make_evaluator
+    from loomlab.core.evolve.reporters import ConsoleReporter
+    from loomlab.core.evolve.run import Evolution
+    from loomlab.core.workspace.evolution_runs import EvolutionRuns
+    from loomlab.core.workspace.store import Workspace, default_path
+
+    workspace = Path(args.workspace) if args.workspace else default_path()
+    if args.list:
+        with Workspace(workspace) as ws:
+            rows = [(str(r.id), r.task, str(r.generations), r.status) for r in EvolutionRuns(ws).list()]
+            print_table(("run", "task", "generations", "status"), rows)
+        return 0
+    if (args.config is None) == (args.resume is None):
+        raise CliError("give a CONFIG.toml, or --resume RUN (not both)")
+    plan = _read_config(Path(args.config)) if args.config else {}
+    generations = args.generations if args.generations is not None else plan.get("generations")
+    if generations is None or generations < 0:
+        raise CliError("say how many generations: --generations N (or generations in the config's [run])")
+    scheduler = args.scheduler or plan.get("scheduler")
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: stop after a checkpoint
+    try:
+        with Workspace(workspace) as ws, make_evaluator(scheduler, **plan.get("evaluator", {})) as evaluator:
+            reporters = [ConsoleReporter()]
+            if args.resume is not None:
+                run = Evolution.resume(ws, args.resume, evaluator=evaluator, reporters=reporters)
+            else:
+                run = Evolution(plan["task"], config=plan["neat"], population=plan["population"],
+                                evaluator=evaluator, speciation=plan["speciation"], reporters=reporters,
+                                store=ws)
+            print(f"run {run.run_id} in {workspace} (generation {run.generation})")
+            result = run.run(generations, until=plan.get("until"), cancel=stop.is_set,
+                             progress=lambda done, total: progress_bar("evaluate", done, total))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    word = {"solved": "solved", "finished": "finished", "stopped": "stopped"}[result.status]
+    print(f"run {result.run_id} {word} at generation {result.generation}: best fitness "
+          f"{result.best_fitness:.4f}" + (f"; resume with: loomlab evolve --resume {result.run_id}"
+                                          if result.status == "stopped" else ""))
+    return 0
+
+
+def _read_config(path: Path) -> dict:
+    """The run described by a TOML config, each part built and validated (one-line errors)."""
+    from loomlab.core.evolve.neat import NEATConfig
+    from loomlab.core.evolve.run import genome_width
+    from loomlab.core.evolve.speciation import SpeciationConfig
+    from loomlab.core.evolve.tasks import get_task
+
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CliError(f"{path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise CliError(f"{path}: not a TOML file: {e}") from None
+    unknown = set(doc) - {"run", "task", "neat", "speciation", "evaluator"}
+    if unknown:
+        raise CliError(f"{path}: unknown section(s) {', '.join(sorted(unknown))} "
+                       "(known: run, task, neat, speciation, evaluator)")
+    run = doc.get("run", {})
+    bad = set(run) - _RUN_KEYS
+    if bad:
+        raise CliError(f"{path}: unknown key(s) in [run]: {', '.join(sorted(bad))} "
+                       f"(known: {', '.join(sorted(_RUN_KEYS))})")
+    if "task" not in run:
+        raise CliError(f"{path}: [run] needs task = \"xor\" (or sine, spirals)")
+    task = get_task(run["task"], **doc.get("task", {}))
+    neat_fields = dict(doc.get("neat", {}))
+    width = neat_fields.get("d_model", genome_width(task.seed_network()))
+    base = NEATConfig.default(width, seed=neat_fields.get("seed"))
+    try:
+        neat = NEATConfig(**{**base.__dict__, **neat_fields})
+        speciation = SpeciationConfig(**doc["speciation"]) if "speciation" in doc else None
+    except TypeError as e:  # an unknown field name
+        raise CliError(f"{path}: {e}") from None
+    population = run.get("population", 150)
+    if isinstance(population, bool) or not isinstance(population, int) or population < 2:
+        raise CliError(f"{path}: [run] population must be an integer >= 2, got {population!r}")
+    return {"task": task, "neat": neat, "speciation": speciation, "population": population,
+            "generations": run.get("generations"), "until": run.get("until"),
+            "scheduler": run.get("scheduler"),
+            "evaluator": {"n_workers": run["workers"]} if "workers" in run else {}}

@@ -1,0 +1,98 @@
+"""``loomlab dna``, ``splice`` and ``evolve`` against the engine's own results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loomlab.app.cli import main
+from loomlab.core.evolve.dna import compare_dna
+from loomlab.core.evolve.neat import NEATConfig
+from loomlab.core.evolve.run import Evolution
+from loomlab.core.evolve.speciation import SpeciationConfig
+from loomlab.core.evolve.splice import SpliceConfig, splice
+from loomlab.core.evolve.tasks import get_task
+from loomlab.core.io import load_network, save_network
+from loomlab.core.io.checkpoint import checkpoint_bytes
+from loomlab.core.io.loom_json import dumps, read_network
+from loomlab.core.workspace.evolution_runs import EvolutionRuns
+from loomlab.core.workspace.store import Workspace
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "evolve-goldens-seed1.json").read_text())
+PAIR = next(c for c in GOLDEN["dna_pairs"] if c["result"]["LogicShifts"])
+CONFIG = """
+[run]
+task = "xor"
+population = 12
+generations = 3
+[neat]
+seed = 5
+[speciation]
+compatibility_threshold = 0.5
+"""
+
+
+@pytest.fixture
+def pair(tmp_path):
+    paths = []
+    for name in ("a", "b"):
+        save_network(read_network(PAIR[name]), tmp_path / f"{name}.json")
+        paths.append(str(tmp_path / f"{name}.json"))
+    return paths
+
+
+def test_dna_prints_loom_comparison(pair, capsys):
+    assert main(["dna", *pair, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == compare_dna(*map(load_network, pair)).to_loom()
+    assert main(["dna", *pair]) == 0
+    out = capsys.readouterr().out
+    shift = PAIR["result"]["LogicShifts"][0]
+    assert f"overall overlap  {PAIR['result']['OverallOverlap']:.6f}" in out and "logic shifts" in out
+    assert any(line.split()[:2] == [shift["SourcePos"], shift["TargetPos"]] for line in out.splitlines())
+
+
+def test_splice_saves_the_engines_child(pair, tmp_path):
+    out = tmp_path / "child.loom"
+    assert main(["splice", *pair, "-o", str(out), "--mode", "point", "--split", "0.3"]) == 0
+    expected = splice(*map(load_network, pair), SpliceConfig(mode="point", split_ratio=0.3)).child
+    assert dumps(load_network(out)) == dumps(expected)
+    assert main(["splice", *pair, "-o", str(out), "--mode", "average"]) == 2
+
+
+def test_evolve_runs_resumes_and_lists(tmp_path, capsys):
+    (tmp_path / "run.toml").write_text(CONFIG)
+    ws = str(tmp_path / "ws.sqlite3")
+    assert main(["evolve", str(tmp_path / "run.toml"), "--workspace", ws]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" |")[0] for line in lines if line.startswith("Gen ")] == ["Gen 1", "Gen 2", "Gen 3"]
+    assert main(["evolve", "--resume", "1", "--generations", "2", "--workspace", ws]) == 0
+    assert "finished at generation 5" in capsys.readouterr().out
+    # the oracle: the same run through the API, five generations straight
+    task = get_task("xor")
+    api = Evolution(task, config=NEATConfig.default(4, seed=5), population=12,
+                    speciation=SpeciationConfig(compatibility_threshold=0.5))
+    api.run(5)
+    with Workspace(ws) as w:
+        point = EvolutionRuns(w).latest_checkpoint(1)
+        assert point.members == [checkpoint_bytes(m) for m in api.members]
+    assert main(["evolve", "--list", "--workspace", ws]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["1", "xor", "5", "finished"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[run]\ntask = "xor"\ngenerations = 2\nbogus = 1\n', "unknown key(s) in [run]: bogus"),
+    ('[run]\ntask = "xor"\ngenerations = 2\n[neat]\nnode_mutate_rate = 1.5\n',
+     "node_mutate_rate must lie in [0, 1]"),
+    ('[run]\ntask = "knots"\ngenerations = 2\n', "unknown task 'knots'"),
+    ('[run]\ntask = "xor"\ngenerations = 2\n[neat]\nrate = 1\n', "unexpected keyword argument 'rate'"),
+    ('[run]\ntask = "xor"\ngenerations = 2\n[task]\nhidden = -1\n', "hidden"),
+    ('[run]\ntask = "xor"\n', "how many generations"),
+    ("[run\n", "not a TOML file"),
+])
+def test_bad_configs_give_one_line_and_exit_2(tmp_path, capsys, text, message):
+    (tmp_path / "bad.toml").write_text(text)
+    assert main(["evolve", str(tmp_path / "bad.toml"), "--workspace", str(tmp_path / "ws.sqlite3")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
