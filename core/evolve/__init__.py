@@ -5,3 +5,34 @@ Loom-exact parts (same seed, same draws, same children as Loom): :mod:`.gorand` 
 mutation) and :mod:`.population`. Beyond Loom: runs with speciation, checkpoints and reporters,
 batched evaluation of many networks, a Dask evaluator, built-in tasks, LLM sketches and merges.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# name -> module; imported on first use (merges and sketches bring in the LLM runtime and numba)
+_EXPORTS = {
+    "GoRand": "gorand",
+    "DNA": "dna", "LayerSignature": "dna", "DNAComparison": "dna", "LogicShift": "dna",
+    "extract_dna": "dna", "compare_dna": "dna",
+    "SpliceConfig": "splice", "SpliceResult": "splice", "splice": "splice",
+    "NEATConfig": "neat", "neat_mutate": "neat",
+    "NEATPopulation": "population",
+    "Evolution": "run", "RunResult": "run",
+    "SpeciationConfig": "speciation", "Speciation": "speciation", "genome_distance": "speciation",
+    "Reporter": "reporters", "ConsoleReporter": "reporters", "StatisticsReporter": "reporters",
+    "GenerationStats": "reporters",
+    "Task": "tasks", "TASKS": "tasks", "get_task": "tasks",
+    "forward_many": "batched",
+    "Evaluator": "evaluators", "InProcessEvaluator": "evaluators", "make_evaluator": "evaluators",
+    "sketch_dna": "sketch", "compare_models": "sketch",
+    "merge_models": "merge",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
