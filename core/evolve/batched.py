@@ -1,15 +1,16 @@
 """Many networks through one forward: members of one shape share one batched matmul per layer.
 
 A population evolved from one genome is mostly networks of the same shape: a chain of Dense
-layers with the same sizes and activations. :func:`forward_stacked` stacks such members' weights
+layers with the same sizes and activations. A :class:`NetworkStack` stacks such members' weights
 (``[N, out, in]`` per layer) and runs the whole group with one ``matmul`` and one activation per
-layer; members of other shapes form groups of their own, and a member this module cannot batch
-(any enabled layer that is not a plain Dense, observers attached) runs its own
-:meth:`VolumetricNetwork.forward`. Each member's output equals its own ``forward`` to float32
-rounding: the same dtypes, the same row reading (spec §5.2) and the same activation code.
+layer (:func:`forward_many` and :func:`forward_stacked` make one for a single pass). Members of
+other shapes form groups of their own, and a member this module cannot batch (any enabled layer
+that is not a plain Dense, observers attached) runs its own :meth:`VolumetricNetwork.forward`.
+Each member's output equals its own ``forward`` to float32 rounding: the same dtypes, the same
+row reading (spec §5.2) and the same activation code.
 
 A member's result never depends on which other members it was batched with (numpy's stacked
-``matmul`` multiplies each ``[out, in]`` slice on its own), so fitness computed from a chunk of
+``matmul`` multiplies each member's slice on its own), so fitness computed from a chunk of
 a population is bit-identical to fitness computed from the whole of it.
 """
 
@@ -23,50 +24,84 @@ from ..activations import activate
 from ..layers.dense import Dense
 from ..network import VolumetricNetwork, compute_dtypes
 
-# (backend name, precision, ((n_in, n_out, activation id) per enabled layer))
-GroupKey = tuple[str, str, tuple[tuple[int, int, int], ...]]
+# (backend name, precision, ((n_in, n_out, activation) per enabled layer))
+GroupKey = tuple[str, str, tuple[tuple[int, int, str], ...]]
+Catch = type[BaseException] | tuple[type[BaseException], ...]
 
 
-def forward_many(nets: Sequence[VolumetricNetwork], x, *,
-                 catch: type[BaseException] | tuple[type[BaseException], ...] = ()) -> list:
-    """Each network's output for input ``x``, in order, as its own ``forward(x)`` would give it.
+class NetworkStack:
+    """Networks prepared for batched forward passes: each group of same-shaped members has its
+    weights stacked once, so repeated passes over one population (many inputs, many steps) pay
+    only for the batched matmuls.
 
-    A member whose pass raises one of the ``catch`` exception types gets that exception in its
-    slot instead of an output; any other exception propagates.
+    The stack is a snapshot: it reads members' structure and weights when it is made; build a
+    new one after changing them. Members that cannot be batched run their own ``forward``.
     """
-    out: list = [None] * len(nets)
-    for members, result in forward_stacked(nets, x, catch=catch):
-        for k, i in enumerate(members):
-            out[i] = result if isinstance(result, BaseException) else result[k]
-    return out
+
+    def __init__(self, nets: Sequence[VolumetricNetwork]):
+        self.nets = list(nets)
+        self.alone: list[int] = []  # members that run their own forward
+        found: dict[GroupKey, tuple[list[int], list[list[Dense]]]] = {}
+        for i, net in enumerate(self.nets):
+            keyed = _keyed_layers(net)
+            if keyed is None:
+                self.alone.append(i)
+            else:
+                members, layers = found.setdefault(keyed[0], ([], []))
+                members.append(i)
+                layers.append(keyed[1])
+        self.groups = [_Group(key, members, layers, self.nets[members[0]].backend)
+                       for key, (members, layers) in found.items()]
+
+    def forward_stacked(self, x, *, catch: Catch = ()) -> list[tuple]:
+        """The outputs for input ``x``, group by group: a list of ``(members, result)`` where
+        ``members`` are indices into the stack's networks and ``result`` stacks their outputs
+        along a new first axis (``[len(members), *output shape]``), or is the ``catch`` exception
+        the single member in ``members`` raised. Callers that score a population vectorise over
+        ``result``.
+        """
+        results = [([i], _own_forward(self.nets[i], x, catch)) for i in self.alone]
+        for group in self.groups:
+            y = group.forward(x)
+            if y is None:  # the sizes do not chain for this input: each member raises its own error
+                results.extend(([i], _own_forward(self.nets[i], x, catch)) for i in group.members)
+                continue
+            for i in group.members:
+                self.nets[i].count_pass()
+            results.append((group.members, y))
+        return results
+
+    def forward(self, x, *, catch: Catch = ()) -> list:
+        """Each network's output for input ``x``, in order, as its own ``forward(x)`` gives it.
+
+        A member whose pass raises one of the ``catch`` exception types gets that exception in
+        its slot instead of an output; any other exception propagates.
+        """
+        out: list = [None] * len(self.nets)
+        for members, result in self.forward_stacked(x, catch=catch):
+            for k, i in enumerate(members):
+                out[i] = result if isinstance(result, BaseException) else result[k]
+        return out
 
 
-def forward_stacked(nets: Sequence[VolumetricNetwork], x, *,
-                    catch: type[BaseException] | tuple[type[BaseException], ...] = ()) -> list[tuple]:
-    """The outputs of ``nets`` for input ``x``, group by group: a list of ``(members, result)``
-    where ``members`` are indices into ``nets`` and ``result`` stacks their outputs along a new
-    first axis (``[len(members), *output shape]``), or is the ``catch`` exception the single
-    member in ``members`` raised. Callers that score a population vectorise over ``result``.
-    """
-    groups: dict[GroupKey, list[int]] = {}
-    results: list[tuple] = []
-    for i, net in enumerate(nets):
-        key = group_key(net)
-        if key is None:
-            results.append(([i], _own_forward(net, x, catch)))
-        else:
-            groups.setdefault(key, []).append(i)
-    for key, members in groups.items():
-        stacked = _group_forward([nets[i] for i in members], x, key)
-        if stacked is None:  # the sizes do not chain for this input: each member raises its own error
-            results.extend(([i], _own_forward(nets[i], x, catch)) for i in members)
-        else:
-            results.append((members, stacked))
-    return results
+def forward_many(nets: Sequence[VolumetricNetwork], x, *, catch: Catch = ()) -> list:
+    """Each network's output for input ``x`` (see :meth:`NetworkStack.forward`), in one pass."""
+    return NetworkStack(nets).forward(x, catch=catch)
+
+
+def forward_stacked(nets: Sequence[VolumetricNetwork], x, *, catch: Catch = ()) -> list[tuple]:
+    """The outputs of ``nets`` for ``x`` group by group (see :meth:`NetworkStack.forward_stacked`)."""
+    return NetworkStack(nets).forward_stacked(x, catch=catch)
 
 
 def group_key(net: VolumetricNetwork) -> GroupKey | None:
-    """What members must share to be batched together, or None when ``net`` must run alone.
+    """What members must share to be batched together, or None when ``net`` must run alone."""
+    keyed = _keyed_layers(net)
+    return None if keyed is None else keyed[0]
+
+
+def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense]] | None:
+    """``(group key, enabled layers)`` of a network that can be batched, else None.
 
     Disabled layers are skipped by forward, so they are left out of the key; a layer's dtype
     is not in it either, as the stack holds the weights dequantized from each member's dtype.
@@ -75,7 +110,7 @@ def group_key(net: VolumetricNetwork) -> GroupKey | None:
     """
     if net.observers:  # observers want one event per layer and member
         return None
-    dims = []
+    dims, layers = [], []
     for layer in net.cells:
         if layer is None:
             return None
@@ -84,43 +119,70 @@ def group_key(net: VolumetricNetwork) -> GroupKey | None:
             continue
         if type(layer) is not Dense:
             return None
-        dims.append((cfg.input_height, cfg.output_height, cfg.act_id))
-    return (net.backend.name, net.precision, tuple(dims))
+        dims.append((cfg.input_height, cfg.output_height, cfg.activation))
+        layers.append(layer)
+    return (net.backend.name, net.precision, tuple(dims)), layers
 
 
-def _own_forward(net: VolumetricNetwork, x, catch):
+def _own_forward(net: VolumetricNetwork, x, catch: Catch):
     try:
         return net.forward(x)[None]
     except catch as e:
         return e
 
 
-def _group_forward(nets: list[VolumetricNetwork], x, key: GroupKey):
-    """The stacked outputs ``[N, B, out]`` of same-keyed ``nets``, or None if the layer sizes do not
-    chain for ``x`` (each member's own forward then raises its LoomShapeError)."""
-    _, precision, dims = key
-    backend = nets[0].backend
-    xp = backend.xp
-    x = xp.asarray(x)
-    act, compute = compute_dtypes(x.dtype, precision)
-    h = x.astype(act)
-    if not dims:  # every layer disabled: forward returns the input as it is
-        out = xp.broadcast_to(h, (len(nets), *h.shape)).copy()
-    else:
-        h = _first_rows(h, dims[0][0])
-        if h is None:
-            return None
-        layers = [[la for la in net.cells if not la.cfg.is_disabled] for net in nets]
-        for j, (n_in, n_out, act_id) in enumerate(dims):
+class _Group:
+    """Same-keyed members: per enabled layer the members' weights stacked ``[N, out, in]``."""
+
+    def __init__(self, key: GroupKey, members: list[int], layers: list[list[Dense]], backend):
+        self.members = members
+        self.backend = backend
+        _, self.precision, dims = key
+        self.dims = [(n_in, n_out, la.cfg.act_id)
+                     for (n_in, n_out, _), la in zip(dims, layers[0], strict=True)]
+        # stacked in the dtype a float32 input computes in: one copy of the weights, made once
+        compute = np.dtype(compute_dtypes(np.float32, self.precision)[1])
+        n = len(members)
+        self._host = {compute: [
+            np.concatenate([_weights32(ls[j]) for ls in layers], dtype=compute).reshape(n, n_out, n_in)
+            for j, (n_in, n_out, _) in enumerate(dims)]}
+        self._device: dict[tuple[str, np.dtype], list] = {}
+
+    def weights(self, xp, compute) -> list:
+        """The stacks ``[N, out, in]`` in ``compute`` on ``xp`` (converted once, when first asked)."""
+        compute = np.dtype(compute)
+        if compute not in self._host:  # a float64 input under "fast": the float32 stacks converted
+            self._host[compute] = [w.astype(compute) for w in next(iter(self._host.values()))]
+        if xp is np:
+            return self._host[compute]
+        key = (xp.__name__, compute)
+        if key not in self._device:
+            self._device[key] = [xp.asarray(w) for w in self._host[compute]]
+        return self._device[key]
+
+    def forward(self, x):
+        """The stacked outputs ``[N, B, out]``, or None if the layer sizes do not chain for ``x``
+        (each member's own forward then raises its LoomShapeError)."""
+        xp = self.backend.xp
+        x = xp.asarray(x)
+        act, compute = compute_dtypes(x.dtype, self.precision)
+        h = x.astype(act)
+        if not self.dims:  # every layer disabled: forward returns the input as it is
+            return xp.broadcast_to(h, (len(self.members), *h.shape)).copy()
+        h = _first_rows(h, self.dims[0][0])
+        for j, ((n_in, _, act_id), w) in enumerate(zip(self.dims, self.weights(xp, compute), strict=True)):
             h = _rows(h, n_in) if j else h
             if h is None:
                 return None
-            w = xp.stack([ls[j].params(xp, compute) for ls in layers]).reshape(-1, n_out, n_in)
             h = activate(act_id, h.astype(compute, copy=False) @ w.transpose(0, 2, 1)).astype(act, copy=False)
-        out = h
-    for net in nets:
-        net.count_pass()
-    return out
+        return h
+
+
+def _weights32(layer: Dense) -> np.ndarray:
+    """A Dense layer's weights as its forward uses them, in float32 (a float32 layer's master)."""
+    if layer.cfg.dtype == "float32":
+        return layer.weights.master
+    return layer.weights.values(np, np.float32, layer.cfg.dtype)
 
 
 def _first_rows(x, n_in: int):

@@ -26,7 +26,8 @@ class Dense(Layer):
     def forward(self, x, ctx, skip=None):
         n_in, n_out = self.cfg.input_height, self.cfg.output_height
         w = self.params(ctx.xp, x.dtype).reshape(n_out, n_in)
-        rows = batch_rows(x, n_in, "Dense")
+        # the usual [B, n_in] input already is the rows batch_rows would read: skip its slicing
+        rows = x if x.ndim == 2 and x.shape[1] == n_in and x.shape[0] else batch_rows(x, n_in, "Dense")
         pre = rows @ w.T
         post = activate(self.cfg.act_id, pre)
         return post, ((rows, pre, w, x.shape) if ctx.train else None)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import CallbackObserver, LoomConfigError, LoomError, LoomShapeError, make_layer
-from loomlab.core.evolve.batched import forward_many, forward_stacked, group_key
+from loomlab.core.evolve.batched import NetworkStack, forward_many, forward_stacked, group_key
 
 from .mutants import mlp, mutate
 
@@ -146,3 +146,17 @@ def test_batched_pass_counts_as_a_forward():
     assert net.step_count == steps + 1
     with pytest.raises(LoomConfigError):  # as after forward(train=False): nothing to back-propagate
         net.backward(np.ones((1, 1), np.float32))
+
+
+def test_a_stack_is_a_snapshot_reused_across_inputs():
+    rng = np.random.default_rng(9)
+    nets = [mlp([3, 6, 2], rng) for _ in range(4)] + [mlp([3, 6, 2], rng, precision="fast") for _ in range(4)]
+    stack = NetworkStack(nets)
+    eye = np.eye(3, dtype=np.float32)
+    before = [net.forward(eye) for net in nets]
+    for x in (rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((5, 3))):  # f32, f64
+        assert_same_as_forward(nets, x, stack.forward(x))
+    nets[0].cells[0].weights.master *= 2  # changed after the stack was made: the stack does not see it
+    nets[0].cells[0].weights.touch()
+    np.testing.assert_allclose(stack.forward(eye)[0], before[0], rtol=1e-6)
+    assert_same_as_forward(nets, eye, NetworkStack(nets).forward(eye))  # a new stack does
