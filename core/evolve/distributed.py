@@ -1,11 +1,12 @@
 """Fitness evaluation on a Dask cluster (needs the ``cluster`` extra: ``pip install 'loomlab[cluster]'``).
 
 A work item is plain data: the task's name and its params as JSON text, and a chunk of members,
-each as its Loom JSON bytes and its precision (which Loom JSON does not carry). A worker rebuilds
-the task once per process (cached) and the networks from their bytes, and returns a list of
-floats; no live object, closure or network object travels. Loom JSON rather than our ``.loom``
-checkpoint because it is read straight from bytes (a checkpoint is read from a file), carries each
-weight blob bit for bit (base64 of the native bytes), and is the format any Loom engine reads.
+each as its ``.loom`` checkpoint bytes and its precision (which the file format does not carry). A
+worker rebuilds the task once per process (cached) and the networks from their bytes, and returns
+a list of floats; no live object, closure or network object travels. ``.loom`` rather than Loom
+JSON: each weight blob travels as its raw native bytes (JSON base64-encodes them, a third more to
+send and decode), the same network always gives the same bytes, and they are the bytes a run's
+checkpoints already store its members as.
 
 Results go back into member order by chunk index, so completion order never matters. A worker
 that dies mid-generation (killed, out of memory) costs time, not results: the scheduler runs its
@@ -30,7 +31,7 @@ from types import ModuleType
 
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError, LoomError
-from ..io.loom_json import dumps, load_json
+from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from .evaluators import Progress, checked_fitness
 from .tasks import Task, get_task
@@ -126,7 +127,7 @@ class DaskEvaluator:
             progress(0, total)
         if total == 0:
             return []
-        items = [(dumps(net).encode("utf-8"), net.precision) for net in members]
+        items = [(checkpoint_bytes(net), net.precision) for net in members]
         size = self.chunk_size or self._auto_chunk_size(total)
         chunks = [items[i:i + size] for i in range(0, total, size)]
         run = uuid.uuid4().hex[:12]
@@ -200,11 +201,11 @@ def require_distributed() -> ModuleType:
 
 def evaluate_work_item(task_name: str, params_json: str,
                        members: Sequence[tuple[bytes, str]]) -> list[float]:
-    """Run on a worker: fitness of each member (Loom JSON bytes, precision) on the named task."""
+    """Run on a worker: fitness of each member (``.loom`` bytes, precision) on the named task."""
     task = _worker_task(task_name, params_json)
     nets = []
     for blob, precision in members:
-        net = load_json(blob)
+        net = checkpoint_from_bytes(blob)
         net.precision = precision
         nets.append(net)
     return checked_fitness(task.evaluate(nets), len(nets), task_name)
