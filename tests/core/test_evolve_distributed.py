@@ -15,7 +15,11 @@ import pytest
 from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.distributed import ClusterError, DaskEvaluator
 from loomlab.core.evolve.evaluators import InProcessEvaluator, make_evaluator
+from loomlab.core.evolve.neat import NEATConfig
+from loomlab.core.evolve.run import Evolution
+from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.tasks import XorTask, get_task
+from loomlab.core.io.checkpoint import checkpoint_bytes
 
 from .test_evolve_evaluators import population
 
@@ -71,6 +75,22 @@ def test_one_and_two_workers_give_the_in_process_fitness_bit_for_bit(name, n, on
             assert bits(evaluator.evaluate(task, members)) == bits(expected)
         finally:
             evaluator.close()
+
+
+@pytest.mark.parametrize("speciation", [None, SpeciationConfig()], ids=["loom", "speciated"])
+def test_a_seeded_run_is_the_same_whoever_evaluates_it(speciation, one_worker, two_workers):
+    task = get_task("xor")
+
+    def run(evaluator):
+        evolution = Evolution(task, config=NEATConfig.default(4, seed=11), population=24,
+                              evaluator=evaluator, speciation=speciation)
+        evolution.run(4)
+        return [s.to_dict() for s in evolution.history], [checkpoint_bytes(m) for m in evolution.members]
+
+    history, members = run(InProcessEvaluator())
+    assert len(history) == 4 and len(set(members)) > 1  # four generations of differing members
+    for evaluator in (one_worker, two_workers):
+        assert run(evaluator) == (history, members)
 
 
 def test_members_keep_their_own_precision(two_workers):
