@@ -26,6 +26,8 @@ _EXPORTS = {
     "Task": "tasks", "TASKS": "tasks", "get_task": "tasks",
     "forward_many": "batched",
     "Evaluator": "evaluators", "InProcessEvaluator": "evaluators", "make_evaluator": "evaluators",
+    "DaskEvaluator": "distributed", "ClusterError": "distributed",
+    "NetworkStack": "batched", "forward_stacked": "batched",
     "sketch_dna": "sketch", "compare_models": "sketch",
     "merge_models": "merge",
 }
