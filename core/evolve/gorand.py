@@ -105,25 +105,23 @@ class GoRand:
         return self.int63() >> 32
 
     def int63n(self, n: int) -> int:
-        if n <= 0:
-            raise LoomConfigError(f"Int63n needs n > 0, got {n}")
-        if n & (n - 1) == 0:
-            return self.int63() & (n - 1)
-        limit = MASK63 - (1 << 63) % n
-        v = self.int63()
-        while v > limit:
-            v = self.int63()
-        return v % n
+        return self._below(n, self.int63, MASK63)
 
     def int31n(self, n: int) -> int:
+        return self._below(n, self.int31, INT32_MAX)
+
+    @staticmethod
+    def _below(n: int, draw, top: int) -> int:
+        """Go's ``Int31n``/``Int63n``: a mask for a power of two, else draws above the largest
+        multiple of ``n`` that fits are rejected, then the draw modulo ``n``."""
         if n <= 0:
-            raise LoomConfigError(f"Int31n needs n > 0, got {n}")
+            raise LoomConfigError(f"a bounded draw needs n > 0, got {n}")
         if n & (n - 1) == 0:
-            return self.int31() & (n - 1)
-        limit = INT32_MAX - (1 << 31) % n
-        v = self.int31()
+            return draw() & (n - 1)
+        limit = top - (top + 1) % n
+        v = draw()
         while v > limit:
-            v = self.int31()
+            v = draw()
         return v % n
 
     def intn(self, n: int) -> int:
