@@ -257,6 +257,17 @@ def _worker_count(n_workers: int | None) -> int:
 
 
 def _start_local_cluster(dd: ModuleType, n_workers: int):
+    # Dask's nannies write their workers' environment (OMP_NUM_THREADS=1, ...) into ours and
+    # leave it there: this process's later children (and nproc) would inherit one thread
+    saved = dict(os.environ)
+    try:
+        return _local_cluster(dd, n_workers)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _local_cluster(dd: ModuleType, n_workers: int):
     try:
         # worker processes (not threads): evaluation holds the GIL, and a killed one loses nothing.
         # The scheduler's HTTP server (health, metrics; no dashboard) takes any free loopback port

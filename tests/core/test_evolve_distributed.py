@@ -174,6 +174,15 @@ def test_a_worker_killed_mid_generation_costs_no_result():
     assert bits(got) == bits(expected)
 
 
+def test_starting_a_local_cluster_leaves_our_environment_alone():
+    before = dict(os.environ)
+    with DaskEvaluator("local", n_workers=1) as evaluator:
+        # its workers do get Dask's one-thread settings
+        assert set(evaluator.client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values()) == {"1"}
+        assert dict(os.environ) == before
+    assert dict(os.environ) == before
+
+
 def test_an_existing_cluster_by_address():
     with dd.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                          dashboard_address=None, scheduler_kwargs=LOOPBACK_HTTP) as cluster:

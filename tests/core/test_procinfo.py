@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,8 +15,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def test_usable_cpus_is_what_nproc_counts():
+    # nproc also obeys OMP_NUM_THREADS / OMP_THREAD_LIMIT; the affinity is what is compared
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_THREAD_LIMIT")}
     assert procinfo.usable_cpus() == int(subprocess.run(["nproc"], capture_output=True, text=True,
-                                                        check=True).stdout)
+                                                        check=True, env=env).stdout)
 
 
 def test_cpu_name_and_machine_line():
