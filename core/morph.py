@@ -16,6 +16,7 @@ from .cancel import as_cancel_check
 from .errors import LoomConfigError
 from .layers.base import Layer
 from .network import VolumetricNetwork
+from .run_inputs import first_input_layer
 
 
 @dataclass(frozen=True)
@@ -113,22 +114,18 @@ def output_drift(reference: np.ndarray, outputs: np.ndarray) -> float:
 
 def probe_input(net: VolumetricNetwork, seed: int = 0, batch: int = 2) -> np.ndarray:
     """A seeded input that fits the network's first layer (token ids for an Embedding)."""
+    found = first_input_layer(net)
+    if found is None:
+        raise LoomConfigError("cannot infer an input shape for this network; give a probe input")
+    layer, shape = found
     rng = np.random.default_rng(seed)
-    for _, top in net.layers():
-        if top.cfg.is_disabled:
-            continue
-        for layer in top.walk():
-            shape, _ = layer.describe_shapes()
-            if not shape:
-                continue
-            if layer.type_name == "Embedding":
-                return rng.integers(0, layer.cfg.vocab_size, (batch, 8)).astype(np.float32)
-            if layer.type_name == "KMeans":  # reads the whole tensor as one vector
-                return rng.standard_normal((1, *shape)).astype(np.float32)
-            if layer.type_name == "MultiHeadAttention":
-                return rng.standard_normal((4, *shape)).astype(np.float32)
-            return rng.standard_normal((batch, *shape)).astype(np.float32)
-    raise LoomConfigError("cannot infer an input shape for this network; give a probe input")
+    if layer.type_name == "Embedding":
+        return rng.integers(0, layer.cfg.vocab_size, (batch, 8)).astype(np.float32)
+    if layer.type_name == "KMeans":  # reads the whole tensor as one vector
+        return rng.standard_normal((1, *shape)).astype(np.float32)
+    if layer.type_name == "MultiHeadAttention":
+        return rng.standard_normal((4, *shape)).astype(np.float32)
+    return rng.standard_normal((batch, *shape)).astype(np.float32)
 
 
 def dtype_sweep(load, probe: np.ndarray, dtype_names=None, on_progress=None,

@@ -321,8 +321,7 @@ def _place(layer: Layer, coords: Coord, path: str) -> None:
 
 
 def _child_groups(layer: Layer):
-    name = "parallel_branches" if layer.type_name == "Parallel" else "sequential_layers"
-    return [(name, layer.children)] if layer.children else []
+    return [(layer.children_key, layer.children)] if layer.children else []
 
 
 def _blueprint_rows(layer: Layer, index: int, coord: Coord, path: str, rows: list) -> None:

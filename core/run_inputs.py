@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import LoomConfigError, LoomShapeError
+from .layers.base import Layer
 from .network import VolumetricNetwork
 
 GOLDEN_SEED = 1
@@ -50,26 +51,35 @@ class InputSpec:
                 "whole": f"one vector of {dims} (batch 1)"}[self.kind]
 
 
-def input_spec(net: VolumetricNetwork) -> InputSpec:
-    """The input the first enabled layer that knows its size reads (nested children included)."""
-    attention = [la for la in net.all_layers() if la.type_name == "MultiHeadAttention"]
+def first_input_layer(net: VolumetricNetwork) -> tuple[Layer, tuple[int, ...]] | None:
+    """The first enabled layer that states its input size (nested children included), and that
+    per-sample size; None when no layer does."""
     for _, top in net.layers():
         if top.cfg.is_disabled:
             continue
         for layer in top.walk():
             shape, _ = layer.describe_shapes()
-            if not shape:
-                continue
-            seq = next((a.cfg.seq_length for a in attention if a.cfg.seq_length > 0), DEFAULT_SEQ_LENGTH)
-            if layer.type_name == "Embedding":
-                length = seq if attention else len(GOLDEN_TOKEN_IDS)
-                return InputSpec("tokens", (length,), layer.cfg.vocab_size)
-            if layer.type_name == "KMeans":
-                return InputSpec("whole", tuple(shape))
-            if attention:
-                return InputSpec("sequence", (seq, shape[-1]))
-            return InputSpec("vector", tuple(shape))
-    raise LoomConfigError("cannot tell what input this network reads: no layer states its input size")
+            if shape:
+                return layer, tuple(shape)
+    return None
+
+
+def input_spec(net: VolumetricNetwork) -> InputSpec:
+    """The input the first enabled layer that knows its size reads (nested children included)."""
+    found = first_input_layer(net)
+    if found is None:
+        raise LoomConfigError("cannot tell what input this network reads: no layer states its input size")
+    layer, shape = found
+    attention = [la for la in net.all_layers() if la.type_name == "MultiHeadAttention"]
+    seq = next((a.cfg.seq_length for a in attention if a.cfg.seq_length > 0), DEFAULT_SEQ_LENGTH)
+    if layer.type_name == "Embedding":
+        length = seq if attention else len(GOLDEN_TOKEN_IDS)
+        return InputSpec("tokens", (length,), layer.cfg.vocab_size)
+    if layer.type_name == "KMeans":
+        return InputSpec("whole", shape)
+    if attention:
+        return InputSpec("sequence", (seq, shape[-1]))
+    return InputSpec("vector", shape)
 
 
 def sample_input(net: VolumetricNetwork, rng: np.random.Generator, batch: int = 1, *,

@@ -4,6 +4,7 @@ two, and run evolution experiments (headless, no Qt)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import threading
@@ -130,8 +131,7 @@ def cmd_evolve(args) -> int:
                              progress=lambda done, total: progress_bar("evaluate", done, total))
     finally:
         signal.signal(signal.SIGINT, previous)
-    word = {"solved": "solved", "finished": "finished", "stopped": "stopped"}[result.status]
-    print(f"run {result.run_id} {word} at generation {result.generation}: best fitness "
+    print(f"run {result.run_id} {result.status} at generation {result.generation}: best fitness "
           f"{result.best_fitness:.4f}" + (f"; resume with: loomlab evolve --resume {result.run_id}"
                                           if result.status == "stopped" else ""))
     return 0
@@ -166,7 +166,7 @@ def _read_config(path: Path) -> dict:
     width = neat_fields.get("d_model", genome_width(task.seed_network()))
     base = NEATConfig.default(width, seed=neat_fields.get("seed"))
     try:
-        neat = NEATConfig(**{**base.__dict__, **neat_fields})
+        neat = dataclasses.replace(base, **neat_fields)
         speciation = SpeciationConfig(**doc["speciation"]) if "speciation" in doc else None
     except TypeError as e:  # an unknown field name
         raise CliError(f"{path}: {e}") from None

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from types import ModuleType
 
-from ..cancel import Cancel, as_cancel_check
+from ..cancel import Cancel
 from ..errors import LoomCancelled, LoomConfigError, LoomError
 from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
-from .evaluators import Progress, checked_fitness
+from .evaluators import Progress, begin_evaluation, checked_fitness
 from .tasks import Task, get_task
 
 INSTALL_HINT = "pip install 'loomlab[cluster]'"
@@ -118,13 +118,9 @@ class DaskEvaluator:
         """
         if self._client is None:
             raise LoomConfigError(f"{self!r} is closed")
-        stop = as_cancel_check(cancel)
         params = _task_params_json(task)
         total = len(members)
-        if stop():
-            raise LoomCancelled(f"evaluation of {total} members on task {task.name!r} cancelled")
-        if progress is not None:
-            progress(0, total)
+        stop = begin_evaluation(task, total, cancel, progress)
         if total == 0:
             return []
         items = [(checkpoint_bytes(net), net.precision) for net in members]

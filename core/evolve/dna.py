@@ -12,6 +12,7 @@ compare as nearly the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..enums import DTYPES, LAYER_TYPES, by_id, lookup
 from ..errors import LoomConfigError
+from ..layers.base import Layer
 from ..network import VolumetricNetwork
 from ..weights import WeightStore
 
@@ -118,23 +120,41 @@ def extract_dna(net: VolumetricNetwork, *, dequantized: bool = False) -> DNA:
 
 def layer_vector(layer, dequantized: bool = False) -> np.ndarray:
     """The unit vector that signs ``layer`` (its children's, for a container)."""
-    kind = layer.cfg.type
-    if kind in _WEIGHTLESS:
-        return UNIT
-    if kind in _CONTAINERS:
-        parts = [layer_vector(c, dequantized) for c in layer.children if not c.cfg.is_remote_link]
-        gate = getattr(layer, "gate", None)
-        if gate is not None:
-            parts.append(layer_vector(gate, dequantized))
+    return signature_vector(layer, lambda leaf: _weights_vector(leaf, dequantized))
+
+
+def signature_vector(layer: Layer, leaf: Callable[[Layer], np.ndarray]) -> np.ndarray:
+    """Loom's rule for a layer's signature (spec §6.1), with ``leaf`` signing each layer that
+    holds weights: ``[1]`` for a weightless one, a container's children's vectors concatenated
+    and normalised again."""
+    if layer.cfg.type in _CONTAINERS:
+        parts = [signature_vector(c, leaf) for c in signed_children(layer)]
         return normalize(np.concatenate(parts)) if parts else UNIT
+    return leaf(layer) if is_signed(layer) else UNIT
+
+
+def signed_children(layer: Layer) -> list[Layer]:
+    """A container's children as Loom signs them: remote links left out, a Parallel's gate last
+    (none for another layer: Loom signs it by its own weights)."""
+    if layer.cfg.type not in _CONTAINERS:
+        return []
+    out = [c for c in layer.children if not c.cfg.is_remote_link]
+    gate = getattr(layer, "gate", None)
+    return out + [gate] if gate is not None else out
+
+
+def is_signed(layer: Layer) -> bool:
+    """Whether ``layer`` is signed by its own weights (not a container, not weightless)."""
+    kind = layer.cfg.type
+    return (kind not in _WEIGHTLESS and kind not in _CONTAINERS and layer.weights is not None
+            and len(layer.weights) > 0)
+
+
+def _weights_vector(layer: Layer, dequantized: bool) -> np.ndarray:
     store = layer.weights
-    if store is None:
-        return UNIT
     if not isinstance(store, WeightStore):
-        raise LoomConfigError(f"{kind} layer holds {type(store).__name__} weights (a language model's): "
-                              "sign it with loomlab.core.evolve.sketch.sketch_dna")
-    if len(store) == 0:
-        return UNIT
+        raise LoomConfigError(f"{layer.cfg.type} layer holds {type(store).__name__} weights (a language "
+                              "model's): sign it with loomlab.core.evolve.sketch.sketch_dna")
     if dequantized:
         return normalize(store.dequantized(layer.cfg.dtype))
     w = store.master

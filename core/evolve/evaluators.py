@@ -52,12 +52,8 @@ class InProcessEvaluator:
 
     def evaluate(self, task: Task, members: Sequence[VolumetricNetwork], *,
                  progress: Progress | None = None, cancel: Cancel = None) -> list[float]:
-        stop = as_cancel_check(cancel)
         total = len(members)
-        if stop():
-            raise LoomCancelled(f"evaluation of {total} members on task {task.name!r} cancelled")
-        if progress is not None:
-            progress(0, total)
+        begin_evaluation(task, total, cancel, progress)
         fitness = checked_fitness(task.evaluate(list(members)), total, task.name)
         if progress is not None:
             progress(total, total)
@@ -74,6 +70,17 @@ class InProcessEvaluator:
 
     def __repr__(self) -> str:
         return "InProcessEvaluator()"
+
+
+def begin_evaluation(task: Task, total: int, cancel: Cancel, progress: Progress | None) -> Callable[[], bool]:
+    """What every evaluator does first: refuse a cancelled request, report 0 of ``total`` done;
+    returns the cancel check to use while evaluating."""
+    stop = as_cancel_check(cancel)
+    if stop():
+        raise LoomCancelled(f"evaluation of {total} members on task {task.name!r} cancelled")
+    if progress is not None:
+        progress(0, total)
+    return stop
 
 
 def checked_fitness(values: Sequence[float], n_members: int, task_name: str) -> list[float]:

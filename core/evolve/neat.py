@@ -176,8 +176,8 @@ def _mutate_layer(layer: Layer, config: NEATConfig, rng: GoRand) -> Layer:
 def reinitialised(layer: Layer, new_type: str, config: NEATConfig, rng: GoRand) -> Layer:
     """``layer`` turned into a fresh ``new_type`` layer of width ``config.d_model`` (spec §7.5),
     drawing the new weights' seed from ``rng`` as Loom does."""
-    cfg, weights_seed = _reinit_config(layer.cfg, new_type, config, rng)
     cls = layer_class(new_type)
+    cfg, weights_seed = _reinit_config(layer.cfg, cls, config, rng)
     out = cls(cfg, None, layer.children)
     out.children_key = layer.children_key
     if cls.weighted:
@@ -188,9 +188,9 @@ def reinitialised(layer: Layer, new_type: str, config: NEATConfig, rng: GoRand) 
     return out
 
 
-def _reinit_config(old: LayerConfig, new_type: str, config: NEATConfig,
+def _reinit_config(old: LayerConfig, cls: type[Layer], config: NEATConfig,
                    rng: GoRand) -> tuple[LayerConfig, int | None]:
-    d = config.d_model
+    d, new_type = config.d_model, cls.type_name
     cfg = dataclasses.replace(old, type=new_type, input_height=d, output_height=d)
     if new_type in ("Softmax", "Residual", "Parallel", "Sequential"):
         return cfg, None  # no weights, no draw
@@ -216,7 +216,6 @@ def _reinit_config(old: LayerConfig, new_type: str, config: NEATConfig,
         cfg.kernel_size = config.default_kernel_size if config.default_kernel_size >= 1 else 3
         # Loom sizes only the height axis, leaving any other at 0 (an empty layer); ours gives
         # such an axis size 1, or d when it is the layer's only one (ConvTransposed1D's width)
-        cls = layer_class(new_type)
         for axes in (cls.in_fields, cls.out_fields):
             for name in axes:
                 setattr(cfg, name, getattr(cfg, name) or (d if len(axes) == 1 else 1))

@@ -46,13 +46,20 @@ from ..errors import LoomCancelled, LoomConfigError
 from ..layers.base import Layer
 from ..llm.llm_layers import Matrix, MatrixStore
 from ..network import VolumetricNetwork
-from .dna import DNA, UNIT, DNAComparison, LayerSignature, compare_dna, normalize
+from .dna import (
+    DNA,
+    DNAComparison,
+    LayerSignature,
+    compare_dna,
+    is_signed,
+    normalize,
+    signature_vector,
+    signed_children,
+)
 
 DEFAULT_WIDTH = 65521  # the largest prime below 2^16: see the module doc
 PAGE_WEIGHTS = 1 << 20  # about this many weights per page of signs (a whole number of widths)
 SEED = 0x4C4F4F4D  # "LOOM": the sign pages are part of the format, so the seed never changes
-_CONTAINERS = ("Parallel", "Sequential")
-_WEIGHTLESS = ("Softmax", "Residual")
 
 Progress = Callable[[str, int, int], None]
 
@@ -68,7 +75,7 @@ def sketch_dna(model, *, width: int = DEFAULT_WIDTH, progress: Progress | None =
     net = _network(model)
     _check_width(width)
     stop = as_cancel_check(cancel)
-    leaves = [la for _, top in net.layers() for la in _walk(top) if _signed(la)]
+    leaves = [la for _, top in net.layers() for la in _walk(top) if is_signed(la)]
     sketcher = _Sketcher(width, stop, progress, len(leaves))
     sigs = [LayerSignature(z, y, x, l, lookup(LAYER_TYPES, layer.cfg.type).id,
                            lookup(DTYPES, layer.cfg.dtype).id, sketcher.vector(layer))
@@ -125,14 +132,9 @@ class _Sketcher:
         self.cache: dict[tuple[int, ...], np.ndarray] = {}
 
     def vector(self, layer: Layer) -> np.ndarray:
-        kind = layer.cfg.type
-        if kind in _WEIGHTLESS:
-            return UNIT
-        if kind in _CONTAINERS:
-            parts = [self.vector(c) for c in _children(layer)]
-            return normalize(np.concatenate(parts)) if parts else UNIT
-        if not _signed(layer):
-            return UNIT
+        return signature_vector(layer, self._leaf)
+
+    def _leaf(self, layer: Layer) -> np.ndarray:
         if self.stop():
             raise LoomCancelled(f"DNA sketch cancelled after {self.done} of {self.total} layers")
         store, dtype = layer.weights, layer.cfg.dtype
@@ -151,24 +153,10 @@ class _Sketcher:
         return vector
 
 
-def _children(layer: Layer) -> list[Layer]:
-    """A container's children as Loom signs them (remote links left out), then a Parallel's gate."""
-    out = [c for c in layer.children if not c.cfg.is_remote_link]
-    gate = getattr(layer, "gate", None)
-    return out + [gate] if gate is not None else out
-
-
 def _walk(layer: Layer) -> Iterator[Layer]:
     yield layer
-    if layer.cfg.type in _CONTAINERS:
-        for child in _children(layer):
-            yield from _walk(child)
-
-
-def _signed(layer: Layer) -> bool:
-    kind = layer.cfg.type
-    return (kind not in _WEIGHTLESS and kind not in _CONTAINERS and layer.weights is not None
-            and len(layer.weights) > 0)
+    for child in signed_children(layer):
+        yield from _walk(child)
 
 
 def _network(model) -> VolumetricNetwork:

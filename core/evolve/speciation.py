@@ -124,27 +124,27 @@ class Speciation:
         (a new species when none is); representatives move to their closest new member."""
         cfg = self.config
         dnas = [extract_dna(m, dequantized=True) for m in members]
+        rep_dnas: dict[int, DNA] = {}  # species id -> its representative's DNA
         unplaced = list(range(len(members)))
         for sp in self.species:  # each species keeps the member closest to its old representative
-            rep_dna = extract_dna(sp.representative, dequantized=True)
+            sp.members = []
             if not unplaced:
-                sp.members = []
                 continue
+            rep_dna = extract_dna(sp.representative, dequantized=True)
             dist = [genome_distance(sp.representative, members[i], cfg, rep_dna, dnas[i]) for i in unplaced]
             j = int(np.argmin(dist))
             if dist[j] < cfg.compatibility_threshold:
-                sp.representative, sp.members = members[unplaced[j]], [unplaced[j]]
-                unplaced.pop(j)
-            else:
-                sp.members = []
+                i = unplaced.pop(j)
+                sp.representative, sp.members, rep_dnas[sp.id] = members[i], [i], dnas[i]
         for i in unplaced:
             for sp in self.species:
-                if sp.members and genome_distance(sp.representative, members[i], cfg,
-                                                  dna_b=dnas[i]) < cfg.compatibility_threshold:
+                if sp.members and genome_distance(sp.representative, members[i], cfg, rep_dnas[sp.id],
+                                                  dnas[i]) < cfg.compatibility_threshold:
                     sp.members.append(i)
                     break
             else:
                 self.species.append(Species(self.next_id, members[i], [i], generation, generation))
+                rep_dnas[self.next_id] = dnas[i]
                 self.next_id += 1
         self.species = [sp for sp in self.species if sp.members]
 
