@@ -180,6 +180,9 @@ class MainWindow(QMainWindow):
         self.backend_label = QLabel(f"backend: {self.backend.name}")
         self.memory_label = QLabel("")
         self.speed_label = QLabel("")
+        # a fixed width: a label whose text changes width re-lays out the whole status bar
+        self.speed_label.setFixedWidth(self.speed_label.fontMetrics().horizontalAdvance("8888.8 tok/s") + 8)
+        self.speed_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.statusBar().addWidget(self.network_label, 1)
         for label in (self.speed_label, self.memory_label, self.backend_label):
             self.statusBar().addPermanentWidget(label)

@@ -76,6 +76,10 @@ from .workers import Job, JobRunner
 TOP_ALTERNATIVES = 5  # logprobs asked of the model per token
 KEPT_REPLIES = 32  # replies whose TokenRecords stay in memory for the alternatives view
 FRAME_MS = 33  # the streamed text reaches the view once a frame, ~30 times a second
+# The live speed estimate is re-sent at most this often: a figure changing 30 times a second is
+# unreadable, and each change repaints the status bar (~0.6 ms of the GUI thread, which the
+# decoding threads pay for on a small machine). The final figure is always sent.
+SPEED_EVERY_S = 0.25
 COMPLETION_TAB = 1
 SHUTDOWN_WAIT_S = 10.0  # a reply finishes in the store right after its job ends
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
@@ -260,6 +264,7 @@ class _Stream:
     job: Job | None = None
     shown: int = 0  # records already drawn
     first_token_at: float = 0.0
+    speed_sent_at: float = 0.0  # when the live estimate was last sent
     completion: bool = False  # continues the completion box instead of the chat thread
 
 
@@ -670,8 +675,10 @@ class ChatPanel(QWidget):
                 bar.setValue(bar.maximum())
         stream.shown = count
         tokens = stream.reply.generated_tokens
-        elapsed = time.perf_counter() - stream.first_token_at
-        if tokens > 1 and elapsed > 0:
+        now = time.perf_counter()
+        elapsed = now - stream.first_token_at
+        if tokens > 1 and elapsed > 0 and now - stream.speed_sent_at >= SPEED_EVERY_S:
+            stream.speed_sent_at = now
             self.tokens_per_second.emit((tokens - 1) / elapsed)
 
     def _on_done(self, _result=None) -> None:

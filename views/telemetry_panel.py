@@ -148,6 +148,7 @@ class TelemetryPanel(QWidget):
         self._selected: int | None = None
         self._levels: tuple[float, float] | None = None  # what the colour bar shows
         self._histogram_view: tuple | None = None  # ((x0, x1), y1) the histogram shows
+        self._showing_none = False  # the selected-layer column shows "no layer selected"
         self.timer = QTimer(self)  # the refresh clock: every redraw happens on its tick
         self.timer.setInterval(round(1000 / rate_hz))
         self.timer.timeout.connect(self._tick)
@@ -352,6 +353,9 @@ class TelemetryPanel(QWidget):
 
     def _show_selected(self) -> None:
         row = self._selected
+        if row is None and self._showing_none:
+            return  # already shown: re-setting texts and an empty curve every refresh repaints them
+        self._showing_none = row is None
         self.row_marker.setVisible(row is not None)
         stats = None if row is None else self._histories[self.direction()].latest[row]
         texts = _stats_texts(stats)

@@ -10,6 +10,7 @@ before any work starts.
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,24 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = np.asarray(logits, np.float64)
     m = z.max()
     return z - m - math.log(np.exp(z - m).sum())
+
+
+_scratch = threading.local()
+
+
+def log_softmax_terms(logits: np.ndarray) -> tuple[float, float]:
+    """``(m, L)`` with ``(z - m) - L`` equal, bit for bit, to :func:`log_softmax`'s entry for a
+    logit ``z`` (float64, ``m`` the maximum): for the few log-probabilities a generated token
+    reports. Why: a vocabulary-sized float64 array per token (and its page faults) was 0.4 ms
+    of SmolLM2's ~18 ms decode step; this reuses one scratch buffer per thread (0.05 ms)."""
+    z = np.asarray(logits).reshape(-1)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size != z.size:
+        buf = _scratch.buf = np.empty(z.size, np.float64)
+    m = float(np.max(z))
+    np.subtract(z, m, out=buf, dtype=np.float64)
+    np.exp(buf, out=buf)
+    return m, math.log(buf.sum())
 
 
 def make_logits_processor(repetition_penalty: float = 1.0, presence_penalty: float = 0.0,

@@ -27,7 +27,7 @@ from .chat_template import ChatTemplate, encode_chat
 from .discovery import in_file, resolve
 from .loader import load_causal_lm
 from .quant import adaptive_threads, single_threaded_blas
-from .sampling import SamplingParams, log_softmax
+from .sampling import SamplingParams, log_softmax_terms
 from .tokenizer import Tokenizer
 from .tokenizer_process import TokenizerProcess
 
@@ -338,8 +338,13 @@ class _StopFilter:
 def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]):
     if k == 0:
         return None, None
-    lp = log_softmax(logits)
-    return float(lp[token]), [(int(i), token_text(int(i)), float(lp[i])) for i in top_k(lp, k)]
+    m, log_total = log_softmax_terms(logits)
+
+    def logprob(i) -> float:
+        return (float(logits[i]) - m) - log_total
+
+    # the logits' order is their log-probabilities' (one shift), so their top k are the same
+    return logprob(token), [(int(i), token_text(int(i)), logprob(i)) for i in top_k(logits, k)]
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings
+from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings, QTimer
 
 from loomlab.app.gui import make_app, warm_up
 from loomlab.app.main_window import MainWindow
@@ -47,14 +47,24 @@ def wait_until(done, timeout_s: float = 600) -> None:
 
 
 def window_rate(window: MainWindow, tokens: int) -> tuple[float, int]:
+    """The reply's rate as the panel stores it. The event loop runs as in the application
+    (``exec``, woken by events and timers only): a polling loop would wake the GUI thread every
+    few milliseconds, which the decoding threads would pay for and a user's window does not."""
     chat = window.panels["chat"]
     replies = []
+    loop = QEventLoop()
     chat.reply_finished.connect(replies.append)
+    chat.reply_finished.connect(loop.quit)
+    QTimer.singleShot(600_000, loop.quit)  # never wait for ever on a broken reply
     chat.new_conversation()
     chat.sampling.spins["max_tokens"].setValue(tokens)
     chat.send(MESSAGE)
-    wait_until(lambda: bool(replies))
+    if not replies:
+        loop.exec()
     chat.reply_finished.disconnect(replies.append)
+    chat.reply_finished.disconnect(loop.quit)
+    if not replies:
+        raise TimeoutError("the reply did not finish in 10 minutes")
     return replies[0].tokens_per_s, replies[0].token_count
 
 

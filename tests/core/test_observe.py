@@ -42,6 +42,32 @@ def test_layer_stats_follow_looms_float32_formula():
     assert LayerStats.of(np.zeros(0)) == LayerStats()
 
 
+def loom_stats(values) -> tuple:
+    """Loom's ComputeLayerStats as written (spec §8.2): one float32 loop in index order."""
+    f = [np.float32(v) for v in np.asarray(values).reshape(-1)]
+    total = squares = np.float32(0)
+    lo = hi = f[0]
+    active = 0
+    for v in f:
+        total, squares = np.float32(total + v), np.float32(squares + v * v)
+        lo, hi = min(lo, v), max(hi, v)
+        active += bool(abs(v) > np.float32(1e-6))
+    avg = np.float32(total / np.float32(len(f)))
+    var = np.float32(np.float32(squares / np.float32(len(f))) - avg * avg)
+    std = np.float32(np.sqrt(max(var, np.float32(0))))
+    return float(avg), float(std), float(lo), float(hi), active, len(f)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_layer_stats_accumulate_in_looms_order(dtype):
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((7, 300)) * 10).astype(dtype)[:, ::2]  # strided: copied, not misread
+    a[0, 0] = 0.0
+    s = LayerStats.of(a)
+    # exact, not approximate: sums in index order, as Loom's loop (numpy's pairwise sums differ)
+    assert (s.avg, s.std, s.min, s.max, s.active, s.total) == loom_stats(a)
+
+
 def test_forward_and_backward_events_carry_positions_and_stats():
     net = two_layer_net()
     events = []
@@ -83,22 +109,55 @@ class FakeClock:
 def test_a_rate_limited_observer_sees_whole_passes_and_skipped_ones_cost_nothing(monkeypatch):
     net = two_layer_net()
     events = []
-    # 4 passes a second, one pass every 0.1 s: passes 0, 3, 6 are due (0.25 s apart, rounded up)
-    net.attach(CallbackObserver(events.append, max_rate_hz=4, clock=FakeClock(0.1)))
+    # 3 passes a second, one pass every 0.125 s (clock 0.125, 0.25, ... 0.875): the first pass in
+    # each third of a second is due, passes 0, 2 and 5
+    net.attach(CallbackObserver(events.append, max_rate_hz=3, clock=FakeClock(0.125)))
     computed = []
     of = observe.LayerStats.of.__func__
     monkeypatch.setattr(observe.LayerStats, "of",
                         classmethod(lambda cls, a: computed.append(1) or of(cls, a)))
-    for _ in range(8):
+    for _ in range(7):
         y = net.forward(np.ones((1, 3), np.float32), train=True)
         net.backward(np.ones_like(y))
     forward_steps = sorted({e.step_count for e in events if e.type == "forward"})
-    assert forward_steps == [0, 3, 6]
+    assert forward_steps == [0, 2, 5]
     # each sampled pass is whole: 4 forward events, and the backward of the same pass
     for step in forward_steps:
         assert sum(e.type == "forward" and e.step_count == step for e in events) == 4
         assert sum(e.type == "backward" and e.step_count == step + 1 for e in events) == 4
     assert len(computed) == len(events) == 3 * 8
+
+
+class SharedClock:
+    """One clock read by several observers: it advances only when the test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_observers_at_one_rate_share_their_passes_and_stats_are_computed_once(monkeypatch):
+    net = two_layer_net()
+    clock = SharedClock()
+    first, second = [], []
+    net.attach(CallbackObserver(first.append, max_rate_hz=10, clock=clock))
+    clock.now = 0.04  # the second starts part-way through a 0.1 s slot
+    net.attach(CallbackObserver(second.append, max_rate_hz=10, clock=clock))
+    computed = []
+    of = observe.LayerStats.of.__func__
+    monkeypatch.setattr(observe.LayerStats, "of",
+                        classmethod(lambda cls, a: computed.append(1) or of(cls, a)))
+    for i in range(12):  # a pass every 0.03 s from 0.04 s: slots of 0.1 s hold 3 or 4 passes
+        clock.now = 0.04 + 0.03 * i
+        net.forward(np.ones((1, 3), np.float32))
+    steps = sorted({e.step_count for e in first})
+    # the first pass in each slot: 0.04, 0.10, 0.22, 0.31 (steps 0, 2, 6, 9), not 0.1 s after
+    # each observer's own previous pass
+    assert steps == [0, 2, 6, 9]
+    assert sorted({e.step_count for e in second}) == steps
+    assert len(computed) == len(first) == len(second) == 4 * 4  # once per event, for both
 
 
 def test_rate_limits_are_validated():

@@ -10,6 +10,7 @@ from loomlab.core.llm.sampling import (
     SamplingParams,
     filtered_probs,
     log_softmax,
+    log_softmax_terms,
     make_logits_processor,
     make_sampler,
 )
@@ -62,6 +63,29 @@ def test_log_softmax():
     np.testing.assert_allclose(np.exp(log_softmax(LOGITS)).sum(), 1.0)
     np.testing.assert_allclose(log_softmax(LOGITS), LOGITS - np.log(np.exp(LOGITS.astype(np.float64)).sum()),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("size, dtype", [(49152, np.float32), (6, np.float32), (1000, np.float64)])
+def test_log_softmax_terms_give_log_softmax_bit_for_bit(size, dtype):
+    rng = np.random.default_rng(size)
+    for _ in range(3):  # the per-thread scratch buffer is reused, and resized between sizes
+        z = (rng.standard_normal(size) * 6).astype(dtype)
+        m, log_total = log_softmax_terms(z)
+        ours = np.array([(float(v) - m) - log_total for v in z])
+        np.testing.assert_array_equal(ours, log_softmax(z))
+
+
+def test_generated_logprobs_are_the_log_softmax_of_the_processed_logits():
+    from loomlab.core.llm.textmodel import _logprobs
+
+    z = (np.random.default_rng(5).standard_normal(5000) * 4).astype(np.float32)
+    z[[10, 20]] = z.max()  # a tie at the top: the lower index first, as a stable sort gives
+    lp = log_softmax(z)
+    token_lp, top = _logprobs(z, 7, 5, str)
+    assert token_lp == float(lp[7])
+    order = np.argsort(-lp, kind="stable")[:5]
+    assert top == [(int(i), str(int(i)), float(lp[i])) for i in order]
+    assert [i for i, _, _ in top[:2]] == [10, 20]
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0), dict(top_p=1.5),

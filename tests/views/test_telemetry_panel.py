@@ -231,11 +231,12 @@ def test_shutdown_stops_the_timer_and_detaches(qtbot, panel):
 
 def test_sampled_passes_fill_consecutive_columns(qtbot):
     """With ``sample_hz`` the panel records whole passes at that rate, one heatmap column each."""
-    clock = iter(np.arange(1, 100) * 0.1)  # each pass starts 0.1 s after the one before
-    panel = TelemetryPanel(history=HISTORY, sample_hz=4, clock=lambda: next(clock))
+    clock = iter(np.arange(1, 100) * 0.125)  # each pass starts 0.125 s after the one before
+    panel = TelemetryPanel(history=HISTORY, sample_hz=2.5, clock=lambda: next(clock))
     qtbot.addWidget(panel)
     _, oracle, _ = run_watched(qtbot, panel, 8)
-    sampled = [e for e in oracle.events["forward"] if e.step_count in (0, 3, 6)]  # 0.25 s apart
+    # the first pass in each 0.4 s slot of the clock: at 0.125, 0.5 and 0.875 s
+    sampled = [e for e in oracle.events["forward"] if e.step_count in (0, 3, 6)]
     expected = np.full((6, HISTORY), np.nan, np.float32)
     keys = panel.layer_keys()
     for e in sampled:
