@@ -84,7 +84,9 @@ class MainWindow(QMainWindow):
         self._release_timer.timeout.connect(self._release)
         self._tabbed = False
         self.docks = self._build_docks()
-        self.docks["morph"].visibilityChanged.connect(self.panels["morph"].set_shown)
+        # a dock behind another's tab stays "visible" to Qt: these panels learn it from the dock
+        for name in ("morph", "topology", "telemetry"):
+            self.docks[name].visibilityChanged.connect(self.panels[name].set_shown)
         self._build_menus()
         self._build_status_bar()
         self._wire()

@@ -149,6 +149,7 @@ class TelemetryPanel(QWidget):
         self._levels: tuple[float, float] | None = None  # what the colour bar shows
         self._histogram_view: tuple | None = None  # ((x0, x1), y1) the histogram shows
         self._showing_none = False  # the selected-layer column shows "no layer selected"
+        self._shown = True  # see set_shown
         self.timer = QTimer(self)  # the refresh clock: every redraw happens on its tick
         self.timer.setInterval(round(1000 / rate_hz))
         self.timer.timeout.connect(self._tick)
@@ -169,16 +170,30 @@ class TelemetryPanel(QWidget):
         self._histories = {d: StepHistory(len(self._keys), self._history_len) for d in DIRECTIONS}
         self._fill_layer_list(net, self._keys)
         self._selected = None
-        if net is None:
-            self.timer.stop()
-        else:
-            # a fresh buffer per network: events of the old one still in flight land in the old one
-            self._buffer = EventBuffer(self._capacity)
-            self._observer = net.attach(CallbackObserver(self._buffer.append, max_rate_hz=self._sample_hz,
-                                                         clock=self._clock))
-            self.timer.start()
+        self._watch()
         self._render()
         self._frame_heatmap()
+
+    def set_shown(self, shown: bool) -> None:
+        """Whether the panel is on screen (the window reports its dock's ``visibilityChanged``
+        here: a dock behind another dock's tab is hidden, though Qt still calls it visible). Off
+        screen it neither refreshes nor watches the network, which then computes no statistics
+        for it; the heatmap resumes with the passes after it is shown again."""
+        if shown != self._shown:
+            self._shown = shown
+            self._detach()
+            self._watch()
+
+    def _watch(self) -> None:
+        """Attach to the network and refresh while there is one and the panel is shown."""
+        if self._net is None or not self._shown:
+            self.timer.stop()
+            return
+        # a fresh buffer per attachment: events of the old one still in flight land in the old one
+        self._buffer = EventBuffer(self._capacity)
+        self._observer = self._net.attach(CallbackObserver(self._buffer.append, max_rate_hz=self._sample_hz,
+                                                           clock=self._clock))
+        self.timer.start()
 
     def shutdown(self) -> None:
         """Stop refreshing and detach from the network (call before dropping the panel)."""

@@ -616,6 +616,7 @@ class TopologyPanel(QWidget):
         self._hist_job: Job | None = None
         self._hist_request = 0
         self._fit_on_show = False
+        self._shown = True  # see set_shown
         self._timer = QTimer(self)
         self._timer.setInterval(REFRESH_MS)
         self._timer.timeout.connect(self._drain)
@@ -733,8 +734,21 @@ class TopologyPanel(QWidget):
         self._draw()
         self.inspector.show_layer(None, None, None, 0)
         self.reset_camera()
-        if self.isVisible():
+        if self._on_screen():
             self._attach_observer()
+
+    def set_shown(self, shown: bool) -> None:
+        """Whether the panel is on screen: a dock behind another dock's tab is not, though Qt
+        still calls it visible (the window reports its dock's ``visibilityChanged`` here). Off
+        screen it does not watch the network, which then computes no statistics for it."""
+        self._shown = shown
+        if self._on_screen():
+            self._attach_observer()
+        else:
+            self._detach_observer()
+
+    def _on_screen(self) -> bool:
+        return self._shown and self.isVisible()
 
     def _attach_observer(self) -> None:
         """Watch the network while the panel is on screen: colours show the latest sampled pass
@@ -880,7 +894,8 @@ class TopologyPanel(QWidget):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
-        self._attach_observer()
+        if self._shown:
+            self._attach_observer()
         if self._fit_on_show:  # the view had no real size when the network arrived
             self.reset_camera()
 

@@ -89,6 +89,26 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(window.network)), timeout=10000)
 
 
+def test_only_panels_on_screen_watch_the_network(window, qtbot, golden_net_path):
+    """A dock behind another's tab is still "visible" to Qt; its panel must not make the engine
+    compute statistics for it (two watching panels cost a decoding model twice)."""
+    window.open_network(str(golden_net_path))
+    qtbot.waitUntil(lambda: window.network is not None, timeout=10000)
+    qtbot.waitUntil(lambda: window.panels["run"].network is window.network, timeout=10000)
+    net, topology, telemetry = window.network, window.panels["topology"], window.panels["telemetry"]
+    # the default layout: Topology behind Chat, Telemetry in front of Morph and Run
+    assert net.observers == [telemetry._observer]
+    window.docks["topology"].raise_()
+    qtbot.waitUntil(lambda: topology._observer in net.observers, timeout=5000)
+    window.docks["morph"].raise_()
+    qtbot.waitUntil(lambda: telemetry._observer is None and not telemetry.timer.isActive(), timeout=5000)
+    assert net.observers == [topology._observer]
+    window.docks["chat"].raise_()
+    window.docks["telemetry"].raise_()
+    qtbot.waitUntil(lambda: net.observers == [telemetry._observer] and telemetry.timer.isActive(),
+                    timeout=5000)
+
+
 def test_the_status_bar_counts_cells_and_the_layers_in_them(window, qtbot, tmp_path):
     from loomlab.core import VolumetricNetwork, make_layer, save_network
 

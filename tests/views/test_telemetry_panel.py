@@ -229,6 +229,23 @@ def test_shutdown_stops_the_timer_and_detaches(qtbot, panel):
     assert not panel.timer.isActive() and second.observers == []
 
 
+def test_off_screen_the_panel_neither_watches_nor_refreshes(qtbot, panel):
+    net = small_net()
+    panel.set_network(net)
+    panel.set_shown(False)  # its dock went behind another dock's tab
+    assert net.observers == [] and not panel.timer.isActive()
+    run_steps(net, 2)  # passes meanwhile reach nobody
+    panel.set_network(net)  # a network set while off screen is not watched either
+    assert net.observers == [] and not panel.timer.isActive()
+    panel.set_shown(True)
+    assert len(net.observers) == 1 and panel.timer.isActive()
+    run_steps(net, 1)
+    wait_for_tick(qtbot, panel)
+    assert np.isfinite(panel.heatmap_values()[:, -1]).all()  # the pass after it came back
+    assert np.isnan(panel.heatmap_values()[:, :-1]).all()  # none from while it was away
+    panel.shutdown()
+
+
 def test_sampled_passes_fill_consecutive_columns(qtbot):
     """With ``sample_hz`` the panel records whole passes at that rate, one heatmap column each."""
     clock = iter(np.arange(1, 100) * 0.125)  # each pass starts 0.125 s after the one before

@@ -181,6 +181,16 @@ def test_set_network_watches_it_rebuilds_and_detaches_from_the_old_network(qtbot
     assert second.observers == [] and not panel._timer.isActive()
     assert panel.topology is None and not panel.scatter.visible()
     panel.set_network(first)
+    panel.set_shown(False)  # its dock went behind another dock's tab: Qt still calls it visible
+    assert panel.isVisible() and first.observers == [] and not panel._timer.isActive()
+    panel.set_network(second)
+    assert second.observers == []
+    panel.hide()
+    panel.show()
+    assert second.observers == []
+    panel.set_shown(True)
+    assert len(second.observers) == 1 and panel._timer.isActive()
+    panel.set_network(first)
     panel.shutdown()
     assert first.observers == [] and not panel._timer.isActive()
 
