@@ -34,9 +34,13 @@ from loomlab.core.observe import CallbackObserver, LayerEvent, LayerStats, check
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
 DIRECTIONS = ("forward", "backward")
 MAX_RATE_HZ = 30.0
-# Each refresh holds the GIL for a few ms (drain, redraw) and stalls a decoding worker meanwhile:
-# at 10 Hz that costs an LLM's decode a few percent, at 30 Hz several times more (bench_telemetry).
-DEFAULT_RATE_HZ = 5.0
+# Each refresh holds the GIL for a few ms (drain, pyqtgraph's redraw, mostly Python), and while it
+# does the decoding thread cannot launch its next kernel: at 10 Hz that cost an LLM's decode a few
+# percent, at 30 Hz several times more (bench_telemetry); in the window at 5 Hz the refreshes
+# were 60% of the GUI thread's Python time during a chat reply (bench_gui_chat). Twice a second,
+# as system monitors refresh their graphs, is live enough: the passes are still recorded at
+# sample_hz, one column each, so nothing is lost between refreshes.
+DEFAULT_RATE_HZ = 2.0
 DEFAULT_SAMPLE_HZ = 10.0  # passes a second the heatmap records: one column per pass
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
