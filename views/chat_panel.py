@@ -669,8 +669,11 @@ class ChatPanel(QWidget):
         elif self._stream_cursor is not None:
             bar = self.view.verticalScrollBar()
             at_bottom = bar.value() >= bar.maximum() - 4
+            # one edit block: the document is laid out once per frame, not once per token
+            self._stream_cursor.beginEditBlock()
             for position in range(stream.shown, count):
                 self._insert_token(self._stream_cursor, stream.reply.message_id, position, records[position])
+            self._stream_cursor.endEditBlock()
             if at_bottom:
                 bar.setValue(bar.maximum())
         stream.shown = count
