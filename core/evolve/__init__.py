@@ -18,7 +18,7 @@ _EXPORTS = {
     "extract_dna": "dna", "compare_dna": "dna",
     "SpliceConfig": "splice", "SpliceResult": "splice", "splice": "splice",
     "NEATConfig": "neat", "neat_mutate": "neat",
-    "NEATPopulation": "population",
+    "NEATPopulation": "population", "Genome": "genome", "NetworkGenome": "genome",
     "Evolution": "run", "RunResult": "run",
     "SpeciationConfig": "speciation", "Speciation": "speciation", "genome_distance": "speciation",
     "Reporter": "reporters", "ConsoleReporter": "reporters", "StatisticsReporter": "reporters",

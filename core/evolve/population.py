@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from ..errors import LoomConfigError
 from ..network import VolumetricNetwork
+from .genome import Genome, NetworkGenome
 from .gorand import GoRand
-from .neat import NEATConfig, neat_mutate
-from .splice import SpliceConfig, splice
+from .neat import NEATConfig
 
 
 class NEATPopulation:
@@ -25,23 +25,28 @@ class NEATPopulation:
         fitness: the fitnesses last given to :meth:`evolve`, sorted best first (zeros before).
     """
 
-    def __init__(self, seed_net: VolumetricNetwork, size: int, config: NEATConfig):
+    def __init__(self, seed_net: VolumetricNetwork | None, size: int, config: NEATConfig, *,
+                 genome: Genome | None = None):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise LoomConfigError(f"a population needs a size >= 1, got {size!r}")
         if not isinstance(config, NEATConfig):
             raise LoomConfigError(f"a population needs a NEATConfig, got {type(config).__name__}")
         self.config = config
         self.size = size
+        # Loom's population is of networks; another genome (its members, its offspring) takes
+        # the same selection and the same draws
+        self.genome = genome if genome is not None else NetworkGenome(seed_net, config)
         self.rng = GoRand(config.seed)
-        self.members = [neat_mutate(seed_net, config.with_seed(self.rng.int63())) for _ in range(size)]
+        self.members = self.genome.initial(size, self.rng)
         self.fitness = [0.0] * size
 
     @classmethod
-    def restore(cls, members: list[VolumetricNetwork], config: NEATConfig, rng: GoRand,
-                fitness: list[float]) -> NEATPopulation:
+    def restore(cls, members: list, config: NEATConfig, rng: GoRand, fitness: list[float], *,
+                genome: Genome | None = None) -> NEATPopulation:
         """A population in a saved state (its members, generator and last fitnesses)."""
         out = cls.__new__(cls)
         out.config, out.size, out.rng = config, len(members), rng
+        out.genome = genome if genome is not None else NetworkGenome(None, config)
         out.members, out.fitness = list(members), list(fitness)
         return out
 
@@ -64,12 +69,11 @@ class NEATPopulation:
             b = self.rng.intn(elite)
             while elite > 1 and b == a:
                 b = self.rng.intn(elite)
-            child = splice(ranked[a], ranked[b],
-                           SpliceConfig(fitness_a=self.fitness[a], fitness_b=self.fitness[b])).child
-            next_gen.append(neat_mutate(child, self.config.with_seed(self.rng.int63())))
+            next_gen.append(self.genome.offspring(ranked[a], ranked[b], self.fitness[a], self.fitness[b],
+                                                  self.rng))
         self.members = next_gen
 
-    def best(self) -> VolumetricNetwork:
+    def best(self):
         """The best member of the last evaluation (the first elite)."""
         return self.members[0]
 

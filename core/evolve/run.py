@@ -1,6 +1,7 @@
-"""An evolution run people can trust and repeat: a task, a starting genome, NEAT mutation, and
-injected components (evaluator, speciation, reporters, a checkpoint store), as neat-python
-composes them.
+"""An evolution run people can trust and repeat: a task and injected components, as neat-python
+composes them: the genome (what members are, how they are bred and stored, :mod:`.genome`; by
+default networks grown from the task's seed network by NEAT mutation), the evaluator, speciation,
+reporters and a checkpoint store.
 
 Without ``speciation`` a run is Loom's own population (:class:`.population.NEATPopulation`): the
 same seed gives Loom's members. With it, members are grouped into species that share fitness and
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 
 from ..cancel import as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError
-from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from ..workspace.evolution_runs import EvolutionRuns
 from ..workspace.store import Workspace
 from .evaluators import Evaluator, InProcessEvaluator
+from .genome import Genome, NetworkGenome
 from .gorand import GoRand
 from .neat import NEATConfig
 from .population import NEATPopulation
@@ -58,23 +59,34 @@ class Evolution:
         store: a workspace to checkpoint into after every generation.
     """
 
-    def __init__(self, task: Task, genome: VolumetricNetwork | None = None, config: NEATConfig | None = None,
-                 *, population: int = 150, evaluator: Evaluator | None = None,
-                 speciation: SpeciationConfig | None = None, reporters: Sequence[Reporter] = (),
-                 store: Workspace | None = None):
+    def __init__(self, task: Task, genome: VolumetricNetwork | Genome | None = None,
+                 config: NEATConfig | None = None, *, population: int = 150,
+                 evaluator: Evaluator | None = None, speciation: SpeciationConfig | None = None,
+                 reporters: Sequence[Reporter] = (), store: Workspace | None = None):
         if not isinstance(task, Task):
             raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
-        genome = genome if genome is not None else task.seed_network()
-        config = config or NEATConfig.default(genome_width(genome))
-        self._setup(task, config, population, evaluator, speciation, reporters)
-        self.population = NEATPopulation(genome, population, config)
+        if isinstance(genome, Genome):
+            config = config or NEATConfig.default(1)
+        else:
+            seed = genome if genome is not None else task.seed_network()
+            config = config or NEATConfig.default(genome_width(seed))
+            genome = task_genome(task, config, seed)
+        self._setup(task, config, population, evaluator, speciation, reporters, genome)
+        self.population = NEATPopulation(None, population, config, genome=genome)
         self.runs = EvolutionRuns(store) if store is not None else None
         self.run_id = self.runs.create(task.name, self.describe()) if self.runs else None
         self._checkpoint("running")
 
-    def _setup(self, task, config, population, evaluator, speciation, reporters) -> None:
-        self.task, self.config, self.size = task, config, population
+    def _setup(self, task, config, population, evaluator, speciation, reporters, genome) -> None:
+        self.task, self.config, self.size, self.genome = task, config, population, genome
         self.evaluator = evaluator or InProcessEvaluator()
+        if genome.member_kind != "network":
+            if speciation is not None:
+                raise LoomConfigError(f"task {task.name!r} evolves {genome.member_kind}s: speciation groups "
+                                      "networks by their DNA and does not apply")
+            if not isinstance(self.evaluator, InProcessEvaluator):
+                raise LoomConfigError(f"task {task.name!r} evolves {genome.member_kind}s, which are "
+                                      "evaluated in this process only (a cluster's work items are networks)")
         self.speciation = Speciation(speciation) if speciation is not None else None
         self.reporters = list(reporters)
         self.generation = 0
@@ -162,10 +174,10 @@ class Evolution:
         state = {"generation": self.generation, "rng": self.population.rng.state().hex(),
                  "fitness": self.population.fitness, "history": [s.to_dict() for s in self.history],
                  "best_fitness": None if self.best is None else self.best_fitness,
-                 "best": None if self.best is None else checkpoint_bytes(self.best).hex(),
+                 "best": None if self.best is None else self.genome.encode(self.best).hex(),
                  "speciation": self.speciation.to_state() if self.speciation else None}
         self.runs.save_checkpoint(self.run_id, self.generation, state,
-                                  [checkpoint_bytes(m) for m in self.members], status)
+                                  [self.genome.encode(m) for m in self.members], status)
         for r in self.reporters:
             r.checkpointed(self.run_id, self.generation)
 
@@ -179,32 +191,36 @@ class Evolution:
         task = get_task(cfg["task"]["name"], **cfg["task"]["params"])
         config = NEATConfig.from_loom(cfg["neat"])
         speciation = SpeciationConfig(**cfg["speciation"]) if cfg["speciation"] is not None else None
+        genome = task_genome(task, config, None)  # members come from the checkpoint, not a seed
         self = cls.__new__(cls)
-        self._setup(task, config, cfg["population"], evaluator, speciation, reporters)
+        self._setup(task, config, cfg["population"], evaluator, speciation, reporters, genome)
         self.runs, self.run_id = runs, run_id
         point = runs.latest_checkpoint(run_id)
         state = point.state
-        precision = task.params.get("precision", "loom")
-        self.population = NEATPopulation.restore([_restored(m, precision) for m in point.members], config,
+        self.population = NEATPopulation.restore([genome.decode(m) for m in point.members], config,
                                                  GoRand.from_state(bytes.fromhex(state["rng"])),
-                                                 state["fitness"])
+                                                 state["fitness"], genome=genome)
         self.generation = state["generation"]
         self.history = [GenerationStats.from_dict(d) for d in state["history"]]
         if state["best"] is not None:
-            self.best = _restored(bytes.fromhex(state["best"]), precision)
+            self.best = genome.decode(bytes.fromhex(state["best"]))
             self.best_fitness = state["best_fitness"]
         if self.speciation:
             self.speciation.restore(state["speciation"])
             for sp in self.speciation.species:
-                sp.representative.precision = precision
+                sp.representative.precision = genome.precision
         runs.set_status(run_id, "running")
         return self
 
 
-def _restored(data: bytes, precision: str) -> VolumetricNetwork:
-    net = checkpoint_from_bytes(data)
-    net.precision = precision  # files do not carry it; the task's is what members ran at
-    return net
+def task_genome(task: Task, config: NEATConfig, seed: VolumetricNetwork | None) -> Genome:
+    """The genome a task's members have: the task's own (``task.genome(config)``, for tasks whose
+    members are not networks), else networks grown from ``seed`` by NEAT at the task's precision
+    (files do not carry a precision; the task's is what members ran at)."""
+    own = getattr(task, "genome", None)
+    if callable(own):
+        return own(config)
+    return NetworkGenome(seed, config, task.params.get("precision", "loom"))
 
 
 def genome_width(genome: VolumetricNetwork) -> int:
