@@ -16,7 +16,7 @@ from .net import load_net
 
 EVOLVE_EXAMPLE = """\
 [run]
-task = "xor"          # xor, sine or spirals
+task = "xor"          # xor, sine, spirals or quant-recipe (a language model's per-layer dtypes)
 population = 150
 generations = 300
 until = 3.9           # optional: stop once a member reaches this fitness
@@ -142,7 +142,7 @@ def _read_config(path: Path) -> dict:
     from loomlab.core.evolve.neat import NEATConfig
     from loomlab.core.evolve.run import genome_width
     from loomlab.core.evolve.speciation import SpeciationConfig
-    from loomlab.core.evolve.tasks import get_task
+    from loomlab.core.evolve.tasks import NetworkTask, get_task
 
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -160,10 +160,12 @@ def _read_config(path: Path) -> dict:
         raise CliError(f"{path}: unknown key(s) in [run]: {', '.join(sorted(bad))} "
                        f"(known: {', '.join(sorted(_RUN_KEYS))})")
     if "task" not in run:
-        raise CliError(f"{path}: [run] needs task = \"xor\" (or sine, spirals)")
+        raise CliError(f"{path}: [run] needs task = \"xor\" (or sine, spirals, quant-recipe)")
     task = get_task(run["task"], **doc.get("task", {}))
     neat_fields = dict(doc.get("neat", {}))
-    width = neat_fields.get("d_model", genome_width(task.seed_network()))
+    # a task whose members are not networks (quant-recipe) takes the NEAT config's seed only
+    seed_width = genome_width(task.seed_network()) if isinstance(task, NetworkTask) else 1
+    width = neat_fields.get("d_model", seed_width)
     base = NEATConfig.default(width, seed=neat_fields.get("seed"))
     try:
         neat = dataclasses.replace(base, **neat_fields)

@@ -32,7 +32,7 @@ from .neat import NEATConfig
 from .population import NEATPopulation
 from .reporters import GenerationStats, Reporter
 from .speciation import Speciation, SpeciationConfig
-from .tasks import Task, get_task
+from .tasks import NetworkTask, Task, get_task
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ class Evolution:
             raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
         if isinstance(genome, Genome):
             config = config or NEATConfig.default(1)
+        elif genome is None and not isinstance(task, NetworkTask):
+            config = config or NEATConfig.default(1)  # it only seeds the run's generator
+            genome = task_genome(task, config, None)
         else:
             seed = genome if genome is not None else task.seed_network()
             config = config or NEATConfig.default(genome_width(seed))

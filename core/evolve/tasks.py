@@ -1,4 +1,5 @@
-"""Built-in evolution tasks: XOR, sine regression and two-spirals.
+"""Built-in evolution tasks over networks: XOR, sine regression and two-spirals (and the
+``quant-recipe`` task, whose members are a language model's per-layer dtypes: :mod:`.recipe_task`).
 
 A task holds fixed data and turns a population of networks into fitness values (higher is better).
 Everything a task depends on is in its ``params`` (JSON-able), so ``get_task(task.name,
@@ -35,17 +36,21 @@ from ``task.params["precision"]``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from importlib import import_module
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..enums import ACTIVATIONS, lookup
+from ..enums import ACTIVATIONS, LAYER_TYPES, lookup
 from ..errors import LoomConfigError, LoomError
 from ..layers.base import make_layer
 from ..network import PRECISIONS, VolumetricNetwork
 from .batched import as_numpy, forward_stacked
+from .neat import NEATConfig
 
 # Parameters every task takes (the shape and start of its seed network, and when it is solved);
 # each task adds its own and may change these defaults.
@@ -56,6 +61,37 @@ COMMON_PARAMS: dict[str, Any] = {
 
 
 class Task(ABC):
+    """A fitness function: members in, one fitness each out, in order (higher is better).
+
+    ``params`` (JSON-able) rebuild an equal task (``get_task(task.name, **task.params)``);
+    ``fitness_threshold`` (None: never) is where a run counts as solved. Members are networks
+    (:class:`NetworkTask`) unless the task brings its own genome (``task.genome(config)``, see
+    :func:`.run.task_genome`).
+    """
+
+    name: ClassVar[str]
+    params: dict[str, Any]
+    fitness_threshold: float | None
+
+    @abstractmethod
+    def evaluate(self, members: Sequence[Any]) -> list[float]:
+        """Fitness of each member, in order."""
+
+    def solved(self, fitness: float) -> bool:
+        return self.fitness_threshold is not None and fitness >= self.fitness_threshold
+
+    # ----- value semantics ---------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.params == self.params
+
+    def __hash__(self) -> int:
+        return hash((self.name, json.dumps(self.params, sort_keys=True)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
+
+
+class NetworkTask(Task):
     """A fitness function over networks with fixed, deterministic data.
 
     Subclasses set ``name``, ``floor``, ``defaults`` (their params and defaults, over
@@ -63,11 +99,12 @@ class Task(ABC):
     :meth:`_data`, and score stacked outputs in :meth:`_score`.
     """
 
-    name: ClassVar[str]
     floor: ClassVar[float]
     defaults: ClassVar[dict[str, Any]]
     n_inputs: ClassVar[int]
     n_outputs: ClassVar[int]
+    #: NEATConfig fields :meth:`neat_config` sets over Loom's default (none: Loom's default)
+    neat_overrides: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any):
         known = {**COMMON_PARAMS, **self.defaults}
@@ -102,6 +139,13 @@ class Task(ABC):
                                          activation=p["output_activation" if last else "activation"])
         return net
 
+    def neat_config(self, seed: int | None = None) -> NEATConfig:
+        """The NEAT mutation settings this task evolves well with: Loom's default for the seed
+        network's width (``seed`` None draws a random seed), with the task's overrides
+        (:attr:`neat_overrides`; see the module's docstring)."""
+        width = max(self.params["hidden"] if self.params["depth"] else 0, self.n_outputs)
+        return dataclasses.replace(NEATConfig.default(width, seed), **self.neat_overrides)
+
     def evaluate(self, nets: Sequence[VolumetricNetwork]) -> list[float]:
         """Fitness of each network, in order (see the module's docstring for the floor)."""
         fitness = np.full(len(nets), self.floor)
@@ -112,9 +156,6 @@ class Task(ABC):
                     fitness[members] = self._fitness(as_numpy(result))
         return [float(f) for f in fitness]
 
-    def solved(self, fitness: float) -> bool:
-        return self.fitness_threshold is not None and fitness >= self.fitness_threshold
-
     def _fitness(self, y: np.ndarray) -> np.ndarray | float:
         rows = self.inputs.shape[0]
         if y.ndim < 2 or y.shape[1] != rows or y[0].size != rows * self.n_outputs:
@@ -124,22 +165,15 @@ class Task(ABC):
         ok = np.isfinite(y).all(axis=1) & np.isfinite(score)
         return np.where(ok, np.maximum(score, self.floor), self.floor)
 
-    # ----- value semantics ---------------------------------------------------------
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.params == self.params
 
-    def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.params.items()))))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
-
-
-class XorTask(Task):
+class XorTask(NetworkTask):
     name = "xor"
     floor = 0.0
     defaults = {"threshold": 3.9}
     n_inputs, n_outputs = 2, 1
+    # Dense layers only: any other layer type NEAT switches a layer to is built at d_model x
+    # d_model, which does not chain with 2 inputs and 1 output, so that member scores the floor
+    neat_overrides = {"allowed_layer_types": (LAYER_TYPES["dense"].id,)}
 
     def _data(self):
         x = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32)
@@ -149,7 +183,7 @@ class XorTask(Task):
         return 4.0 - ((y - self.targets.reshape(1, -1)) ** 2).sum(axis=1)
 
 
-class SineTask(Task):
+class SineTask(NetworkTask):
     name = "sine"
     floor = -1.0
     defaults = {"points": 32, "hidden": 8, "threshold": -0.01}
@@ -163,7 +197,7 @@ class SineTask(Task):
         return -((y - self.targets.reshape(1, -1)) ** 2).mean(axis=1)
 
 
-class SpiralsTask(Task):
+class SpiralsTask(NetworkTask):
     name = "spirals"
     floor = 0.0
     defaults = {"points": 97, "hidden": 16, "depth": 2, "threshold": 0.95}
@@ -185,6 +219,8 @@ class SpiralsTask(Task):
 
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (XorTask, SineTask, SpiralsTask)}
+# tasks whose module loads the language-model runtime: imported when asked for
+LAZY_TASKS = {"quant-recipe": ("recipe_task", "RecipeTask")}
 
 
 def get_task(name: str, **params: Any) -> Task:
@@ -194,8 +230,12 @@ def get_task(name: str, **params: Any) -> Task:
     :class:`LoomConfigError` naming it and what is valid.
     """
     cls = TASKS.get(name)
+    if cls is None and name in LAZY_TASKS:
+        module, attr = LAZY_TASKS[name]
+        cls = getattr(import_module(f".{module}", __package__), attr)
     if cls is None:
-        raise LoomConfigError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(TASKS))}")
+        raise LoomConfigError(f"unknown task {name!r}; built-in tasks: "
+                              f"{', '.join(sorted([*TASKS, *LAZY_TASKS]))}")
     return cls(**params)
 
 

@@ -1,0 +1,149 @@
+"""The built-in task ``quant-recipe``: evolve a language model's quantization recipe.
+
+A member is a recipe, one Loom dtype per weighted layer (:mod:`.recipe`); its fitness is
+``-mean KL(P_model || P_recipe) - lam * bytes / bytes of the unmorphed model`` over the
+next-token distributions of a few probe prompts. A run evolves recipes with the same loop as
+networks (:class:`~.run.Evolution`, Loom's elitist selection and draws from the run's Go
+generator); only what a member is differs, which :class:`RecipeGenome` says:
+
+* the first population: the unmorphed recipe (every layer float32) and mutants of it, so a run
+  starts from the model as loaded and trades accuracy for bytes from there;
+* offspring: each layer's dtype from one of two parents (the fitter one's with probability 3/4,
+  as Loom's blend leans to the fitter parent), then each layer moves to another dtype with
+  probability ``mutation_rate``;
+* checkpoints store a recipe as its JSON text.
+
+The model is loaded (``load_model(params["model"])``) and the reference distributions computed
+the first time the task needs them, in the process that evaluates: recipes are evaluated in
+process only (a cluster's work items are networks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..dtypes import get_format
+from ..errors import LoomConfigError
+from .genome import Genome
+from .gorand import GoRand
+from .neat import NEATConfig
+from .recipe import (
+    DEFAULT_DTYPES,
+    DEFAULT_LAMBDA,
+    DEFAULT_PROBE_TOKENS,
+    DEFAULT_PROBES,
+    Recipe,
+    RecipeScore,
+    RecipeSpace,
+    recipe_from_bytes,
+    recipe_to_bytes,
+)
+from .tasks import Task
+
+FITTER_SHARE = 0.75  # a child's layer comes from the fitter parent with this probability
+
+
+class RecipeGenome(Genome):
+    """Recipes of ``space`` (see the module docstring)."""
+
+    member_kind = "recipe"
+
+    def __init__(self, space: RecipeSpace, mutation_rate: float):
+        self.space, self.mutation_rate = space, mutation_rate
+
+    def initial(self, size: int, rng: GoRand) -> list[Recipe]:
+        unmorphed = self.space.uniform("float32")
+        return [unmorphed] + [self.space.mutate(unmorphed, rng, self.mutation_rate) for _ in range(size - 1)]
+
+    def offspring(self, a, b, fitness_a, fitness_b, rng) -> Recipe:
+        share = 0.5 if fitness_a == fitness_b else FITTER_SHARE if fitness_a > fitness_b else 1 - FITTER_SHARE
+        return self.space.mutate(self.space.crossover(a, b, rng, share), rng, self.mutation_rate)
+
+    def encode(self, member: Sequence[str]) -> bytes:
+        return recipe_to_bytes(member)
+
+    def decode(self, data: bytes) -> Recipe:
+        return self.space.validate(recipe_from_bytes(data))
+
+
+class RecipeTask(Task):
+    """Evolve the per-layer dtypes of a language model (see the module docstring).
+
+    Params: ``model`` (a built-in alias or a path, as ``load_model`` takes), ``dtypes`` (those a
+    layer may take), ``probes`` (prompt texts), ``probe_tokens`` (each probe's length),
+    ``lam`` (the cost of a whole model's bytes, in nats), ``mutation_rate`` (per layer) and
+    ``threshold`` (a fitness that counts as solved; None: never).
+    """
+
+    name = "quant-recipe"
+    defaults: dict[str, Any] = {
+        "model": "smollm2-135m", "dtypes": list(DEFAULT_DTYPES), "probes": list(DEFAULT_PROBES),
+        "probe_tokens": DEFAULT_PROBE_TOKENS, "lam": DEFAULT_LAMBDA, "mutation_rate": 0.1, "threshold": None,
+    }
+
+    def __init__(self, **params: Any):
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise LoomConfigError(f"task {self.name!r} has no parameter {unknown[0]!r}; "
+                                  f"its parameters: {', '.join(sorted(self.defaults))}")
+        p = {**self.defaults, **params}
+        self.params = {"model": _text("model", p["model"]),
+                       "dtypes": [get_format(_text("dtypes", d)).name for d in _list("dtypes", p["dtypes"])],
+                       "probes": [_text("probes", t) for t in _list("probes", p["probes"])],
+                       "probe_tokens": _integer("probe_tokens", p["probe_tokens"]),
+                       "lam": _number("lam", p["lam"], 0.0, math.inf),
+                       "mutation_rate": _number("mutation_rate", p["mutation_rate"], 0.0, 1.0),
+                       "threshold": None if p["threshold"] is None else _number("threshold", p["threshold"])}
+        self.fitness_threshold = self.params["threshold"]
+        self._space: RecipeSpace | None = None
+        self.last_scores: list[RecipeScore] = []  # KL and bytes of the last evaluation, in order
+
+    @property
+    def space(self) -> RecipeSpace:
+        """The model's recipe space, built on first use (loads the model, runs the probes)."""
+        if self._space is None:
+            from ..llm.textmodel import load_model
+
+            p = self.params
+            self._space = RecipeSpace(load_model(p["model"]), p["dtypes"], p["probes"], p["probe_tokens"],
+                                      p["lam"])
+        return self._space
+
+    def genome(self, config: NEATConfig) -> RecipeGenome:
+        """What a run's members are (the run's NEAT config only seeds its generator)."""
+        return RecipeGenome(self.space, self.params["mutation_rate"])
+
+    def evaluate(self, members: Sequence[Sequence[str]]) -> list[float]:
+        self.last_scores = self.space.evaluate_many(members)
+        return [s.fitness for s in self.last_scores]
+
+
+def _where(key: str) -> str:
+    return f"task {RecipeTask.name!r} parameter {key!r}"
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise LoomConfigError(f"{_where(key)} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _list(key: str, value: Any) -> list:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise LoomConfigError(f"{_where(key)} must be a non-empty list, got {value!r}")
+    return list(value)
+
+
+def _integer(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LoomConfigError(f"{_where(key)} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _number(key: str, value: Any, low: float = -math.inf, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise LoomConfigError(f"{_where(key)} must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
