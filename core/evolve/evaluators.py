@@ -47,12 +47,17 @@ class InProcessEvaluator:
     same-shaped members into one matmul per layer.
 
     Being one call, it checks ``cancel`` before it starts (a request during the call lets the call
-    finish, and the complete list is returned) and reports progress at 0 and at the end.
+    finish, and the complete list is returned) and reports progress at 0 and at the end; a task
+    that evaluates ``member_by_member`` gets both and reports and stops between members.
     """
 
     def evaluate(self, task: Task, members: Sequence[VolumetricNetwork], *,
                  progress: Progress | None = None, cancel: Cancel = None) -> list[float]:
         total = len(members)
+        if task.member_by_member:  # slow members: the task reports each (0 too) and stops on request
+            stop = begin_evaluation(task, total, cancel, None)
+            return checked_fitness(task.evaluate(list(members), progress=progress, cancel=stop), total,
+                                   task.name)
         begin_evaluation(task, total, cancel, progress)
         fitness = checked_fitness(task.evaluate(list(members)), total, task.name)
         if progress is not None:

@@ -24,8 +24,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..cancel import Cancel
 from ..dtypes import get_format
 from ..errors import LoomConfigError
+from .evaluators import Progress
 from .genome import Genome
 from .gorand import GoRand
 from .neat import NEATConfig
@@ -115,8 +117,11 @@ class RecipeTask(Task):
         """What a run's members are (the run's NEAT config only seeds its generator)."""
         return RecipeGenome(self.space, self.params["mutation_rate"])
 
-    def evaluate(self, members: Sequence[Sequence[str]]) -> list[float]:
-        self.last_scores = self.space.evaluate_many(members)
+    member_by_member = True  # a recipe's probes take about a second
+
+    def evaluate(self, members: Sequence[Sequence[str]], progress: Progress | None = None,
+                 cancel: Cancel = None) -> list[float]:
+        self.last_scores = self.space.evaluate_many(members, progress=progress, cancel=cancel)
         return [s.fitness for s in self.last_scores]
 
 

@@ -72,6 +72,9 @@ class Task(ABC):
     name: ClassVar[str]
     params: dict[str, Any]
     fitness_threshold: float | None
+    #: whether :meth:`evaluate` takes ``progress`` and ``cancel`` keywords and reports each member
+    #: (a task whose members take seconds each); else a call is one step
+    member_by_member: ClassVar[bool] = False
 
     @abstractmethod
     def evaluate(self, members: Sequence[Any]) -> list[float]:

@@ -85,3 +85,23 @@ def test_recipes_are_not_speciated_nor_sent_to_a_cluster(task):
         Evolution(task, config=NEATConfig.default(1, seed=1), population=4, speciation=SpeciationConfig())
     with pytest.raises(LoomConfigError, match="in this process only"):
         Evolution(task, config=NEATConfig.default(1, seed=1), population=4, evaluator=ElsewhereEvaluator())
+
+
+def test_a_generation_reports_each_recipe_and_stops_between_them(task, tmp_path):
+    seen = []
+
+    def progress(done, total):
+        seen.append((done, total))
+
+    run = Evolution(task, config=NEATConfig.default(1, seed=2), population=4)
+    run.run(1, progress=progress)
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    with Workspace(tmp_path / "ws.sqlite3") as ws:
+        run = Evolution(task, config=NEATConfig.default(1, seed=2), population=4, store=ws)
+        before = list(run.members)
+        done = []
+        result = run.run(1, cancel=lambda: done[-1:] == [2], progress=lambda d, total: done.append(d))
+        # asked to stop after the second recipe: no more recipes run, the generation is dropped
+        # whole and the run keeps the members it started with
+        assert done == [0, 1, 2] and result.status == "stopped" and result.generation == 0
+        assert run.members == before
