@@ -68,11 +68,11 @@ def softmax(logits) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def packed_bytes(space, recipe) -> int:
+def packed_bytes(model, recipe) -> int:
     """Bytes by bits per weight, each layer's weights counted from its matrices' shapes; a tied
     head and its embedding in one dtype are one copy."""
     total, seen = 0, set()
-    for layer, dtype in zip(space._layers, recipe, strict=True):
+    for (_, layer), dtype in zip(weighted_cells(model.net), recipe, strict=True):
         tensors = {id(m) for m in layer.weights.blocks.values() if len(m.shape) == 2}
         if tensors and (dtype, frozenset(tensors)) in seen:
             continue
@@ -99,7 +99,8 @@ def assert_unchanged(model, before) -> None:
 
 # ----- fitness ----------------------------------------------------------------------------------
 def test_the_unmorphed_recipe_has_no_divergence_and_every_byte(model, space):
-    n_weights = sum(math.prod(m.shape) for layer in space._layers for m in layer.weights.blocks.values())
+    n_weights = sum(math.prod(m.shape) for _, layer in weighted_cells(model.net)
+                    for m in layer.weights.blocks.values())
     table = math.prod(model.net.cells[-1].weights.blocks["weight"].shape)  # tied: stored once
     score = space.evaluate(space.uniform("float32"))
     assert score.kl_mean == pytest.approx(0, abs=1e-12)
@@ -125,7 +126,7 @@ def test_a_recipe_scores_as_the_slow_reference(model, space, plan):
     kl, size = slow_reference(recipe)
     assert score.kl_mean == pytest.approx(kl, abs=1e-9, rel=1e-9)
     assert kl > 1e-4  # the recipe does change the model
-    assert score.bytes == size == packed_bytes(space, recipe) == space.recipe_bytes(recipe)
+    assert score.bytes == size == packed_bytes(model, recipe) == space.recipe_bytes(recipe)
     assert score.fitness == pytest.approx(-kl - LAM * size / model.net.memory_bytes(), abs=1e-9)
 
 
