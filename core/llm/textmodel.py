@@ -209,7 +209,7 @@ class TextModel:
             self._check_fits(ids, SamplingParams(max_tokens=0))
             by_length.setdefault(len(ids), []).append(i)
         t0 = time.perf_counter()
-        with self._busy():
+        with self.busy():
             for members in by_length.values():
                 logits = self.net.step(np.array([all_ids[i] for i in members]), None)
                 for row, i in zip(logits, members, strict=True):
@@ -223,7 +223,7 @@ class TextModel:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Mean of the final-norm hidden states over each text's tokens: ``[len(texts), hidden]``."""
         out = np.zeros((len(texts), self.net.args.hidden_size), np.float32)
-        with self._busy():
+        with self.busy():
             for i, text in enumerate(texts):
                 ids = self._prompt_ids(text)
                 self._check_fits(ids, SamplingParams(max_tokens=0))
@@ -253,12 +253,16 @@ class TextModel:
 
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
                 metrics: Metrics) -> Iterator[TokenRecord]:
-        with self._busy():
+        with self.busy():
             yield from self._run(ids, params, cancel, metrics)
 
     @contextmanager
-    def _busy(self):
-        # a model holds one KV state at a time: refuse, rather than wait for, a second user
+    def busy(self):
+        """Hold the model for work of your own on its network (a recipe's probes, say): refuses,
+        rather than waits for, a second user (:class:`LoomConfigError`), as a model holds one KV
+        state at a time; inside, the kernels use the thread settings generation uses (one BLAS
+        thread, numba's threads from the CPUs other processes leave free: a 5-token prefill took
+        0.5-0.7 s without them instead of 0.12 s)."""
         if not self._lock.acquire(blocking=False):
             raise LoomConfigError("the model is busy with another generation (cancel or finish it first)")
         try:

@@ -49,7 +49,7 @@ def partial_recipe(space, plan: dict[str, str]) -> tuple[str, ...]:
 def slow_reference(recipe) -> tuple[float, int]:
     """Mean KL and memory bytes of ``recipe`` on a fresh copy morphed layer by layer by the Morph
     panel's own call, KL from softmax probabilities (not log-softmax) in float64."""
-    with load_model("smollm2-135m") as fresh, fresh._busy():
+    with load_model("smollm2-135m") as fresh, fresh.busy():
         reference = [llm_probe(fresh, text, TOKENS).logits for text in PROBES]
         for (index, layer), dtype in zip(weighted_cells(fresh.net), recipe, strict=True):
             if dtype != "float32":
@@ -83,7 +83,7 @@ def packed_bytes(model, recipe) -> int:
 
 
 def state_of(model) -> tuple[np.ndarray, list]:
-    with model._busy():  # the thread settings the model runs under (the kernels crawl outside them)
+    with model.busy():  # the thread settings the model runs under (the kernels crawl outside them)
         logits = model.net.step(np.array([[1, 504, 2365, 6354, 16438]]), None, last_only=False)
     stores = [(layer.weights, layer.cfg.dtype, layer.weights.scale, dict(layer.weights.native))
               for layer in model.net.weighted_layers()]
