@@ -17,7 +17,12 @@ floor is the lowest fitness a task gives.
 Fitness of each task (outputs ``y`` of the network, targets ``t``):
 
 * ``xor``: 4 points (0/1, 0/1) -> 0/1, neat-python's ``4 - sum((y - t)^2)``, solved at 3.9;
-  floor 0 (every output wrong by 1).
+  floor 0 (every output wrong by 1). Its :meth:`~NetworkTask.neat_config` is Loom's default with
+  Dense layers only: Loom's default lets NEAT turn a layer into any of 17 types, re-initialised
+  at ``d_model`` x ``d_model``, which cannot take XOR's 2 inputs or give its 1 output, so about a
+  fifth of all children scored the floor (and, speciated, each founded a species of its own).
+  Without a bias the seed network still represents XOR: ``relu(x1 - x2) + relu(x2 - x1)``, or
+  ``sum v_j tanh(c_j (x1 + x2))`` with ``c = (1, 2)``, ``v = (-5.94, 5.73)``.
 * ``sine``: ``points`` inputs evenly spaced over [-pi, pi], target ``sin(x)``; fitness ``-mean((y -
   t)^2)``, solved at -0.01; floor -1 (an output of zero scores -0.5).
 * ``spirals``: Lang and Witbrock's two spirals, ``points`` per spiral over three turns, scaled into
