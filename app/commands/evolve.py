@@ -140,7 +140,6 @@ def cmd_evolve(args) -> int:
 def _read_config(path: Path) -> dict:
     """The run described by a TOML config, each part built and validated (one-line errors)."""
     from loomlab.core.evolve.neat import NEATConfig
-    from loomlab.core.evolve.run import genome_width
     from loomlab.core.evolve.speciation import SpeciationConfig
     from loomlab.core.evolve.tasks import NetworkTask, get_task
 
@@ -163,10 +162,13 @@ def _read_config(path: Path) -> dict:
         raise CliError(f"{path}: [run] needs task = \"xor\" (or sine, spirals, quant-recipe)")
     task = get_task(run["task"], **doc.get("task", {}))
     neat_fields = dict(doc.get("neat", {}))
-    # a task whose members are not networks (quant-recipe) takes the NEAT config's seed only
-    seed_width = genome_width(task.seed_network()) if isinstance(task, NetworkTask) else 1
-    width = neat_fields.get("d_model", seed_width)
-    base = NEATConfig.default(width, seed=neat_fields.get("seed"))
+    seed = neat_fields.get("seed")
+    if "d_model" in neat_fields:
+        base = NEATConfig.default(neat_fields["d_model"], seed=seed)
+    elif isinstance(task, NetworkTask):
+        base = task.neat_config(seed=seed)  # what the task's seed network evolves well with
+    else:  # members that are not networks (quant-recipe): the config only seeds the run
+        base = NEATConfig.default(1, seed=seed)
     try:
         neat = dataclasses.replace(base, **neat_fields)
         speciation = SpeciationConfig(**doc["speciation"]) if "speciation" in doc else None

@@ -50,8 +50,9 @@ class Evolution:
     Args:
         task: what fitness means (:func:`.tasks.get_task`).
         genome: the starting network (default: the task's seed network).
-        config: NEAT mutation; its seed seeds the whole run (default: Loom's default config for
-            the genome's width, with a random seed).
+        config: NEAT mutation; its seed seeds the whole run (default, with a random seed: the
+            task's :meth:`~.tasks.NetworkTask.neat_config` for its seed network, Loom's default
+            for the width of a genome given here).
         population: members per generation.
         evaluator: computes fitness (default: in-process; see :mod:`.evaluators`).
         speciation: None for Loom's population, or the settings of speciated reproduction.
@@ -72,7 +73,9 @@ class Evolution:
             genome = task_genome(task, config, None)
         else:
             seed = genome if genome is not None else task.seed_network()
-            config = config or NEATConfig.default(genome_width(seed))
+            # the task's own mutation settings suit its seed network; another genome gets Loom's
+            if config is None:
+                config = task.neat_config() if genome is None else NEATConfig.default(genome_width(seed))
             genome = task_genome(task, config, seed)
         self._setup(task, config, population, evaluator, speciation, reporters, genome)
         self.population = NEATPopulation(None, population, config, genome=genome)

@@ -9,7 +9,6 @@ import pytest
 
 from loomlab.app.cli import main
 from loomlab.core.evolve.dna import compare_dna
-from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.splice import SpliceConfig, splice
@@ -69,9 +68,10 @@ def test_evolve_runs_resumes_and_lists(tmp_path, capsys):
     assert [line.split(" |")[0] for line in lines if line.startswith("Gen ")] == ["Gen 1", "Gen 2", "Gen 3"]
     assert main(["evolve", "--resume", "1", "--generations", "2", "--workspace", ws]) == 0
     assert "finished at generation 5" in capsys.readouterr().out
-    # the oracle: the same run through the API, five generations straight
+    # the oracle: the same run through the API, five generations straight (the CLI's NEAT config
+    # is the task's own, with the config's seed)
     task = get_task("xor")
-    api = Evolution(task, config=NEATConfig.default(4, seed=5), population=12,
+    api = Evolution(task, config=task.neat_config(seed=5), population=12,
                     speciation=SpeciationConfig(compatibility_threshold=0.5))
     api.run(5)
     with Workspace(ws) as w:
