@@ -53,6 +53,38 @@ def test_go_rand_vector_draws_equal_scalar_draws(seed):
         assert GoRand(0).int63() == GoRand(89482311).int63()
 
 
+def go_seed_register(seed: int) -> list[int]:
+    """Go's rngSource.Seed as written in rng.go: seedrand by Schrage's method, step by step."""
+    from loomlab.core.evolve._go_cooked import RNG_COOKED
+
+    def seedrand(x: int) -> int:
+        hi, lo = divmod(x, 44488)
+        x = 48271 * lo - 3399 * hi
+        return x + 2147483647 if x < 0 else x
+
+    x = seed % 2147483647 or 89482311
+    register = []
+    for i in range(-20, 607):
+        x = seedrand(x)
+        if i >= 0:
+            u = x << 40
+            x = seedrand(x)
+            u ^= x << 20
+            x = seedrand(x)
+            register.append((u ^ x ^ RNG_COOKED[i]) & 0xFFFF_FFFF_FFFF_FFFF)
+    return register
+
+
+@pytest.mark.parametrize("seed", [1, 0, -5, 2147483647, 2**62 + 12345, -(2**63), 2**63 - 1])
+def test_go_rand_seeding_equals_gos_step_by_step_seeding(seed):
+    # Go's first Int63 calls read register[334 - k] + register[607 - k], k = 1, 2, ...
+    reg = go_seed_register(seed)
+    r = GoRand(seed)
+    for k in range(1, 700):
+        reg[(334 - k) % 607] = (reg[(334 - k) % 607] + reg[(607 - k) % 607]) & 0xFFFF_FFFF_FFFF_FFFF
+        assert r.int63() == reg[(334 - k) % 607] & ((1 << 63) - 1)
+
+
 def test_go_rand_int31n_rejection_and_bounds():
     r, s = GoRand(3), GoRand(3)
     n = 3 * 2**29  # not a power of two: rejection sampling above the largest multiple
