@@ -1,7 +1,7 @@
 """Model DNA, splicing and evolution (spec §6, §7), one module per concern.
 
 Loom-exact parts (same seed, same draws, same children as Loom): :mod:`.gorand` (Go's
-``math/rand``), :mod:`.dna` (signatures and comparison), :mod:`.splice`, :mod:`.neat` (config and
+``math/rand``), :mod:`.dna` (signatures and comparison), :mod:`.splicing`, :mod:`.neat` (config and
 mutation) and :mod:`.population`. Beyond Loom: runs with speciation, checkpoints and reporters,
 batched evaluation of many networks, a Dask evaluator, built-in tasks, LLM sketches and merges.
 """
@@ -11,12 +11,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-# name -> module; imported on first use (merges and sketches bring in the LLM runtime and numba)
+# name -> module; imported on first use (merges and sketches bring in the LLM runtime and numba).
+# No exported name may also be a module's name: importing that module sets the package attribute,
+# which then shadows the export (``splice`` lives in ``splicing`` for that reason).
 _EXPORTS = {
     "GoRand": "gorand",
     "DNA": "dna", "LayerSignature": "dna", "DNAComparison": "dna", "LogicShift": "dna",
     "extract_dna": "dna", "compare_dna": "dna",
-    "SpliceConfig": "splice", "SpliceResult": "splice", "splice": "splice",
+    "SpliceConfig": "splicing", "SpliceResult": "splicing", "splice": "splicing",
     "NEATConfig": "neat", "neat_mutate": "neat",
     "NEATPopulation": "population", "Genome": "genome", "NetworkGenome": "genome",
     "Evolution": "run", "RunResult": "run",

@@ -20,7 +20,7 @@ from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from .gorand import GoRand
 from .neat import NEATConfig, neat_mutate
-from .splice import SpliceConfig, splice
+from .splicing import SpliceConfig, splice
 
 
 class Genome(ABC):

@@ -96,10 +96,10 @@ class RecipeSpace:
             raise LoomConfigError(f"a recipe space needs a language model (load_model), "
                                   f"got {type(model).__name__}")
         self.model = model
-        self.dtypes: tuple[str, ...] = _dtype_set(dtypes)
-        self.lam = _non_negative("lam", lam)
-        self.probe_tokens = _count("probe_tokens", probe_tokens, 1)
-        self._cache = _WeightCache(_count("cache_bytes", cache_bytes, 0))
+        self.dtypes: tuple[str, ...] = check_dtypes(dtypes)
+        self.lam = check_non_negative("lam", lam)
+        self.probe_tokens = check_count("probe_tokens", probe_tokens, 1)
+        self._cache = _WeightCache(check_count("cache_bytes", cache_bytes, 0))
         cells = weighted_cells(net)
         self.names: tuple[str, ...] = tuple(layer_label(net, (*net.coord(i), la.path)) for i, la in cells)
         for name, (_, layer) in zip(self.names, cells, strict=True):
@@ -117,7 +117,7 @@ class RecipeSpace:
         # layers with the same tensors and scale quantize to the same weights: one cache entry
         self._sources = [("blocks", s.scale, tuple(id(m) for m in s.blocks.values())) if s.version == 0
                          else ("store", id(s)) for s in self._stores]
-        self.probes = _probe_texts(probes)
+        self.probes = check_probes(probes)
         self._ids = [self._tokenize(text) for text in self.probes]
         self.positions = sum(ids.size for ids in self._ids)
         self.bytes_unmorphed = self.recipe_bytes(("float32",) * len(self._layers))
@@ -181,7 +181,7 @@ class RecipeSpace:
         Draws: one ``Float64`` per layer, then one ``Intn`` for each layer that moves, in layer order.
         """
         recipe, rng = self.validate(recipe), _go_rand(rng)
-        rate = _probability("rate", rate)
+        rate = check_probability("rate", rate)
         out = list(recipe)
         for i, current in enumerate(recipe):
             if rng.float64() < rate and len(self.dtypes) > 1:
@@ -193,7 +193,7 @@ class RecipeSpace:
         """Each layer's dtype from ``a`` with probability ``share_a``, else from ``b`` (one
         ``Float64`` per layer); a fitter parent can be given the larger share."""
         a, b, rng = self.validate(a), self.validate(b), _go_rand(rng)
-        share_a = _probability("share_a", share_a)
+        share_a = check_probability("share_a", share_a)
         return tuple(x if rng.float64() < share_a else y for x, y in zip(a, b, strict=True))
 
     def recipe_bytes(self, recipe: Sequence[str]) -> int:
@@ -354,43 +354,43 @@ def recipe_from_bytes(data: bytes) -> Recipe:
 
 
 # ----- argument checks -----------------------------------------------------------------------------
-def _dtype_set(names: Sequence[str]) -> tuple[str, ...]:
+def check_dtypes(names: Sequence[str], what: str = "dtypes") -> tuple[str, ...]:
     if isinstance(names, str) or not isinstance(names, Sequence) or not names:
-        raise LoomConfigError(f"dtypes is a non-empty sequence of dtype names, got {names!r}")
+        raise LoomConfigError(f"{what} is a non-empty sequence of dtype names, got {names!r}")
     out = []
     for name in names:
         if not isinstance(name, str):
-            raise LoomConfigError(f"dtypes holds dtype names, got {name!r}")
+            raise LoomConfigError(f"{what} holds dtype names, got {name!r}")
         canonical = get_format(name).name  # an unknown name raises, listing Loom's 21
         if canonical in out:
-            raise LoomConfigError(f"dtype {name!r} is listed twice in dtypes")
+            raise LoomConfigError(f"dtype {name!r} is listed twice in {what}")
         out.append(canonical)
     return tuple(out)
 
 
-def _probe_texts(probes: Sequence[str]) -> tuple[str, ...]:
+def check_probes(probes: Sequence[str], what: str = "probes") -> tuple[str, ...]:
     if isinstance(probes, str) or not isinstance(probes, Sequence) or not probes:
-        raise LoomConfigError("probes is a non-empty sequence of prompts")
+        raise LoomConfigError(f"{what} is a non-empty sequence of prompts")
     if not all(isinstance(p, str) and p for p in probes):
-        raise LoomConfigError("each probe is a non-empty string")
+        raise LoomConfigError(f"each probe is a non-empty string ({what})")
     return tuple(probes)
 
 
-def _count(what: str, value, low: int) -> int:
+def check_count(what: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise LoomConfigError(f"{what} must be an integer >= {low}, got {value!r}")
     return int(value)
 
 
-def _non_negative(what: str, value) -> float:
+def check_non_negative(what: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating) \
             or not math.isfinite(value) or value < 0:
         raise LoomConfigError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
-def _probability(what: str, value) -> float:
-    value = _non_negative(what, value)
+def check_probability(what: str, value) -> float:
+    value = check_non_negative(what, value)
     if value > 1:
         raise LoomConfigError(f"{what} must lie in [0, 1], got {value!r}")
     return value

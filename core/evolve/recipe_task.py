@@ -20,12 +20,10 @@ process only (a cluster's work items are networks).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..cancel import Cancel
-from ..dtypes import get_format
 from ..errors import LoomConfigError
 from .evaluators import Progress
 from .genome import Genome
@@ -39,10 +37,15 @@ from .recipe import (
     Recipe,
     RecipeScore,
     RecipeSpace,
+    check_count,
+    check_dtypes,
+    check_non_negative,
+    check_probability,
+    check_probes,
     recipe_from_bytes,
     recipe_to_bytes,
 )
-from .tasks import Task
+from .tasks import Task, check_number
 
 FITTER_SHARE = 0.75  # a child's layer comes from the fitter parent with this probability
 
@@ -80,6 +83,7 @@ class RecipeTask(Task):
     """
 
     name = "quant-recipe"
+    member_by_member = True  # a recipe's probes take about a second: report and stop between them
     defaults: dict[str, Any] = {
         "model": "smollm2-135m", "dtypes": list(DEFAULT_DTYPES), "probes": list(DEFAULT_PROBES),
         "probe_tokens": DEFAULT_PROBE_TOKENS, "lam": DEFAULT_LAMBDA, "mutation_rate": 0.1, "threshold": None,
@@ -91,13 +95,16 @@ class RecipeTask(Task):
             raise LoomConfigError(f"task {self.name!r} has no parameter {unknown[0]!r}; "
                                   f"its parameters: {', '.join(sorted(self.defaults))}")
         p = {**self.defaults, **params}
-        self.params = {"model": _text("model", p["model"]),
-                       "dtypes": [get_format(_text("dtypes", d)).name for d in _list("dtypes", p["dtypes"])],
-                       "probes": [_text("probes", t) for t in _list("probes", p["probes"])],
-                       "probe_tokens": _integer("probe_tokens", p["probe_tokens"]),
-                       "lam": _number("lam", p["lam"], 0.0, math.inf),
-                       "mutation_rate": _number("mutation_rate", p["mutation_rate"], 0.0, 1.0),
-                       "threshold": None if p["threshold"] is None else _number("threshold", p["threshold"])}
+        if not isinstance(p["model"], str) or not p["model"]:
+            raise LoomConfigError(f"{_where('model')} must be a non-empty string, got {p['model']!r}")
+        self.params = {"model": p["model"],
+                       "dtypes": list(check_dtypes(p["dtypes"], _where("dtypes"))),
+                       "probes": list(check_probes(p["probes"], _where("probes"))),
+                       "probe_tokens": check_count(_where("probe_tokens"), p["probe_tokens"], 1),
+                       "lam": check_non_negative(_where("lam"), p["lam"]),
+                       "mutation_rate": check_probability(_where("mutation_rate"), p["mutation_rate"]),
+                       "threshold": None if p["threshold"] is None else check_number(_where("threshold"),
+                                                                                      p["threshold"])}
         self.fitness_threshold = self.params["threshold"]
         self._space: RecipeSpace | None = None
         self.last_scores: list[RecipeScore] = []  # KL and bytes of the last evaluation, in order
@@ -117,8 +124,6 @@ class RecipeTask(Task):
         """What a run's members are (the run's NEAT config only seeds its generator)."""
         return RecipeGenome(self.space, self.params["mutation_rate"])
 
-    member_by_member = True  # a recipe's probes take about a second
-
     def evaluate(self, members: Sequence[Sequence[str]], progress: Progress | None = None,
                  cancel: Cancel = None) -> list[float]:
         self.last_scores = self.space.evaluate_many(members, progress=progress, cancel=cancel)
@@ -127,28 +132,3 @@ class RecipeTask(Task):
 
 def _where(key: str) -> str:
     return f"task {RecipeTask.name!r} parameter {key!r}"
-
-
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise LoomConfigError(f"{_where(key)} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _list(key: str, value: Any) -> list:
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        raise LoomConfigError(f"{_where(key)} must be a non-empty list, got {value!r}")
-    return list(value)
-
-
-def _integer(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise LoomConfigError(f"{_where(key)} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _number(key: str, value: Any, low: float = -math.inf, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not low <= value <= high:
-        raise LoomConfigError(f"{_where(key)} must be a number in [{low}, {high}], got {value!r}")
-    return float(value)

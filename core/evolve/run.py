@@ -154,7 +154,7 @@ class Evolution:
         solved = self.task.solved(fitness[top]) or (until is not None and fitness[top] >= until)
         if self.speciation:
             self.population.members = self.speciation.reproduce(members, fitness, g, self.population.rng,
-                                                                self.config)
+                                                                self.genome)
             self.population.fitness = sorted(fitness, reverse=True)
         else:
             self.population.evolve(fitness)
@@ -220,13 +220,12 @@ class Evolution:
 
 
 def task_genome(task: Task, config: NEATConfig, seed: VolumetricNetwork | None) -> Genome:
-    """The genome a task's members have: the task's own (``task.genome(config)``, for tasks whose
-    members are not networks), else networks grown from ``seed`` by NEAT at the task's precision
-    (files do not carry a precision; the task's is what members ran at)."""
-    own = getattr(task, "genome", None)
-    if callable(own):
-        return own(config)
-    return NetworkGenome(seed, config, task.params.get("precision", "loom"))
+    """The genome a task's members have: networks grown from ``seed`` by NEAT at the task's
+    precision (files do not carry a precision; the task's is what members ran at), or, for a task
+    whose members are not networks, the task's own (``task.genome(config)``)."""
+    if isinstance(task, NetworkTask):
+        return NetworkGenome(seed, config, task.params["precision"])
+    return task.genome(config)
 
 
 def genome_width(genome: VolumetricNetwork) -> int:

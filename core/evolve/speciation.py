@@ -44,11 +44,9 @@ import numpy as np
 from ..errors import LoomConfigError
 from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
-from .clone import clone_network
 from .dna import DNA, LayerSignature, cosine_similarity, extract_dna
+from .genome import NetworkGenome
 from .gorand import GoRand
-from .neat import NEATConfig, neat_mutate
-from .splice import SpliceConfig, splice
 
 THRESHOLD_FLOOR = 0.01  # the lowest the adapted compatibility threshold goes
 
@@ -119,25 +117,25 @@ class Species:
 def genome_distance(a: VolumetricNetwork, b: VolumetricNetwork, config: SpeciationConfig,
                     dna_a: DNA | None = None, dna_b: DNA | None = None) -> float:
     """The distance of the module's docstring (0 for identical networks)."""
-    return _distance(_Genome.of(a, dna_a), _Genome.of(b, dna_b), config)
+    return _distance(_Traits.of(a, dna_a), _Traits.of(b, dna_b), config)
 
 
 @dataclass(frozen=True)
-class _Genome:
+class _Traits:
     """What the distance reads of a network, taken once: its DNA by position, its remote links."""
 
     sigs: dict[str, LayerSignature]
     links: frozenset
 
     @classmethod
-    def of(cls, net: VolumetricNetwork, dna: DNA | None = None) -> _Genome:
+    def of(cls, net: VolumetricNetwork, dna: DNA | None = None) -> _Traits:
         dna = dna if dna is not None else extract_dna(net, dequantized=True)
         links = frozenset((coord, child.cfg.target) for coord, layer in net.layers()
                           for child in layer.children if child.cfg.is_remote_link)
         return cls({s.key: s for s in dna}, links)
 
 
-def _distance(a: _Genome, b: _Genome, config: SpeciationConfig) -> float:
+def _distance(a: _Traits, b: _Traits, config: SpeciationConfig) -> float:
     differing, drift = 0, []
     keys = a.sigs.keys() | b.sigs.keys()
     for key in keys:
@@ -161,7 +159,7 @@ class Speciation:
         self.species: list[Species] = []
         self.next_id = 1
         self.threshold = self.config.compatibility_threshold  # moves towards target_species
-        self._genomes: dict[int, _Genome] = {}  # species id -> its representative's, this generation
+        self._genomes: dict[int, _Traits] = {}  # species id -> its representative's, this generation
 
     # ----- grouping ----------------------------------------------------------------------------
     def speciate(self, members: list[VolumetricNetwork], generation: int) -> None:
@@ -169,14 +167,14 @@ class Speciation:
         (a new species when none is); representatives move to their closest new member; then
         the threshold takes one step towards ``target_species``."""
         cfg, threshold = self.config, self.threshold
-        genomes = [_Genome.of(m) for m in members]
-        reps: dict[int, _Genome] = {}  # species id -> its representative's genome
+        genomes = [_Traits.of(m) for m in members]
+        reps: dict[int, _Traits] = {}  # species id -> its representative's genome
         unplaced = list(range(len(members)))
         for sp in self.species:  # each species keeps the member closest to its old representative
             sp.members = []
             if not unplaced:
                 continue
-            rep = self._genomes.get(sp.id) or _Genome.of(sp.representative)
+            rep = self._genomes.get(sp.id) or _Traits.of(sp.representative)
             dist = [_distance(rep, genomes[i], cfg) for i in unplaced]
             j = int(np.argmin(dist))
             if dist[j] < threshold:
@@ -209,8 +207,9 @@ class Speciation:
 
     # ----- reproduction --------------------------------------------------------------------------
     def reproduce(self, members: list[VolumetricNetwork], fitness: list[float], generation: int,
-                  rng: GoRand, neat: NEATConfig) -> list[VolumetricNetwork]:
-        """The next generation, ``len(members)`` networks, the overall best first, unchanged."""
+                  rng: GoRand, genome: NetworkGenome) -> list[VolumetricNetwork]:
+        """The next generation, ``len(members)`` networks, the overall best first, unchanged;
+        children are bred by ``genome`` (the run's)."""
         cfg, size = self.config, len(members)
         self._mark_improvement(fitness, generation)
         alive = self._not_stagnant(generation)
@@ -229,11 +228,9 @@ class Speciation:
             for _ in range(n - len(keep) - (best in sp.members)):
                 a = parents[rng.intn(len(parents))]
                 b = parents[rng.intn(len(parents))]
-                # a parent spliced with itself is itself: copying it skips splice's work
-                child = clone_network(members[a]) if a == b else splice(
-                    members[a], members[b], SpliceConfig(fitness_a=max(fitness[a] - lo, 0.0),
-                                                         fitness_b=max(fitness[b] - lo, 0.0))).child
-                children.append(neat_mutate(child, neat.with_seed(rng.int63())))
+                # a parent spliced with itself is itself: its mutant skips splice's work
+                children.append(genome.mutate(members[a], rng) if a == b else genome.offspring(
+                    members[a], members[b], max(fitness[a] - lo, 0.0), max(fitness[b] - lo, 0.0), rng))
         return children[:size]
 
     def _mark_improvement(self, fitness: list[float], generation: int) -> None:

@@ -261,9 +261,9 @@ def _checked(task: str, key: str, value: Any) -> Any:
             raise LoomConfigError(f"{where}: {value!r} is not one of {', '.join(PRECISIONS)}")
         return value
     if key == "threshold":
-        return None if value is None else _number(where, value)
+        return None if value is None else check_number(where, value)
     if key == "init_scale":
-        scale = _number(where, value)
+        scale = check_number(where, value)
         if scale <= 0:
             raise LoomConfigError(f"{where} must be > 0, got {value!r}")
         return scale
@@ -276,7 +276,7 @@ def _checked(task: str, key: str, value: Any) -> Any:
     return int(value)
 
 
-def _number(where: str, value: Any) -> float:
+def check_number(where: str, value: Any) -> float:
     if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool) \
             or not np.isfinite(value):
         raise LoomConfigError(f"{where} must be a finite number, got {value!r}")

@@ -11,7 +11,7 @@ from loomlab.app.cli import main
 from loomlab.core.evolve.dna import compare_dna
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.speciation import SpeciationConfig
-from loomlab.core.evolve.splice import SpliceConfig, splice
+from loomlab.core.evolve.splicing import SpliceConfig, splice
 from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network, save_network
 from loomlab.core.io.checkpoint import checkpoint_bytes

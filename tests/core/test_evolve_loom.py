@@ -16,7 +16,7 @@ from loomlab.core.evolve.dna import DNA, compare_dna, extract_dna
 from loomlab.core.evolve.gorand import GoRand
 from loomlab.core.evolve.neat import NEATConfig, neat_mutate
 from loomlab.core.evolve.population import NEATPopulation
-from loomlab.core.evolve.splice import SpliceConfig, splice
+from loomlab.core.evolve.splicing import SpliceConfig, splice
 from loomlab.core.io.checkpoint import load_checkpoint, save_checkpoint
 from loomlab.core.io.loom_json import dumps, load_json, network_to_dict, read_network
 from loomlab.core.layers.base import layer_class, make_layer
@@ -337,3 +337,18 @@ def test_population_rejects_bad_fitness():
         pop.evolve([1.0, float("nan"), 0.0, 0.0])
     with pytest.raises(LoomConfigError, match="size >= 1"):
         NEATPopulation(net, 0, NEATConfig.default(10, seed=1))
+
+
+def test_every_export_is_what_it_names_after_every_module_is_imported():
+    """An export named like a module was shadowed by that module once anything imported it
+    (``from loomlab.core.evolve import splice`` gave the module)."""
+    import importlib
+    import pkgutil
+    import types
+
+    import loomlab.core.evolve as evolve
+
+    for info in pkgutil.iter_modules(evolve.__path__):
+        importlib.import_module(f"loomlab.core.evolve.{info.name}")
+    for name in evolve.__all__:
+        assert not isinstance(getattr(evolve, name), types.ModuleType), name

@@ -12,6 +12,7 @@ import pytest
 
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.evolve.clone import clone_network
+from loomlab.core.evolve.genome import NetworkGenome
 from loomlab.core.evolve.gorand import GoRand
 from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.population import NEATPopulation
@@ -149,7 +150,8 @@ def test_speciation_splits_distant_members_and_shares_offspring():
     sp.speciate(near + far, 1)
     assert sorted(sp.sizes().values()) == [3, 3]
     assert {tuple(s.members) for s in sp.species} == {(0, 1, 2), (3, 4, 5)}
-    children = sp.reproduce(near + far, [1.0, 1.0, 1.0, 3.0, 3.0, 2.0], 1, GoRand(1), CONFIG)
+    children = sp.reproduce(near + far, [1.0, 1.0, 1.0, 3.0, 3.0, 2.0], 1, GoRand(1),
+                            NetworkGenome(None, CONFIG))
     assert len(children) == 6 and children[0] is far[0]  # the best member goes on unchanged
 
 
