@@ -83,7 +83,7 @@ def cmd_dna(args) -> int:
 
 
 def cmd_splice(args) -> int:
-    from loomlab.core.evolve.splice import SpliceConfig, splice
+    from loomlab.core.evolve.splicing import SpliceConfig, splice
     from loomlab.core.io import save_network
 
     config = SpliceConfig(mode=args.mode, blend_alpha=args.alpha, split_ratio=args.split,
