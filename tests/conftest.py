@@ -76,3 +76,26 @@ def _on_live(fn, obj):
         return fn(obj)
     except RuntimeError:
         return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Delete the session's widgets while Qt is whole. Left to interpreter shutdown, a run that
+    built a main window ended in a segmentation fault after every test had passed (exit status
+    139): Python finalizes the QApplication before the widgets' deferred deletions have run."""
+    import sys
+
+    if "PySide6.QtWidgets" not in sys.modules:
+        return
+    import gc
+
+    from PySide6.QtCore import QCoreApplication, QEvent
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    if app is None:
+        return
+    for widget in app.topLevelWidgets():
+        widget.close()
+        widget.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
