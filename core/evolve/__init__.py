@@ -23,6 +23,8 @@ _EXPORTS = {
     "NEATPopulation": "population", "Genome": "genome", "NetworkGenome": "genome",
     "Evolution": "run", "RunResult": "run",
     "SpeciationConfig": "speciation", "Speciation": "speciation", "genome_distance": "speciation",
+    "Reproduction": "reproduction", "LoomReproduction": "reproduction", "SpeciesReproduction": "reproduction",
+    "Stagnation": "stagnation",
     "Reporter": "reporters", "ConsoleReporter": "reporters", "StatisticsReporter": "reporters",
     "GenerationStats": "reporters",
     "Task": "tasks", "TASKS": "tasks", "get_task": "tasks",

@@ -1,5 +1,6 @@
 """Loom's NEAT population (``NEATPopulation``, spec §7.6): elitist truncation selection, children
-spliced from two elites by fitness and then mutated, every draw from one Go generator.
+spliced from two elites by fitness and then mutated, every draw from one Go generator
+(:class:`~.reproduction.LoomReproduction` breeds).
 
 This is the Loom-exact evolution loop: given the same seed network, config and fitnesses, the
 members equal Loom's. Speciation, stagnation and checkpoints are the job of :mod:`.run`.
@@ -15,6 +16,7 @@ from ..network import VolumetricNetwork
 from .genome import Genome, NetworkGenome
 from .gorand import GoRand
 from .neat import NEATConfig
+from .reproduction import LoomReproduction, elite_count
 
 
 class NEATPopulation:
@@ -52,26 +54,14 @@ class NEATPopulation:
 
     @property
     def elite_count(self) -> int:
-        return max(1, self.size // 4)
+        return elite_count(self.size)
 
     def evolve(self, fitnesses: Sequence[float]) -> None:
         """Rank the members by ``fitnesses`` (one per member, in order; higher is better) and
         replace all but the best quarter by mutated children of two of them."""
         fit = self._checked(fitnesses)
-        # a stable sort, best first: ties keep their order, as Loom's bubble sort does
-        order = sorted(range(self.size), key=lambda i: -fit[i])
-        ranked = [self.members[i] for i in order]
-        self.fitness = [fit[i] for i in order]
-        elite = self.elite_count
-        next_gen = ranked[:elite]
-        for _ in range(elite, self.size):
-            a = self.rng.intn(elite)
-            b = self.rng.intn(elite)
-            while elite > 1 and b == a:
-                b = self.rng.intn(elite)
-            next_gen.append(self.genome.offspring(ranked[a], ranked[b], self.fitness[a], self.fitness[b],
-                                                  self.rng))
-        self.members = next_gen
+        self.members = LoomReproduction().reproduce(self.members, fit, 0, self.rng, self.genome)
+        self.fitness = sorted(fit, reverse=True)
 
     def best(self):
         """The best member of the last evaluation (the first elite)."""

@@ -1,13 +1,16 @@
 """An evolution run people can trust and repeat: a task and injected components, as neat-python
 composes them: the genome (what members are, how they are bred and stored, :mod:`.genome`; by
 default networks grown from the task's seed network by NEAT mutation), the evaluator, speciation,
-reporters and a checkpoint store.
+reproduction, stagnation, reporters and a checkpoint store.
 
-Without ``speciation`` a run is Loom's own population (:class:`.population.NEATPopulation`): the
-same seed gives Loom's members. With it, members are grouped into species that share fitness and
-die out when stagnant (:mod:`.speciation`). Either way every random number comes from one Go
-generator seeded by the NEAT config, and the evaluator only returns floats in member order, so
-the history does not depend on how or where members are evaluated.
+The default run is Loom's own population (:class:`.reproduction.LoomReproduction`, as
+:class:`.population.NEATPopulation` breeds): the same seed gives Loom's members. With
+``speciation``, members are grouped into species (:mod:`.speciation`) and, unless another
+reproduction is given, bred within them with fitness sharing, stagnant species dying out
+(:class:`.reproduction.SpeciesReproduction`, :class:`.stagnation.Stagnation`). Either way every
+random number comes from one Go generator seeded by the NEAT config, and the evaluator only
+returns floats in member order, so the history does not depend on how or where members are
+evaluated.
 
 With a ``store`` (a workspace), a checkpoint is written after every generation: the members to
 evaluate next (``.loom`` bytes), the generator's state, species and statistics. :meth:`Evolution.
@@ -31,7 +34,9 @@ from .gorand import GoRand
 from .neat import NEATConfig
 from .population import NEATPopulation
 from .reporters import GenerationStats, Reporter
+from .reproduction import LoomReproduction, Reproduction, SpeciesReproduction, reproduction_from_dict
 from .speciation import Speciation, SpeciationConfig
+from .stagnation import Stagnation
 from .tasks import NetworkTask, Task, get_task
 
 
@@ -55,7 +60,12 @@ class Evolution:
             for the width of a genome given here).
         population: members per generation.
         evaluator: computes fitness (default: in-process; see :mod:`.evaluators`).
-        speciation: None for Loom's population, or the settings of speciated reproduction.
+        speciation: None for no species, or the settings of speciation (and of the default
+            species reproduction and stagnation).
+        reproduction: how a generation breeds the next (default: Loom's without speciation,
+            :class:`~.reproduction.SpeciesReproduction` from the speciation settings with it).
+        stagnation: the default species reproduction's :class:`~.stagnation.Stagnation`, instead
+            of one from the speciation settings (a reproduction given here brings its own).
         reporters: hook receivers (:mod:`.reporters`).
         store: a workspace to checkpoint into after every generation.
     """
@@ -63,6 +73,7 @@ class Evolution:
     def __init__(self, task: Task, genome: VolumetricNetwork | Genome | None = None,
                  config: NEATConfig | None = None, *, population: int = 150,
                  evaluator: Evaluator | None = None, speciation: SpeciationConfig | None = None,
+                 reproduction: Reproduction | None = None, stagnation: Stagnation | None = None,
                  reporters: Sequence[Reporter] = (), store: Workspace | None = None):
         if not isinstance(task, Task):
             raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
@@ -78,6 +89,7 @@ class Evolution:
                 config = task.neat_config() if genome is None else NEATConfig.default(genome_width(seed))
             genome = task_genome(task, config, seed)
         self._setup(task, config, population, evaluator, speciation, reporters, genome)
+        self.reproduction = _reproduction(reproduction, stagnation, speciation)
         self.population = NEATPopulation(None, population, config, genome=genome)
         self.runs = EvolutionRuns(store) if store is not None else None
         self.run_id = self.runs.create(task.name, self.describe()) if self.runs else None
@@ -106,10 +118,12 @@ class Evolution:
         return self.population.members
 
     def describe(self) -> dict:
-        """What rebuilds this run (stored with it): task, NEAT config, size, speciation."""
+        """What rebuilds this run (stored with it): task, NEAT config, size, speciation,
+        reproduction."""
         return {"task": {"name": self.task.name, "params": self.task.params},
                 "neat": self.config.to_loom(), "population": self.size,
-                "speciation": self.speciation.config.to_dict() if self.speciation else None}
+                "speciation": self.speciation.config.to_dict() if self.speciation else None,
+                "reproduction": self.reproduction.to_dict()}
 
     def run(self, generations: int, until: float | None = None,
             cancel: Callable[[], bool] | None = None,
@@ -152,12 +166,9 @@ class Evolution:
         if fitness[top] > self.best_fitness:
             self.best, self.best_fitness = members[top], fitness[top]
         solved = self.task.solved(fitness[top]) or (until is not None and fitness[top] >= until)
-        if self.speciation:
-            self.population.members = self.speciation.reproduce(members, fitness, g, self.population.rng,
-                                                                self.genome)
-            self.population.fitness = sorted(fitness, reverse=True)
-        else:
-            self.population.evolve(fitness)
+        self.population.members = self.reproduction.reproduce(members, fitness, g, self.population.rng,
+                                                              self.genome, self.speciation)
+        self.population.fitness = sorted(fitness, reverse=True)
         self.generation = g
         self.history.append(stats)
         self._checkpoint("solved" if solved else "running")
@@ -189,8 +200,10 @@ class Evolution:
 
     @classmethod
     def resume(cls, store: Workspace, run_id: int, *, evaluator: Evaluator | None = None,
-               reporters: Sequence[Reporter] = ()) -> Evolution:
-        """The stored run ``run_id`` as it was at its last checkpoint; :meth:`run` continues it."""
+               reproduction: Reproduction | None = None, reporters: Sequence[Reporter] = ()) -> Evolution:
+        """The stored run ``run_id`` as it was at its last checkpoint; :meth:`run` continues it.
+        A run that bred with a custom reproduction needs it again (``reproduction``); a built-in
+        one is rebuilt from the run's record."""
         runs = EvolutionRuns(store)
         record = runs.get(run_id)
         cfg = record.config
@@ -200,6 +213,8 @@ class Evolution:
         genome = task_genome(task, config, None)  # members come from the checkpoint, not a seed
         self = cls.__new__(cls)
         self._setup(task, config, cfg["population"], evaluator, speciation, reporters, genome)
+        self.reproduction = _reproduction(reproduction, None, speciation) if reproduction is not None \
+            else reproduction_from_dict(cfg.get("reproduction"), speciation)
         self.runs, self.run_id = runs, run_id
         point = runs.latest_checkpoint(run_id)
         state = point.state
@@ -217,6 +232,29 @@ class Evolution:
                 sp.representative.precision = genome.precision
         runs.set_status(run_id, "running")
         return self
+
+
+def _reproduction(reproduction: Reproduction | None, stagnation: Stagnation | None,
+                  speciation: SpeciationConfig | None) -> Reproduction:
+    """The run's reproduction: the one given, or the default for the run's speciation."""
+    if reproduction is not None and not isinstance(reproduction, Reproduction):
+        raise LoomConfigError(f"reproduction must be a Reproduction, got {type(reproduction).__name__}")
+    if stagnation is not None and not isinstance(stagnation, Stagnation):
+        raise LoomConfigError(f"stagnation must be a Stagnation, got {type(stagnation).__name__}")
+    if reproduction is None:
+        if speciation is not None:
+            return SpeciesReproduction.from_config(speciation, stagnation)
+        if stagnation is not None:
+            raise LoomConfigError("stagnation removes species that stopped improving: "
+                                  "the run needs speciation")
+        return LoomReproduction()
+    if stagnation is not None:
+        raise LoomConfigError("a reproduction given to the run brings its own stagnation "
+                              "(SpeciesReproduction(stagnation=...))")
+    if reproduction.needs_species and speciation is None:
+        raise LoomConfigError(f"{type(reproduction).__name__} breeds within species: "
+                              "the run needs speciation")
+    return reproduction
 
 
 def task_genome(task: Task, config: NEATConfig, seed: VolumetricNetwork | None) -> Genome:

@@ -1,10 +1,11 @@
 """Speciation for evolution runs, as neat-python does it, with a genome distance built on DNA.
 
-Members are grouped into species by distance to each species' representative; each species gets
-offspring in proportion to its mean fitness (fitness sharing: a big species does not crowd out a
-new one), a species that has not improved for ``max_stagnation`` generations dies out (except the
-``species_elitism`` best), and children are spliced from two of a species' best and then mutated.
-Every random number comes from the run's Go generator, so a seed gives one history.
+Members are grouped into species by distance to each species' representative. What the species
+are then used for is other components' work: :class:`~.reproduction.SpeciesReproduction` gives
+each species offspring in proportion to its mean fitness (fitness sharing: a big species does not
+crowd out a new one) and breeds within it, and :class:`~.stagnation.Stagnation` removes species
+that stopped improving. :class:`SpeciationConfig` holds the settings of all three, as one
+section of a run's configuration.
 
 Genome distance of networks A and B (grid positions aligned, as DNA does)::
 
@@ -45,15 +46,17 @@ from ..errors import LoomConfigError
 from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from .dna import DNA, LayerSignature, cosine_similarity, extract_dna
-from .genome import NetworkGenome
-from .gorand import GoRand
+from .reproduction import SpeciesReproduction
 
 THRESHOLD_FLOOR = 0.01  # the lowest the adapted compatibility threshold goes
 
 
 @dataclass(frozen=True)
 class SpeciationConfig:
-    """Settings of speciation and reproduction (neat-python's names where it has them).
+    """Settings of speciation, species reproduction and stagnation (neat-python's names where
+    it has them): ``max_stagnation`` and ``species_elitism`` configure the run's
+    :class:`~.stagnation.Stagnation`, ``elitism``, ``survival_threshold`` and ``min_species_size``
+    its :class:`~.reproduction.SpeciesReproduction`.
 
     ``compatibility_threshold`` is where the threshold starts (and stays, with
     ``target_species = 0``); see the module's docstring for how it adapts.
@@ -71,23 +74,16 @@ class SpeciationConfig:
     min_species_size: int = 2
 
     def __post_init__(self):
-        for name in ("compatibility_threshold", "structure_weight", "weight_coefficient",
-                     "threshold_step", "survival_threshold"):
+        for name in ("compatibility_threshold", "structure_weight", "weight_coefficient", "threshold_step"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise LoomConfigError(f"speciation {name} must be a number >= 0, got {v!r}")
-        if not 0 < self.survival_threshold <= 1:
-            raise LoomConfigError("speciation survival_threshold must lie in (0, 1], "
-                                  f"got {self.survival_threshold}")
-        for name in ("max_stagnation", "species_elitism", "elitism", "min_species_size",
-                     "target_species"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise LoomConfigError(f"speciation {name} must be an integer >= 0, got {v!r}")
-        if self.max_stagnation < 1 or self.min_species_size < 1:
-            raise LoomConfigError("speciation max_stagnation and min_species_size must be >= 1")
+        v = self.target_species
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise LoomConfigError(f"speciation target_species must be an integer >= 0, got {v!r}")
         if self.threshold_step >= 1:
             raise LoomConfigError(f"speciation threshold_step must lie in [0, 1), got {self.threshold_step}")
+        SpeciesReproduction.from_config(self)  # checks the reproduction and stagnation settings
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,7 +148,7 @@ def _distance(a: _Traits, b: _Traits, config: SpeciationConfig) -> float:
 
 
 class Speciation:
-    """The species of a run and how they reproduce (see the module's docstring)."""
+    """The species of a run: grouping members, the adaptive threshold (see the module's docstring)."""
 
     def __init__(self, config: SpeciationConfig | None = None):
         self.config = config or SpeciationConfig()
@@ -205,49 +201,6 @@ class Speciation:
         # above the largest possible distance every member is in one species: no use going on
         return min(max(t, THRESHOLD_FLOOR), cfg.structure_weight + cfg.weight_coefficient)
 
-    # ----- reproduction --------------------------------------------------------------------------
-    def reproduce(self, members: list[VolumetricNetwork], fitness: list[float], generation: int,
-                  rng: GoRand, genome: NetworkGenome) -> list[VolumetricNetwork]:
-        """The next generation, ``len(members)`` networks, the overall best first, unchanged;
-        children are bred by ``genome`` (the run's)."""
-        cfg, size = self.config, len(members)
-        self._mark_improvement(fitness, generation)
-        alive = self._not_stagnant(generation)
-        lo, hi = min(fitness), max(fitness)
-        span = max(1.0, hi - lo)
-        # fitness sharing: a species' share is its members' mean fitness, shifted to be >= 0
-        shares = [float(np.mean([fitness[i] for i in sp.members])) - lo for sp in alive]
-        spawn = _spawn_amounts([s / span for s in shares], size, cfg.min_species_size)
-        best = max(range(size), key=lambda i: (fitness[i], -i))
-        children = [members[best]]
-        for sp, n in zip(alive, spawn, strict=True):
-            ranked = sorted(sp.members, key=lambda i: (-fitness[i], i))
-            keep = [members[i] for i in ranked[:cfg.elitism] if i != best][: max(0, n - 1)]
-            children += keep
-            parents = ranked[: max(2, math.ceil(cfg.survival_threshold * len(ranked)))]
-            for _ in range(n - len(keep) - (best in sp.members)):
-                a = parents[rng.intn(len(parents))]
-                b = parents[rng.intn(len(parents))]
-                # a parent spliced with itself is itself: its mutant skips splice's work
-                children.append(genome.mutate(members[a], rng) if a == b else genome.offspring(
-                    members[a], members[b], max(fitness[a] - lo, 0.0), max(fitness[b] - lo, 0.0), rng))
-        return children[:size]
-
-    def _mark_improvement(self, fitness: list[float], generation: int) -> None:
-        for sp in self.species:
-            f = max(fitness[i] for i in sp.members)
-            if f > sp.best_fitness:
-                sp.best_fitness, sp.last_improved = f, generation
-
-    def _not_stagnant(self, generation: int) -> list[Species]:
-        cfg = self.config
-        by_fitness = sorted(self.species, key=lambda sp: -sp.best_fitness)
-        protected = {sp.id for sp in by_fitness[:cfg.species_elitism]}
-        alive = [sp for sp in self.species
-                 if sp.id in protected or generation - sp.last_improved < cfg.max_stagnation]
-        self.species = alive
-        return alive
-
     # ----- checkpoints ---------------------------------------------------------------------------
     def to_state(self) -> dict:
         return {"next_id": self.next_id, "threshold": self.threshold,
@@ -263,18 +216,3 @@ class Speciation:
     def sizes(self) -> dict[int, int]:
         return {sp.id: len(sp.members) for sp in self.species}
 
-
-def _spawn_amounts(shares: list[float], total: int, min_size: int) -> list[int]:
-    """Split ``total`` members over species in proportion to ``shares``, each at least
-    ``min_size`` (as far as ``total`` allows), by largest remainder; ties go to the older species."""
-    n = len(shares)
-    floor_each = min(min_size, total // max(n, 1))
-    rest = total - floor_each * n
-    weights = np.asarray(shares, dtype=np.float64)
-    weights = weights / weights.sum() if weights.sum() > 0 else np.full(n, 1.0 / n)
-    exact = weights * rest
-    amounts = np.floor(exact).astype(int)
-    order = sorted(range(n), key=lambda i: (-(exact[i] - amounts[i]), i))
-    for i in order[: rest - int(amounts.sum())]:
-        amounts[i] += 1
-    return [int(a) + floor_each for a in amounts]

@@ -17,8 +17,9 @@ from loomlab.core.evolve.gorand import GoRand
 from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.population import NEATPopulation
 from loomlab.core.evolve.reporters import ConsoleReporter, GenerationStats, Reporter, StatisticsReporter
+from loomlab.core.evolve.reproduction import SpeciesReproduction, spawn_amounts
 from loomlab.core.evolve.run import Evolution
-from loomlab.core.evolve.speciation import Speciation, SpeciationConfig, _spawn_amounts, genome_distance
+from loomlab.core.evolve.speciation import Speciation, SpeciationConfig, genome_distance
 from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
@@ -146,21 +147,22 @@ def test_speciation_splits_distant_members_and_shares_offspring():
     task = get_task("xor")
     near = [task.seed_network() for _ in range(3)]
     far = [get_task("xor", hidden=6).seed_network() for _ in range(3)]
-    sp = Speciation(SpeciationConfig(compatibility_threshold=0.5))
+    cfg = SpeciationConfig(compatibility_threshold=0.5)
+    sp = Speciation(cfg)
     sp.speciate(near + far, 1)
     assert sorted(sp.sizes().values()) == [3, 3]
     assert {tuple(s.members) for s in sp.species} == {(0, 1, 2), (3, 4, 5)}
-    children = sp.reproduce(near + far, [1.0, 1.0, 1.0, 3.0, 3.0, 2.0], 1, GoRand(1),
-                            NetworkGenome(None, CONFIG))
+    children = SpeciesReproduction.from_config(cfg).reproduce(
+        near + far, [1.0, 1.0, 1.0, 3.0, 3.0, 2.0], 1, GoRand(1), NetworkGenome(None, CONFIG), sp)
     assert len(children) == 6 and children[0] is far[0]  # the best member goes on unchanged
 
 
 def test_spawn_amounts_are_proportional_and_complete():
-    assert _spawn_amounts([1.0, 1.0], 10, 2) == [5, 5]
+    assert spawn_amounts([1.0, 1.0], 10, 2) == [5, 5]
     # 2 each, then 6 split 4.5 / 1.5: floors 4 / 1, the last one to the older of the tied remainders
-    assert _spawn_amounts([3.0, 1.0], 10, 2) == [7, 3]
-    assert sum(_spawn_amounts([0.2, 0.5, 0.0], 17, 2)) == 17
-    assert _spawn_amounts([0.0, 0.0], 5, 1) == [3, 2]
+    assert spawn_amounts([3.0, 1.0], 10, 2) == [7, 3]
+    assert sum(spawn_amounts([0.2, 0.5, 0.0], 17, 2)) == 17
+    assert spawn_amounts([0.0, 0.0], 5, 1) == [3, 2]
 
 
 def test_generation_stats_round_trip():
