@@ -1,0 +1,117 @@
+"""An evolution run's settings, read from one nested mapping and validated in one place.
+
+``loomlab evolve`` reads them from a TOML file and the Evolution panel from its form; both hand
+the same mapping to :func:`plan_from_dict`, so a run started from either is built the same way
+and, with the same seed, gives the same history. Sections (all but ``run`` optional)::
+
+    [run]         task (required), population, generations, until, scheduler, workers
+    [task]        the task's parameters (hidden, depth, activation, seed, ...)
+    [neat]        NEATConfig fields; seed seeds the whole run (default: random)
+    [speciation]  present: speciated reproduction with these SpeciationConfig settings
+    [evaluator]   accepted for compatibility (options of the evaluator come from [run] workers)
+
+Errors are :class:`~loomlab.core.errors.LoomConfigError` with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LoomConfigError
+from .neat import NEATConfig
+from .speciation import SpeciationConfig
+from .tasks import NetworkTask, Task, get_task
+
+SECTIONS = ("run", "task", "neat", "speciation", "evaluator")
+RUN_KEYS = frozenset({"task", "population", "generations", "until", "scheduler", "workers"})
+IN_PROCESS = "inprocess"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What builds a run: ``Evolution(plan.task, config=plan.neat, population=plan.population,
+    speciation=plan.speciation, evaluator=make_evaluator(plan.scheduler, **plan.evaluator))``."""
+
+    task: Task
+    neat: NEATConfig
+    speciation: SpeciationConfig | None
+    population: int
+    generations: int | None = None
+    until: float | None = None
+    scheduler: str | None = None  # None or "inprocess": this process; "local"; a Dask address
+    evaluator: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_from_dict(doc: Mapping[str, Any]) -> RunPlan:
+    """The run ``doc`` describes (see the module docstring), each part built and validated."""
+    unknown = set(doc) - set(SECTIONS)
+    if unknown:
+        raise LoomConfigError(f"unknown section(s) {', '.join(sorted(unknown))} "
+                              f"(known: {', '.join(SECTIONS)})")
+    run = _section(doc, "run")
+    bad = set(run) - RUN_KEYS
+    if bad:
+        raise LoomConfigError(f"unknown key(s) in [run]: {', '.join(sorted(bad))} "
+                              f"(known: {', '.join(sorted(RUN_KEYS))})")
+    if "task" not in run:
+        raise LoomConfigError("[run] needs task = \"xor\" (or sine, spirals, quant-recipe)")
+    task = get_task(run["task"], **_section(doc, "task"))
+    neat_fields = dict(_section(doc, "neat"))
+    seed = neat_fields.get("seed")
+    if "d_model" in neat_fields:
+        base = NEATConfig.default(neat_fields["d_model"], seed=seed)
+    elif isinstance(task, NetworkTask):
+        base = task.neat_config(seed=seed)  # what the task's seed network evolves well with
+    else:  # members that are not networks (quant-recipe): the config only seeds the run
+        base = NEATConfig.default(1, seed=seed)
+    try:
+        neat = dataclasses.replace(base, **neat_fields)
+        speciation = SpeciationConfig(**_section(doc, "speciation")) if "speciation" in doc else None
+    except TypeError as e:  # an unknown field name
+        raise LoomConfigError(str(e)) from None
+    population = run.get("population", 150)
+    if isinstance(population, bool) or not isinstance(population, int) or population < 2:
+        raise LoomConfigError(f"[run] population must be an integer >= 2, got {population!r}")
+    generations = run.get("generations")
+    if generations is not None and (isinstance(generations, bool) or not isinstance(generations, int)
+                                    or generations < 0):
+        raise LoomConfigError(f"[run] generations must be an integer >= 0, got {generations!r}")
+    until = run.get("until")
+    if until is not None and (isinstance(until, bool) or not isinstance(until, int | float)
+                              or not math.isfinite(until)):
+        raise LoomConfigError(f"[run] until must be a finite number, got {until!r}")
+    scheduler = check_scheduler(run.get("scheduler"))
+    if not isinstance(task, NetworkTask) and speciation is not None:
+        raise LoomConfigError(f"task {task.name!r} does not evolve networks: speciation groups networks "
+                              "by their DNA and does not apply")
+    if not isinstance(task, NetworkTask) and scheduler not in (None, IN_PROCESS):
+        raise LoomConfigError(f"task {task.name!r} is evaluated in this process only "
+                              "(a cluster's work items are networks)")
+    workers = run.get("workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise LoomConfigError(f"[run] workers must be an integer >= 1, got {workers!r}")
+    return RunPlan(task, neat, speciation, population, generations, until, scheduler,
+                   {"n_workers": workers} if workers is not None else {})
+
+
+def check_scheduler(scheduler: Any) -> str | None:
+    """``scheduler`` as :func:`.evaluators.make_evaluator` takes it: None / "inprocess", "local",
+    or a Dask scheduler address (``tcp://host:port`` and the like)."""
+    if scheduler is None or scheduler in (IN_PROCESS, "local"):
+        return scheduler
+    if not isinstance(scheduler, str) or not scheduler or any(c.isspace() for c in scheduler) \
+            or scheduler.endswith("://"):
+        raise LoomConfigError(f"scheduler must be 'inprocess', 'local' or a Dask scheduler address such as "
+                              f"tcp://host:8786, got {scheduler!r}")
+    return scheduler
+
+
+def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, Mapping):
+        raise LoomConfigError(f"[{name}] must be a table of settings, got {value!r}")
+    return value
