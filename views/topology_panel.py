@@ -78,6 +78,8 @@ TYPE_COLOURS: dict[str, Colour] = {
     "Metacognition": (1.00, 1.00, 1.00, 1.0),
 }
 UNKNOWN_COLOUR: Colour = (0.5, 0.5, 0.5, 1.0)
+SHIFT_COLOUR: Colour = (0.25, 1.0, 0.45, 0.95)  # logic-shift arrows
+ARROW_HEAD = 0.35  # world length of an arrow's head strokes
 IDLE_COLOUR: Colour = (0.35, 0.35, 0.40, 0.6)  # activity mode: a layer that has not run yet
 
 ACTIVITY_METRICS = {"rms": "Activity: RMS", "active": "Activity: active fraction"}
@@ -207,6 +209,16 @@ def build_topology(net: VolumetricNetwork) -> Topology:
         links=_link_segments(net, rows, positions, pitch),
         keys={(r.z, r.y, r.x, r.l, r.path): i for i, r in enumerate(rows)},
     )
+
+
+def _arrow_segments(start: np.ndarray, end: np.ndarray, lift: float) -> np.ndarray:
+    """``[2K, 3]`` line pairs of an arrow from ``start`` to ``end``: up to a point ``lift`` above
+    their middle, down to ``end``, and a head of two short strokes there."""
+    top = (start + end) / 2 + np.float32([0, 0, lift])
+    back = top - end
+    back = back / max(float(np.linalg.norm(back)), 1e-6) * ARROW_HEAD
+    side = np.float32([0, ARROW_HEAD * 0.6, 0])
+    return np.asarray([start, top, top, end, end, end + back + side, end, end + back - side], np.float32)
 
 
 def _link_segments(net: VolumetricNetwork, rows: list[BlueprintRow], positions: np.ndarray,
@@ -636,11 +648,15 @@ class TopologyPanel(QWidget):
         self.link_lines = LineItem(mode="lines", color=(1.0, 0.3, 0.8, 0.9), width=2.0,
                                             antialias=True, glOptions="translucent")
         self.scatter = ScatterItem(pxMode=False, glOptions="translucent")
+        # logic shifts (the DNA panel's): arcs from a layer to where its best match sits in another net
+        self.shift_lines = LineItem(mode="lines", color=SHIFT_COLOUR, width=2.5, antialias=True,
+                                    glOptions="translucent")
+        self.shift_arrows: list[tuple[np.ndarray, np.ndarray, float]] = []  # (from, to, overlap) drawn
         # additive: no depth test, so the selection cross shows through its own point
         self.marker = LineItem(mode="lines", color=(1, 1, 1, 1), width=2.0, glOptions="additive")
         self.block_labels = TextLabels(QColor(*LABEL_COLOUR))
         for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.scatter, self.marker,
-                     self.block_labels):
+                     self.block_labels, self.shift_lines):
             self.view.addItem(item)
         self._warm_up_shaders()
 
@@ -698,7 +714,8 @@ class TopologyPanel(QWidget):
         (llvmpipe) spends ~60 ms compiling them on an item's first draw; left to the frame that
         first shows a model, that froze the window just as the model finished loading."""
         nowhere = np.zeros((2, 3), np.float32)
-        for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.marker):
+        for item in (self.grid, self.flow_line, self.tree_lines, self.link_lines, self.marker,
+                     self.shift_lines):
             item.setData(pos=nowhere)
         self.scatter.setData(pos=nowhere[:1], size=np.float32(0), color=(0, 0, 0, 0))
 
@@ -729,6 +746,7 @@ class TopologyPanel(QWidget):
         self._last.clear()
         self._hist_request += 1  # a histogram still being computed is for the old network
         self.topology = build_topology(net) if net is not None else None
+        self.show_logic_shifts([])  # another network's shifts mean nothing here
         rows = self.topology.rows if self.topology is not None else []
         self.names = [layer_name(net, (r.z, r.y, r.x, r.l, r.path)) for r in rows]
         self._draw()
@@ -736,6 +754,35 @@ class TopologyPanel(QWidget):
         self.reset_camera()
         if self._on_screen():
             self._attach_observer()
+
+    def show_logic_shifts(self, shifts) -> int:
+        """Draw an arrow for each logic shift ``(source_pos, target_pos, overlap)`` (positions as
+        ``"z,y,x,l"`` or tuples; :class:`~loomlab.core.evolve.dna.LogicShift` objects too): an arc
+        over the grid from the source layer to the target. Positions this network lacks are
+        skipped; ``[]`` clears them (as does :meth:`set_network`). Returns how many were drawn."""
+        self.shift_arrows = []
+        segments = []
+        for shift in shifts:
+            src, dst, overlap = (shift.source_pos, shift.target_pos, shift.overlap) \
+                if hasattr(shift, "source_pos") else shift
+            ends = [self._grid_point(pos) for pos in (src, dst)]
+            if any(p is None for p in ends):
+                continue
+            self.shift_arrows.append((ends[0], ends[1], float(overlap)))
+            segments.append(_arrow_segments(*ends, lift=0.5 * self.topology.pitch.z))
+        points = np.concatenate(segments) if segments else np.zeros((0, 3), np.float32)
+        self._set_lines(self.shift_lines, points)
+        return len(self.shift_arrows)
+
+    def _grid_point(self, pos) -> np.ndarray | None:
+        if self.topology is None:
+            return None
+        try:
+            coord = tuple(int(v) for v in (pos.split(",") if isinstance(pos, str) else pos))
+        except (TypeError, ValueError):
+            return None
+        index = self.topology.keys.get((*coord, "")) if len(coord) == 4 else None
+        return None if index is None else self.topology.positions[index]
 
     def set_shown(self, shown: bool) -> None:
         """Whether the panel is on screen: a dock behind another dock's tab is not, though Qt
