@@ -1,17 +1,24 @@
 """Many networks through one forward: members of one shape share one batched matmul per layer.
 
 A population evolved from one genome is mostly networks of the same shape: a chain of Dense
-layers with the same sizes and activations. A :class:`NetworkStack` stacks such members' weights
-(``[N, out, in]`` per layer) and runs the whole group with one ``matmul`` and one activation per
-layer (:func:`forward_many` and :func:`forward_stacked` make one for a single pass). Members of
-other shapes form groups of their own, and a member this module cannot batch (any enabled layer
+layers with the same sizes. A :class:`NetworkStack` stacks such members' weights (``[N, out, in]``
+per layer) and runs the whole group with one batched matmul per layer, then each member's own
+activation: members whose activations differ share the matmul, and the activation runs once per
+run of members with the same activation (members are ordered by activations within a group).
+:func:`forward_many` and :func:`forward_stacked` make a stack for a single pass. Members of other
+layer sizes form groups of their own, and a member this module cannot batch (any enabled layer
 that is not a plain Dense, observers attached) runs its own :meth:`VolumetricNetwork.forward`.
 Each member's output equals its own ``forward`` to float32 rounding: the same dtypes, the same
 row reading (spec §5.2) and the same activation code.
 
+On numpy with float32 input, layers of at most :data:`KERNEL_MAX_WEIGHTS` weights read by at most
+:data:`KERNEL_MAX_ROWS` rows run a compiled loop over all members (:mod:`.batched_kernel`); other
+layers (and other backends or float64 input) use the array module's stacked ``matmul``. Which
+one runs depends only on the layer's shape and the input's row count.
+
 A member's result never depends on which other members it was batched with (numpy's stacked
-``matmul`` multiplies each member's slice on its own), so fitness computed from a chunk of
-a population is bit-identical to fitness computed from the whole of it.
+``matmul`` and the compiled loop compute each member's slice on its own), so fitness computed from
+a chunk of a population is bit-identical to fitness computed from the whole of it.
 """
 
 from __future__ import annotations
@@ -24,8 +31,14 @@ from ..activations import activate
 from ..layers.dense import Dense
 from ..network import VolumetricNetwork, compute_dtypes
 
-# (backend name, precision, ((n_in, n_out, activation) per enabled layer))
-GroupKey = tuple[str, str, tuple[tuple[int, int, str], ...]]
+# (backend name, precision, ((n_in, n_out) per enabled layer))
+GroupKey = tuple[str, str, tuple[tuple[int, int], ...]]
+
+# the compiled loop's range (see the module docstring): measured against numpy's stacked matmul
+# on 1,000 members, 2 cores: the loop is 1.5-10x faster at 1-2 rows for layers of 2x4 to 64x64,
+# even at 8 rows, and BLAS wins from 16 rows and for large matrices (one member's 1024x1024).
+KERNEL_MAX_ROWS = 8
+KERNEL_MAX_WEIGHTS = 1 << 16
 Catch = type[BaseException] | tuple[type[BaseException], ...]
 
 
@@ -119,7 +132,7 @@ def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense]] | None
             continue
         if type(layer) is not Dense:
             return None
-        dims.append((cfg.input_height, cfg.output_height, cfg.activation))
+        dims.append((cfg.input_height, cfg.output_height))
         layers.append(layer)
     return (net.backend.name, net.precision, tuple(dims)), layers
 
@@ -132,27 +145,35 @@ def _own_forward(net: VolumetricNetwork, x, catch: Catch):
 
 
 class _Group:
-    """Same-keyed members: per enabled layer the members' weights stacked ``[N, out, in]``."""
+    """Same-keyed members: per enabled layer the members' weights stacked ``[N, out, in]``,
+    members ordered by their activations so that each layer's members of one activation are
+    contiguous runs."""
 
     def __init__(self, key: GroupKey, members: list[int], layers: list[list[Dense]], backend):
-        self.members = members
         self.backend = backend
         _, self.precision, dims = key
-        self.dims = [(n_in, n_out, la.cfg.act_id)
-                     for (n_in, n_out, _), la in zip(dims, layers[0], strict=True)]
-        # stacked in the dtype a float32 input computes in: one copy of the weights, made once
-        compute = np.dtype(compute_dtypes(np.float32, self.precision)[1])
+        self.dims = list(dims)
+        # activation names (cheaper to read than ids); ids looked up once per run below
+        acts = [tuple(la.cfg.activation for la in ls) for ls in layers]
+        order = sorted(range(len(members)), key=acts.__getitem__)  # stable: member order within ties
+        self.members = [members[k] for k in order]
+        layers = [layers[k] for k in order]
+        # per layer: (start, stop, activation id) runs over the ordered members
+        self.runs = [[(a, b, layers[a][j].cfg.act_id) for a, b, _ in _runs([acts[k][j] for k in order])]
+                     for j in range(len(dims))]
         n = len(members)
-        self._host = {compute: [
-            np.concatenate([_weights32(ls[j]) for ls in layers], dtype=compute).reshape(n, n_out, n_in)
-            for j, (n_in, n_out, _) in enumerate(dims)]}
+        # float32, the weights as each member's forward reads them (float32 values of its dtype);
+        # a "loom" matmul on numpy converts them to float64 when first asked (see weights())
+        self._host = {np.dtype(np.float32): [
+            np.concatenate([_weights32(ls[j]) for ls in layers]).reshape(n, n_out, n_in)
+            for j, (n_in, n_out) in enumerate(dims)]}
         self._device: dict[tuple[str, np.dtype], list] = {}
 
     def weights(self, xp, compute) -> list:
         """The stacks ``[N, out, in]`` in ``compute`` on ``xp`` (converted once, when first asked)."""
         compute = np.dtype(compute)
-        if compute not in self._host:  # a float64 input under "fast": the float32 stacks converted
-            self._host[compute] = [w.astype(compute) for w in next(iter(self._host.values()))]
+        if compute not in self._host:  # float64 maths: the float32 stacks converted
+            self._host[compute] = [w.astype(compute) for w in self._host[np.dtype(np.float32)]]
         if xp is np:
             return self._host[compute]
         key = (xp.__name__, compute)
@@ -170,12 +191,47 @@ class _Group:
         if not self.dims:  # every layer disabled: forward returns the input as it is
             return xp.broadcast_to(h, (len(self.members), *h.shape)).copy()
         h = _first_rows(h, self.dims[0][0])
-        for j, ((n_in, _, act_id), w) in enumerate(zip(self.dims, self.weights(xp, compute), strict=True)):
+        for j, (n_in, n_out) in enumerate(self.dims):
             h = _rows(h, n_in) if j else h
             if h is None:
                 return None
-            h = activate(act_id, h.astype(compute, copy=False) @ w.transpose(0, 2, 1)).astype(act, copy=False)
+            pre = self._matmul(xp, h, j, act, compute, n_in * n_out)
+            h = self._activate(xp, j, pre).astype(act, copy=False)
         return h
+
+    def _matmul(self, xp, h, j: int, act, compute, n_weights: int):
+        """Layer ``j``'s pre-activations ``[N, B, out]`` in ``compute``: ``h[n] @ W[n].T``."""
+        if (xp is np and act is np.float32 and n_weights <= KERNEL_MAX_WEIGHTS
+                and h.shape[-2] <= KERNEL_MAX_ROWS):
+            from . import batched_kernel
+
+            w = self._host[np.dtype(np.float32)][j]  # float64 maths reads the float32 weights
+            if h.ndim == 2:  # the network input, read by every member
+                h = np.broadcast_to(h, (len(w), *h.shape))
+            return batched_kernel.dense(np.ascontiguousarray(h), w, compute)
+        w = self.weights(xp, compute)[j]
+        return h.astype(compute, copy=False) @ w.transpose(0, 2, 1)
+
+    def _activate(self, xp, j: int, pre):
+        """Each member's activation of layer ``j`` on its slice of ``pre``."""
+        runs = self.runs[j]
+        if len(runs) == 1:
+            return activate(runs[0][2], pre)
+        out = xp.empty_like(pre)
+        for start, stop, act_id in runs:
+            out[start:stop] = activate(act_id, pre[start:stop])
+        return out
+
+
+def _runs(values: list) -> list[tuple[int, int, object]]:
+    """``(start, stop, value)`` for each run of equal consecutive ``values``."""
+    runs: list[tuple[int, int, int]] = []
+    for i, v in enumerate(values):
+        if runs and runs[-1][2] == v:
+            runs[-1] = (runs[-1][0], i + 1, v)
+        else:
+            runs.append((i, i + 1, v))
+    return runs
 
 
 def _weights32(layer: Dense) -> np.ndarray:

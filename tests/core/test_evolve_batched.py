@@ -34,7 +34,7 @@ def test_random_mlps_equal_their_own_forward(precision, batch):
             for act in ["Tanh", "ReLU", "Sigmoid", "GELU", "Silu", "LeakyReLU"] for _ in range(5)]
     x = rng.standard_normal((batch, 6)).astype(np.float32)
     stacked = forward_stacked(nets, x)
-    assert sorted(len(members) for members, _ in stacked) == [5] * 6  # one group per activation
+    assert [len(members) for members, _ in stacked] == [30]  # one shape: one group, 6 activations
     assert_same_as_forward(nets, x, forward_many(nets, x))
 
 
@@ -82,10 +82,11 @@ def test_grouping_follows_enabled_shapes_not_dtypes():
     other_size = mlp([3, 4, 2], rng)
     fast = mlp([3, 5, 2], rng, precision="fast")
     assert group_key(a) == group_key(b) == group_key(c)
-    assert len({group_key(n) for n in (a, other_act, other_size, fast)}) == 4
+    assert group_key(other_act) == group_key(a)  # activations differ: one matmul, own activations
+    assert len({group_key(n) for n in (a, other_size, fast)}) == 3
     nets = [a, other_act, b, other_size, c, fast]
     x = rng.standard_normal((2, 3)).astype(np.float32)
-    assert sorted(sorted(m) for m, _ in forward_stacked(nets, x)) == [[0, 2, 4], [1], [3], [5]]
+    assert sorted(sorted(m) for m, _ in forward_stacked(nets, x)) == [[0, 1, 2, 4], [3], [5]]
     assert_same_as_forward(nets, x, forward_many(nets, x))
 
 
@@ -160,3 +161,70 @@ def test_a_stack_is_a_snapshot_reused_across_inputs():
     nets[0].cells[0].weights.touch()
     np.testing.assert_allclose(stack.forward(eye)[0], before[0], rtol=1e-6)
     assert_same_as_forward(nets, eye, NetworkStack(nets).forward(eye))  # a new stack does
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 33])  # the compiled loop up to 8 rows, matmul above
+def test_mixed_activations_share_a_group_and_equal_their_own_forward(precision, rows):
+    # members of one shape with every activation per layer, interleaved: one group, each member's
+    # activation applied to its own slice (members reordered by activation inside the group)
+    rng = np.random.default_rng(10)
+    acts = ["ReLU", "Silu", "GELU", "Tanh", "Sigmoid", "Linear", "LeakyReLU", "ReLU2"]
+    nets = []
+    for k in range(40):
+        net = mlp([5, 7, 6, 3], rng, precision=precision)
+        for j, layer in enumerate(net.cells):
+            layer.cfg.activation = acts[(k * (j + 1) + j) % len(acts)]
+        nets.append(net)
+    x = rng.standard_normal((rows, 5)).astype(np.float32) * 2
+    stacked = forward_stacked(nets, x)
+    assert len(stacked) == 1 and sorted(stacked[0][0]) == list(range(40))
+    assert_same_as_forward(nets, x, forward_many(nets, x))
+    assert_same_as_forward(nets, x, NetworkStack(nets).forward(x))
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+def test_nan_and_signed_zero_pass_through_the_batched_relu_family(precision):
+    # an input row of NaN and a zero row (pre-activations -0.0 or 0.0): the same as forward, bit for bit
+    # in sign and NaN position (the compiled loop sums in another order, so values to rounding)
+    rng = np.random.default_rng(11)
+    nets = [mlp([3, 4, 2], rng, act, precision=precision) for act in ("ReLU", "LeakyReLU", "ReLU2", "Tanh")
+            for _ in range(3)]
+    for net in nets[:6]:
+        net.cells[0].weights.master[:] = -np.abs(net.cells[0].weights.master)  # negative: -0.0 from 0 input
+        net.cells[0].weights.touch()
+    x = np.array([[np.nan, 1, 2], [0, 0, 0], [-0.0, -0.0, -0.0], [1, -2, 3]], np.float32)
+    with np.errstate(invalid="ignore"):
+        outs = forward_many(nets, x)
+        for net, y in zip(nets, outs, strict=True):
+            ref = net.forward(x)
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+            np.testing.assert_array_equal(np.signbit(y[~np.isnan(y)]), np.signbit(ref[~np.isnan(ref)]))
+            np.testing.assert_allclose(y, ref, rtol=2e-6, atol=2e-6)
+
+
+def test_parallel_and_serial_kernel_give_the_same_bits():
+    # 300 members of 64x64 at one row pass the compiled loop's threading threshold together, not
+    # alone: every member's bits are the same either way (Dask chunks, bit-identical fitness)
+    rng = np.random.default_rng(12)
+    nets = [mlp([64, 64, 64], rng, precision=p) for p in ("fast", "loom") for _ in range(150)]
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    whole = forward_many(nets, x)
+    for i in (0, 149, 150, 299):
+        np.testing.assert_array_equal(forward_many([nets[i]], x)[0], whole[i])
+    assert_same_as_forward(nets, x, whole)
+
+
+def test_large_layers_take_the_matmul_and_equal_their_own_forward():
+    rng = np.random.default_rng(13)
+    nets = [mlp([300, 260, 2], rng, "Tanh", precision=p) for p in ("fast", "loom") for _ in range(2)]
+    x = rng.standard_normal((1, 300)).astype(np.float32)
+    assert_same_as_forward(nets, x, forward_many(nets, x))
+
+
+def test_runs_of_equal_activations():
+    from loomlab.core.evolve.batched import _runs
+
+    assert _runs([]) == []
+    assert _runs([3]) == [(0, 1, 3)]
+    assert _runs([0, 0, 5, 5, 5, -1]) == [(0, 2, 0), (2, 5, 5), (5, 6, -1)]
