@@ -115,3 +115,25 @@ def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise LoomConfigError(f"[{name}] must be a table of settings, got {value!r}")
     return value
+
+
+def model_source(model: Any) -> str:
+    """What names a loaded language model for a quant-recipe run's ``model`` parameter: its
+    file or folder (so a resumed run loads the same weights), else its name."""
+    source = getattr(getattr(model, "net", None), "source", None)
+    path = getattr(source, "path", None)
+    return str(path) if path is not None else str(getattr(model, "name", "") or "")
+
+
+def use_loaded_model(task: Task, model: Any) -> None:
+    """Let a quant-recipe ``task`` evolve ``model`` as it is loaded, instead of loading its
+    ``model`` parameter again (the workbench already holds the weights)."""
+    from .recipe import RecipeSpace
+    from .recipe_task import RecipeTask
+
+    if not isinstance(task, RecipeTask):
+        raise LoomConfigError(f"only the quant-recipe task evolves a language model, not {task.name!r}")
+    p = task.params
+    # RecipeTask builds its space lazily from params["model"]; this one is the same space over
+    # the weights already in memory
+    task._space = RecipeSpace(model, p["dtypes"], p["probes"], p["probe_tokens"], p["lam"])

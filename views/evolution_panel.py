@@ -1,0 +1,865 @@
+"""The Evolution panel: set up an evolution run, start, pause, stop and resume it, and watch it.
+
+The form is turned into the same nested settings a ``loomlab evolve`` TOML file holds and built
+by :func:`loomlab.core.evolve.run_config.plan_from_dict`, so a run started here and one started
+from the command line with the same settings and seed give the same history. The form is
+validated as it is typed: an invalid value shows why and disables Start.
+
+A run is an :class:`~loomlab.core.evolve.run.Evolution` in a job. Its reporter
+(:class:`PanelReporter`) runs on the job's thread and only fills a :class:`LiveBuffer` (every
+generation's statistics, the latest population table, the latest best member); a QTimer on the
+GUI thread drains the buffer a few times a second and redraws once per tick, however many
+generations went by. Pause stops the run after the current generation's checkpoint; Stop stops
+it at once (the generation being evaluated is dropped, the last checkpoint stays); either can
+be resumed from the list of the workspace's runs, continuing the same history.
+
+Signals: :attr:`EvolutionPanel.best_changed` (the best network so far, for the Topology view)
+and :attr:`EvolutionPanel.recipe_chosen` (``{layer: dtype}`` of a quant-recipe member, for the
+Morph panel).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from loomlab.core.errors import LoomConfigError, LoomError
+from loomlab.core.evolve.evaluators import make_evaluator
+from loomlab.core.evolve.neat import NEATConfig
+from loomlab.core.evolve.reporters import GenerationStats, Reporter
+from loomlab.core.evolve.run import Evolution, RunResult
+from loomlab.core.evolve.run_config import RunPlan, model_source, plan_from_dict, use_loaded_model
+from loomlab.core.evolve.tasks import TASKS
+from loomlab.core.io import save_network
+from loomlab.core.io.checkpoint import checkpoint_from_bytes
+from loomlab.core.network import VolumetricNetwork
+from loomlab.core.workspace.evolution_runs import EvolutionRuns
+from loomlab.core.workspace.store import Workspace
+
+from .workers import Job, JobRunner
+
+RECIPE_TASK = "quant-recipe"
+TASK_NAMES = (*TASKS, RECIPE_TASK)
+#: the NEAT settings the form shows, with their labels (the rest keep the task's defaults)
+NEAT_FIELDS = {
+    "weight_perturb_rate": "Weight perturb rate", "weight_perturb_scale": "Weight perturb scale",
+    "node_mutate_rate": "Node mutate rate", "connection_add_rate": "Connection add rate",
+    "connection_drop_rate": "Connection drop rate", "activation_mut_rate": "Activation mutate rate",
+    "layer_toggle_rate": "Layer toggle rate",
+}
+SCHEDULERS = {"inprocess": "In this process", "local": "Local cluster (Dask)", "address": "Scheduler address"}
+COLUMNS = ("Rank", "Species", "Fitness", "Layer types", "Parameters")
+MAX_TABLE_ROWS = 500  # the population table lists the fittest members up to this many
+MAX_RATE_HZ = 30.0
+DEFAULT_RATE_HZ = 4.0  # redraws a second while a run goes: a generation of XOR takes ~20 ms
+NO_MODEL = "Load a language model first: the quant-recipe task evolves its per-layer dtypes."
+FITNESS_PENS = {"best": "#2ca02c", "mean": "#1f77b4", "worst": "#d62728"}
+SPECIES_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+                   "#ff9da7", "#9c755f", "#bab0ac")
+
+
+# ----- what the run's thread hands the GUI ---------------------------------------------------------
+@dataclass(frozen=True)
+class MemberRow:
+    """One evaluated member as the population table lists it."""
+
+    rank: int  # 1 = fittest
+    index: int  # its place in the generation
+    species: int | None
+    fitness: float
+    layer_types: str  # "Dense×2" for a network, "float16×20 int8×10" for a recipe
+    parameters: int  # weights of a network, packed bytes of a recipe
+    kl: float | None = None  # a recipe's mean KL against the unmorphed model
+    recipe: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    generation: int
+    rows: list[MemberRow]  # fittest first
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """A run began (or resumed) on the job's thread: what it already has."""
+
+    run_id: int | None
+    task: str
+    history: list[GenerationStats]
+    best: Any
+    best_fitness: float
+    layer_names: tuple[str, ...] = ()  # a recipe run's layers, in recipe order
+
+
+class LiveBuffer:
+    """Filled by the run's thread, drained by the GUI's timer. Every generation's statistics are
+    kept (they are the plots); the population table and the best member are only the latest, so a
+    hidden panel's buffer stays small however long the run. ``append`` and attribute assignment
+    are atomic, so no lock is needed."""
+
+    def __init__(self):
+        self._events: deque[RunStarted | GenerationStats] = deque()
+        self.push = self._events.append
+        self.snapshot: Snapshot | None = None
+        self.best: tuple[Any, float] | None = None
+
+    def drain(self) -> tuple[list, Snapshot | None, tuple[Any, float] | None]:
+        events = self._events
+        items = [events.popleft() for _ in range(len(events))]
+        snapshot, self.snapshot = self.snapshot, None
+        best, self.best = self.best, None
+        return items, snapshot, best
+
+
+class PanelReporter(Reporter):
+    """The panel's reporter: collects each generation's members, fitness and species on the run's
+    thread and hands the GUI one :class:`Snapshot` per generation through the buffer.
+
+    ``pause`` set: the run stops after the checkpoint of the generation under way (see
+    :meth:`cancel_check`)."""
+
+    def __init__(self, buffer: LiveBuffer, pause: threading.Event | None = None,
+                 report: Callable[[str, int, int], None] | None = None, generations: int = 0):
+        self.buffer, self.pause, self.report, self.generations = buffer, pause, report, generations
+        self.run: Evolution | None = None
+        self.halt = False
+        self._first = 0
+        self._members: list = []
+        self._fitness: list[float] = []
+        self._species: dict[int, int] = {}
+        self._scores: list = []
+        self._best = None
+
+    def attach(self, run: Evolution) -> None:
+        """Watch ``run`` (built with this reporter); tells the GUI what the run already has."""
+        self.run, self._first, self._best = run, run.generation, run.best
+        names = tuple(run.task.space.names) if run.genome.member_kind == "recipe" else ()
+        self.buffer.push(RunStarted(run.run_id, run.task.name, list(run.history), run.best,
+                                    run.best_fitness, names))
+
+    def cancel_check(self, job: Job | None) -> Callable[[], bool]:
+        return lambda: self.halt or (job is not None and job.is_cancelled())
+
+    def start_generation(self, generation: int) -> None:
+        self._members, self._species, self._scores = list(self.run.members), {}, []
+
+    def post_evaluate(self, generation: int, fitness: list[float]) -> None:
+        self._fitness = list(fitness)
+        if self.run.genome.member_kind == "recipe":
+            self._scores = list(getattr(self.run.task, "last_scores", []))
+
+    def species_changed(self, generation: int, sizes: dict[int, int]) -> None:
+        self._species = {i: sp.id for sp in self.run.speciation.species for i in sp.members}
+
+    def end_generation(self, stats: GenerationStats, population: int) -> None:
+        self.buffer.snapshot = Snapshot(stats.generation, member_rows(self._members, self._fitness,
+                                                                      self._species, self._scores))
+        self.buffer.push(stats)
+        if self.run.best is not self._best:
+            self._best = self.run.best
+            self.buffer.best = (self.run.best, self.run.best_fitness)
+        if self.report is not None:
+            self.report("generation", stats.generation - self._first, self.generations)
+
+    def checkpointed(self, run_id: int, generation: int) -> None:
+        if self.pause is not None and self.pause.is_set() and generation > self._first:
+            self.halt = True  # the run checks this before its next generation
+
+
+def member_rows(members: Sequence, fitness: Sequence[float], species: dict[int, int],
+                scores: Sequence = ()) -> list[MemberRow]:
+    """The population table's rows, fittest first (ties: the earlier member), at most
+    :data:`MAX_TABLE_ROWS`."""
+    order = sorted(range(len(fitness)), key=lambda i: (-fitness[i], i))[:MAX_TABLE_ROWS]
+    rows = []
+    for rank, i in enumerate(order, 1):
+        m = members[i]
+        if isinstance(m, VolumetricNetwork):
+            types, size = _counted(la.type_name for _, la in m.layers()), m.parameter_count()
+            kl, recipe = None, None
+        else:  # a recipe: one dtype per layer
+            score = scores[i] if i < len(scores) else None
+            types, recipe = _counted(m), tuple(m)
+            size, kl = (score.bytes, score.kl_mean) if score is not None else (0, None)
+        rows.append(MemberRow(rank, i, species.get(i), float(fitness[i]), types, size, kl, recipe))
+    return rows
+
+
+def _counted(names) -> str:
+    return " ".join(f"{name}×{n}" for name, n in Counter(names).items())
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (both minimised: bytes and
+    KL), in increasing first coordinate; of equal points, the first."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front, best_y = [], float("inf")
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front
+
+
+def species_stack(history: Sequence[GenerationStats]) -> tuple[list[int], np.ndarray]:
+    """The species plot's data: species ids (ascending) and ``tops[k, g]``, the top edge of species
+    ``ids[k]``'s band at generation ``history[g]`` (sizes of species ``ids[:k+1]`` summed)."""
+    ids = sorted({sid for s in history for sid in s.species})
+    sizes = np.array([[s.species.get(sid, 0) for s in history] for sid in ids], np.float64)
+    return ids, np.cumsum(sizes, axis=0) if ids else np.zeros((0, len(history)))
+
+
+class EvolutionPanel(QWidget):
+    """Set up, run and watch evolution experiments (see the module docstring).
+
+    Args:
+        runner: the window's job runner.
+        workspace: where runs are checkpointed and listed (:meth:`set_workspace`).
+        rate_hz: redraws a second while a run goes (at most 30).
+    """
+
+    best_changed = Signal(object)  # the best VolumetricNetwork of the run so far
+    recipe_chosen = Signal(dict)  # {layer name: dtype} of the chosen quant-recipe member
+    run_ended = Signal(object)  # the RunResult of a run that finished, solved or stopped
+
+    def __init__(self, runner: JobRunner, workspace: Workspace | None = None, parent: QWidget | None = None,
+                 *, rate_hz: float = DEFAULT_RATE_HZ):
+        super().__init__(parent)
+        if not 0 < rate_hz <= MAX_RATE_HZ:
+            raise ValueError(f"rate_hz must be in (0, {MAX_RATE_HZ:g}], got {rate_hz}")
+        self._runner = runner
+        self._workspace: Workspace | None = None
+        self._model = None
+        self._job: Job | None = None
+        self._pause: threading.Event | None = None
+        self._buffer = LiveBuffer()
+        self._closed = False
+        self._shown = True
+        self._plan: RunPlan | None = None
+        self.evolution: Evolution | None = None  # the last run started here (or filled in)
+        self.run_id: int | None = None
+        self.task_name = ""
+        self.history: list[GenerationStats] = []
+        self.rows: list[MemberRow] = []
+        self.best: Any = None
+        self.best_fitness = float("-inf")
+        self.layer_names: tuple[str, ...] = ()
+        self.front: list[int] = []  # indices into rows of the recipe scatter's Pareto front
+        self.selected_row: int | None = None
+        self.timer = QTimer(self)  # drains the buffer while a run goes
+        self.timer.setInterval(round(1000 / rate_hz))
+        self.timer.timeout.connect(self._tick)
+        self._build_ui()
+        self.set_workspace(workspace)
+
+    # ----- layout ----------------------------------------------------------------------------------
+    def _build_ui(self) -> None:
+        self.task_box = QComboBox()
+        for name in TASK_NAMES:
+            self.task_box.addItem(name, name)
+        self.population_edit = QLineEdit("50")
+        self.generations_edit = QLineEdit("50")
+        self.generations_edit.setToolTip("Generations to run; for Resume, generations to add")
+        self.seed_edit = QLineEdit("1")
+        self.seed_edit.setPlaceholderText("random")
+        self.seed_edit.setToolTip("Seeds the whole run: the same seed repeats it exactly (empty: random)")
+        defaults = NEATConfig.default(1, seed=0)
+        self.rate_edits = {name: QLineEdit(f"{getattr(defaults, name):.6g}") for name in NEAT_FIELDS}
+        self.speciation_check = QCheckBox("Speciation")
+        self.speciation_check.setChecked(True)
+        self.threshold_edit = QLineEdit("0.15")
+        self.threshold_edit.setToolTip("Where the compatibility threshold starts "
+                                       "(it adapts towards 10 species)")
+        self.scheduler_box = QComboBox()
+        for key, text in SCHEDULERS.items():
+            self.scheduler_box.addItem(text, key)
+        self.address_edit = QLineEdit()
+        self.address_edit.setPlaceholderText("tcp://host:8786")
+        self.message = QLabel("")
+        self.message.setWordWrap(True)
+        self.message.setStyleSheet("color: #d62728")
+
+        form = QFormLayout()
+        form.addRow("Task", self.task_box)
+        form.addRow("Population", self.population_edit)
+        form.addRow("Generations", self.generations_edit)
+        form.addRow("Seed", self.seed_edit)
+        for name, label in NEAT_FIELDS.items():
+            form.addRow(label, self.rate_edits[name])
+        threshold_row = QHBoxLayout()
+        threshold_row.addWidget(self.speciation_check)
+        threshold_row.addWidget(QLabel("threshold"))
+        threshold_row.addWidget(self.threshold_edit, 1)
+        form.addRow("", threshold_row)
+        form.addRow("Scheduler", self.scheduler_box)
+        form.addRow("Address", self.address_edit)
+
+        self.start_button = QPushButton("Start")
+        self.start_button.clicked.connect(self.start)
+        self.pause_button = QPushButton("Pause")
+        self.pause_button.setToolTip("Stop after the current generation's checkpoint")
+        self.pause_button.clicked.connect(self.pause)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop)
+        buttons = QHBoxLayout()
+        for b in (self.start_button, self.pause_button, self.stop_button):
+            buttons.addWidget(b)
+        self.runs_box = QComboBox()
+        self.runs_box.setToolTip("The workspace's runs: Resume continues the chosen one")
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.clicked.connect(lambda: self.resume())
+        resume_row = QHBoxLayout()
+        resume_row.addWidget(self.runs_box, 1)
+        resume_row.addWidget(self.resume_button)
+        self.export_button = QPushButton("Export best…")
+        self.export_button.clicked.connect(self._ask_export)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+
+        run_box = QGroupBox("Run")
+        run_layout = QVBoxLayout(run_box)
+        run_layout.addLayout(form)
+        run_layout.addWidget(self.message)
+        run_layout.addLayout(buttons)
+        run_layout.addWidget(QLabel("Past runs"))
+        run_layout.addLayout(resume_row)
+        run_layout.addWidget(self.export_button)
+        run_layout.addWidget(self.progress)
+        run_layout.addWidget(self.status)
+        run_layout.addStretch(1)
+
+        self.fitness_plot = pg.PlotWidget()
+        self.fitness_plot.setLabel("bottom", "generation")
+        self.fitness_plot.setLabel("left", "fitness")
+        self.fitness_plot.addLegend(offset=(-10, 10))
+        self.curves = {k: self.fitness_plot.plot([], [], pen=pg.mkPen(c, width=2), name=k)
+                       for k, c in FITNESS_PENS.items()}
+        self.species_plot = pg.PlotWidget()
+        self.species_plot.setLabel("bottom", "generation")
+        self.species_plot.setLabel("left", "members per species")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.itemSelectionChanged.connect(self._table_selection)
+
+        self.recipe_plot = pg.PlotWidget()
+        self.recipe_plot.setLabel("bottom", "bytes")
+        self.recipe_plot.setLabel("left", "KL (nats)")
+        self.recipe_points = pg.ScatterPlotItem(size=7, brush=pg.mkBrush(150, 150, 150, 160), pen=None)
+        self.recipe_points.sigClicked.connect(self._point_clicked)
+        self.front_line = pg.PlotDataItem([], [], pen=pg.mkPen("#d62728", width=1.5), symbol="o",
+                                          symbolBrush="#d62728", symbolSize=8)
+        self.chosen_point = pg.ScatterPlotItem(size=14, brush=None, pen=pg.mkPen("#f0a030", width=2))
+        for item in (self.recipe_points, self.front_line, self.chosen_point):
+            self.recipe_plot.addItem(item)
+        self.apply_button = QPushButton("Apply recipe")
+        self.apply_button.setToolTip("Send the chosen member's dtypes to the Morph panel")
+        self.apply_button.clicked.connect(self.apply_recipe)
+        self.recipe_box = QGroupBox("Recipes: bytes vs KL (Pareto front in red)")
+        recipe_layout = QVBoxLayout(self.recipe_box)
+        recipe_layout.addWidget(self.recipe_plot, 1)
+        recipe_layout.addWidget(self.apply_button)
+        self.recipe_box.hide()
+
+        plots = QSplitter(Qt.Orientation.Vertical)
+        plots.addWidget(self.fitness_plot)
+        plots.addWidget(self.species_plot)
+        plots.addWidget(self.recipe_box)
+        plots.addWidget(self.table)
+        layout = QHBoxLayout(self)
+        layout.addWidget(run_box)
+        layout.addWidget(plots, 1)
+
+        for edit in (self.population_edit, self.generations_edit, self.seed_edit, self.threshold_edit,
+                     self.address_edit, *self.rate_edits.values()):
+            edit.textChanged.connect(self._validate)
+        self.task_box.currentIndexChanged.connect(self._validate)
+        self.scheduler_box.currentIndexChanged.connect(self._validate)
+        self.speciation_check.toggled.connect(self._validate)
+        self.runs_box.currentIndexChanged.connect(self._sync_controls)
+
+    # ----- public API ------------------------------------------------------------------------------
+    @property
+    def workspace(self) -> Workspace | None:
+        return self._workspace
+
+    def set_workspace(self, workspace: Workspace | None) -> None:
+        """Checkpoint runs into ``workspace`` and list its runs (None: runs are not kept)."""
+        self._workspace = workspace
+        self.refresh_runs()
+        self._validate()
+
+    def set_model(self, model) -> None:
+        """The loaded language model the quant-recipe task evolves (None: none is loaded)."""
+        self._model = model
+        self._validate()
+
+    def refresh_runs(self, select: int | None = None) -> None:
+        """Re-read the workspace's runs into the list (newest first), choosing run ``select``."""
+        keep = select if select is not None else self.runs_box.currentData()
+        self.runs_box.blockSignals(True)
+        self.runs_box.clear()
+        if self._workspace is not None:
+            for r in EvolutionRuns(self._workspace).list():
+                self.runs_box.addItem(f"run {r.id} · {r.task} · generation {r.generations} · {r.status}",
+                                      r.id)
+        index = self.runs_box.findData(keep) if keep is not None else -1
+        self.runs_box.setCurrentIndex(max(index, 0) if self.runs_box.count() else -1)
+        self.runs_box.blockSignals(False)
+        self._sync_controls()
+
+    def form_settings(self) -> dict:
+        """The form as the nested settings of a run (a ``loomlab evolve`` TOML file's sections);
+        raises :class:`LoomConfigError` naming a field that does not parse."""
+        task = self.task_box.currentData()
+        run: dict[str, Any] = {"task": task,
+                               "population": _integer("population", self.population_edit.text()),
+                               "generations": _integer("generations", self.generations_edit.text())}
+        scheduler = self.scheduler_box.currentData()
+        if scheduler == "address":
+            run["scheduler"] = self.address_edit.text().strip()
+            if not run["scheduler"]:
+                raise LoomConfigError("scheduler address: give the Dask scheduler's address, e.g. tcp://host:8786")
+        elif scheduler == "local":
+            run["scheduler"] = "local"
+        neat: dict[str, Any] = {name: _number(label.lower(), self.rate_edits[name].text())
+                                for name, label in NEAT_FIELDS.items()}
+        seed = self.seed_edit.text().strip()
+        if seed:
+            neat["seed"] = _integer("seed", seed)
+        doc: dict[str, Any] = {"run": run, "neat": neat}
+        if task == RECIPE_TASK:
+            if self._model is None:
+                raise LoomConfigError(NO_MODEL)
+            doc["task"] = {"model": model_source(self._model)}
+        if self.speciation_check.isChecked() and task != RECIPE_TASK:
+            doc["speciation"] = {"compatibility_threshold": _number("threshold", self.threshold_edit.text())}
+        return doc
+
+    def run_plan(self) -> RunPlan:
+        """The run the form describes, validated (raises :class:`LoomConfigError`)."""
+        return plan_from_dict(self.form_settings())
+
+    def set_form(self, *, task: str | None = None, population: int | None = None,
+                 generations: int | None = None, seed: int | str | None = None,
+                 speciation: bool | None = None, threshold: float | None = None,
+                 scheduler: str | None = None, **rates: float) -> None:
+        """Fill form fields (what a person would type); ``scheduler`` is "inprocess", "local" or an
+        address; ``rates`` are NEAT fields of :data:`NEAT_FIELDS`."""
+        if task is not None:
+            self.task_box.setCurrentIndex(self.task_box.findData(task))
+        for edit, value in ((self.population_edit, population), (self.generations_edit, generations),
+                            (self.seed_edit, seed), (self.threshold_edit, threshold)):
+            if value is not None:
+                edit.setText(str(value))
+        if speciation is not None:
+            self.speciation_check.setChecked(speciation)
+        if scheduler is not None:
+            key = scheduler if scheduler in ("inprocess", "local") else "address"
+            self.scheduler_box.setCurrentIndex(self.scheduler_box.findData(key))
+            if key == "address":
+                self.address_edit.setText(scheduler)
+        for name, value in rates.items():
+            if name not in self.rate_edits:
+                raise KeyError(f"no NEAT field {name!r} on the form; it has {', '.join(NEAT_FIELDS)}")
+            self.rate_edits[name].setText(str(value))
+
+    def is_busy(self) -> bool:
+        return self._job is not None
+
+    @property
+    def buffer(self) -> LiveBuffer:
+        """Where the current run's reporter leaves its updates (drained by :meth:`refresh`)."""
+        return self._buffer
+
+    def refresh(self) -> None:
+        """Draw what the run reported since the last redraw (the timer does this while a run goes)."""
+        self._tick()
+
+    def start(self) -> None:
+        """Start the run the form describes, in a job (checkpointed into the workspace, if any)."""
+        self._validate()
+        if not self._can_start() or self._plan is None:
+            return
+        plan, workspace, model = self._plan, self._workspace, self._model
+
+        def build(evaluator, reporters):
+            if plan.task.name == RECIPE_TASK and model is not None:
+                use_loaded_model(plan.task, model)
+            return Evolution(plan.task, config=plan.neat, population=plan.population, evaluator=evaluator,
+                             speciation=plan.speciation, reporters=reporters, store=workspace)
+
+        self._run_job("evolve", build, plan.scheduler, plan.evaluator, plan.generations or 0, plan.until)
+        self.status.setText(f"evolving {plan.task.name} · seed {plan.neat.seed}")
+
+    def resume(self, run_id: int | None = None) -> None:
+        """Continue workspace run ``run_id`` (default: the one chosen in the list) from its last
+        checkpoint for the form's number of generations."""
+        run_id = run_id if run_id is not None else self.runs_box.currentData()
+        if not self._can_start() or self._workspace is None or run_id is None:
+            return
+        try:
+            generations = _integer("generations", self.generations_edit.text())
+            scheduler = self._scheduler()
+        except LoomConfigError as e:
+            self.message.setText(str(e))
+            return
+        workspace = self._workspace
+
+        def build(evaluator, reporters):
+            return Evolution.resume(workspace, run_id, evaluator=evaluator, reporters=reporters)
+
+        self._run_job(f"resume run {run_id}", build, scheduler, {}, generations, None)
+
+    def pause(self) -> None:
+        """Stop the run after the current generation's checkpoint (resumable)."""
+        if self._pause is not None:
+            self._pause.set()
+            self.status.setText("pausing after this generation's checkpoint…")
+            self._sync_controls()
+
+    def stop(self) -> None:
+        """Stop the run now: the generation under way is dropped, the last checkpoint stays."""
+        if self._job is not None:
+            self._job.cancel()
+
+    def export_best(self, path: str) -> None:
+        """Save the best network so far atomically (``.json``: Loom's format, ``.loom``: ours)."""
+        if not isinstance(self.best, VolumetricNetwork):
+            raise LoomError("there is no best network to export yet")
+        save_network(self.best, path)
+
+    def apply_recipe(self) -> None:
+        """Emit :attr:`recipe_chosen` for the chosen recipe member (default: the fittest)."""
+        row = self.chosen_recipe_row()
+        if row is not None:
+            self.recipe_chosen.emit(dict(zip(self.layer_names, row.recipe, strict=True)))
+
+    def chosen_recipe_row(self) -> MemberRow | None:
+        if not self.rows or self.rows[0].recipe is None:
+            return None
+        i = self.selected_row if self.selected_row is not None and self.selected_row < len(self.rows) else 0
+        return self.rows[i]
+
+    def select_row(self, index: int | None) -> None:
+        """Choose the population table's row ``index`` (rank - 1)."""
+        self.selected_row = index
+        if index is None:
+            self.table.clearSelection()
+        elif self.table.currentRow() != index:
+            self.table.selectRow(index)
+        self._draw_chosen()
+
+    def show_run(self, run_id: int) -> None:
+        """Show workspace run ``run_id`` as its last checkpoint left it: its history and best
+        network (the population table needs a live run)."""
+        if self._workspace is None or self.is_busy():
+            return
+        runs = EvolutionRuns(self._workspace)
+        record = runs.get(run_id)
+        state = runs.latest_checkpoint(run_id).state
+        best = None
+        if record.task in TASKS and state.get("best") is not None:
+            best = checkpoint_from_bytes(bytes.fromhex(state["best"]))
+        history = [GenerationStats.from_dict(d) for d in state["history"]]
+        fitness = state.get("best_fitness")
+        self._apply_start(RunStarted(run_id, record.task, history, best,
+                                     float("-inf") if fitness is None else fitness))
+        self._set_rows([])
+        self._redraw()
+        self.refresh_runs(select=run_id)
+        self.status.setText(f"run {run_id} · {record.status} at generation {record.generations}")
+
+    def fill_demo(self, generations: int = 15, population: int = 40, seed: int = 1) -> Evolution:
+        """Run a short speciated XOR experiment synchronously, here on the GUI thread, and show it
+        (for screenshots and demos: about a quarter of a second; nothing is checkpointed)."""
+        if self.is_busy():
+            raise LoomError("a run is going; stop it first")
+        self.set_form(task="xor", population=population, generations=generations, seed=seed, speciation=True,
+                      scheduler="inprocess")
+        plan = self.run_plan()
+        buffer = LiveBuffer()
+        reporter = PanelReporter(buffer)
+        run = Evolution(plan.task, config=plan.neat, population=plan.population, speciation=plan.speciation,
+                        reporters=[reporter])
+        reporter.attach(run)
+        result = run.run(generations)
+        self._buffer, self.evolution = buffer, run
+        self._tick()
+        self.status.setText(f"demo: XOR {result.status} at generation {result.generation} · best "
+                            f"{result.best_fitness:.4f}")
+        return run
+
+    def set_shown(self, shown: bool) -> None:
+        """Whether the panel is on screen: hidden, it does not redraw (the run goes on, and the
+        plots catch up when it is shown again)."""
+        self._shown = shown
+        if shown and self._job is not None:
+            self._tick()
+            self.timer.start()
+        else:
+            self.timer.stop()
+
+    def shutdown(self) -> None:
+        """Stop the run (its last checkpoint stays, to resume later) and join its job."""
+        self._closed = True
+        self.timer.stop()
+        self.stop()
+        if self._job is not None:
+            self._job.wait()
+            self._job = None
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.shutdown()
+        super().closeEvent(event)
+
+    # ----- the run's job ---------------------------------------------------------------------------
+    def _run_job(self, name: str, build: Callable[[Any, list], Evolution], scheduler: str | None,
+                 options: dict, generations: int, until: float | None) -> None:
+        buffer, pause = LiveBuffer(), threading.Event()
+        self._buffer, self._pause = buffer, pause
+        self._clear_view()
+
+        def work(job: Job) -> tuple[Evolution, RunResult]:
+            reporter = PanelReporter(buffer, pause, job.report, generations)
+            with make_evaluator(scheduler, **options) as evaluator:
+                run = build(evaluator, [reporter])
+                reporter.attach(run)
+                result = run.run(generations, until=until, cancel=reporter.cancel_check(job),
+                                 progress=lambda done, total: job.report("evaluate", done, total))
+            return run, result
+
+        self._job = self._runner.start(work, name=name, on_progress=self._on_progress,
+                                       on_success=lambda r: self._ended("succeeded", result=r),
+                                       on_failure=lambda m: self._ended("failed", f"{name} failed: {m}"),
+                                       on_cancel=lambda: self._ended("cancelled"))
+        if self._shown:
+            self.timer.start()
+        self._sync_controls()
+
+    def _ended(self, outcome: str, message: str = "",
+               result: tuple[Evolution, RunResult] | None = None) -> None:
+        if self._closed:
+            return
+        self._job, self._pause = None, None
+        self.timer.stop()
+        self._tick()
+        if result is not None:
+            self.evolution, r = result
+            message = (f"run {r.run_id} {r.status} at generation {r.generation} · best fitness "
+                       f"{r.best_fitness:.4f}")
+            self.run_ended.emit(r)
+        elif outcome == "cancelled":
+            message = (f"run {self.run_id} stopped at generation {len(self.history)}"
+                       if self.run_id is not None else "stopped")
+        self.status.setText(message)
+        self.refresh_runs(select=self.run_id)
+        self._sync_controls()
+
+    def _on_progress(self, stage: str, done: int, total: int) -> None:
+        if stage == "generation" and total > 0:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+
+    # ----- drawing: on the timer's tick only ---------------------------------------------------------
+    def _tick(self) -> None:
+        events, snapshot, best = self._buffer.drain()
+        for e in events:
+            if isinstance(e, RunStarted):
+                self._apply_start(e)
+            else:
+                self.history.append(e)
+        if snapshot is not None:
+            self._set_rows(snapshot.rows)
+        if best is not None:
+            self._set_best(*best)
+        if events or snapshot is not None:
+            self._redraw()
+
+    def _clear_view(self) -> None:
+        self.history, self.run_id, self.task_name = [], None, ""
+        self.best, self.best_fitness, self.layer_names = None, float("-inf"), ()
+        self._set_rows([])
+        self._redraw()
+
+    def _apply_start(self, e: RunStarted) -> None:
+        self.run_id, self.task_name, self.layer_names = e.run_id, e.task, e.layer_names
+        self.history = list(e.history)
+        self.best, self.best_fitness = None, float("-inf")
+        if e.best is not None:
+            self._set_best(e.best, e.best_fitness)
+        self.recipe_box.setVisible(e.task == RECIPE_TASK)
+        self.species_plot.setVisible(e.task != RECIPE_TASK)
+
+    def _set_best(self, best: Any, fitness: float) -> None:
+        self.best, self.best_fitness = best, fitness
+        if isinstance(best, VolumetricNetwork):
+            self.best_changed.emit(best)
+        self._sync_controls()
+
+    def _redraw(self) -> None:
+        x = np.array([s.generation for s in self.history], np.float64)
+        for key, curve in self.curves.items():
+            curve.setData(x, np.array([getattr(s, key) for s in self.history], np.float64))
+        self._draw_species(x)
+        self._draw_recipes()
+
+    def _draw_species(self, x: np.ndarray) -> None:
+        self.species_plot.clear()
+        ids, tops = species_stack(self.history)
+        below = pg.PlotCurveItem(x, np.zeros_like(x))
+        for k, sid in enumerate(ids):
+            colour = SPECIES_COLOURS[sid % len(SPECIES_COLOURS)]
+            top = pg.PlotCurveItem(x, tops[k], pen=pg.mkPen(colour))
+            self.species_plot.addItem(top)
+            self.species_plot.addItem(pg.FillBetweenItem(below, top, brush=pg.mkBrush(colour)))
+            below = top
+
+    def _draw_recipes(self) -> None:
+        points = [(r.parameters, r.kl) for r in self.rows if r.recipe is not None and r.kl is not None]
+        if len(points) != len(self.rows) or not points:
+            self.front = []
+            self.recipe_points.setData([], [])
+            self.front_line.setData([], [])
+            self._draw_chosen()
+            return
+        xy = np.array(points, np.float64)
+        self.recipe_points.setData(x=xy[:, 0], y=xy[:, 1], data=list(range(len(points))))
+        self.front = pareto_front(points)
+        self.front_line.setData(xy[self.front, 0], xy[self.front, 1])
+        self._draw_chosen()
+
+    def _draw_chosen(self) -> None:
+        row = self.chosen_recipe_row()
+        if row is None or row.kl is None:
+            self.chosen_point.setData([], [])
+        else:
+            self.chosen_point.setData([row.parameters], [row.kl])
+        self._sync_controls()
+
+    def _set_rows(self, rows: list[MemberRow]) -> None:
+        self.rows = rows
+        if self.selected_row is not None and self.selected_row >= len(rows):
+            self.selected_row = None
+        table = self.table
+        table.blockSignals(True)
+        table.setUpdatesEnabled(False)
+        table.setRowCount(len(rows))
+        for i, r in enumerate(rows):
+            cells = (str(r.rank), "—" if r.species is None else str(r.species), f"{r.fitness:.6g}",
+                     r.layer_types, f"{r.parameters:,}" + (" B" if r.recipe is not None else ""))
+            for j, text in enumerate(cells):
+                item = table.item(i, j)
+                if item is None:
+                    table.setItem(i, j, QTableWidgetItem(text))
+                else:
+                    item.setText(text)
+        table.setUpdatesEnabled(True)
+        table.blockSignals(False)
+
+    # ----- user actions ------------------------------------------------------------------------------
+    def _table_selection(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        self.selected_row = rows[0].row() if rows else None
+        self._draw_chosen()
+
+    def _point_clicked(self, _item, points, *_) -> None:
+        if len(points):
+            self.select_row(int(points[0].data()))
+
+    def _ask_export(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export the best network", "best.loom",
+                                              "Loom Lab checkpoint (*.loom);;Loom JSON (*.json)")
+        if path:
+            try:
+                self.export_best(path)
+                self.status.setText(f"saved {path}")
+            except (LoomError, OSError) as e:
+                self.status.setText(f"export failed: {e}")
+
+    # ----- validation and controls -------------------------------------------------------------------
+    def _scheduler(self) -> str | None:
+        return self.form_settings()["run"].get("scheduler")
+
+    def _validate(self) -> None:
+        try:
+            self._plan = self.run_plan()
+            self.message.setText("")
+        except LoomError as e:
+            self._plan = None
+            self.message.setText(str(e))
+        self._sync_controls()
+
+    def _can_start(self) -> bool:
+        return self._job is None and not self._closed
+
+    def _sync_controls(self) -> None:
+        idle = self._job is None and not self._closed
+        self.start_button.setEnabled(idle and self._plan is not None)
+        self.resume_button.setEnabled(idle and self._workspace is not None
+                                      and self.runs_box.currentData() is not None)
+        self.runs_box.setEnabled(idle)
+        self.pause_button.setEnabled(not idle and self._pause is not None and not self._pause.is_set())
+        self.stop_button.setEnabled(not idle)
+        is_recipe = self.task_box.currentData() == RECIPE_TASK  # recipes are not speciated
+        self.speciation_check.setEnabled(idle and not is_recipe)
+        self.threshold_edit.setEnabled(idle and not is_recipe and self.speciation_check.isChecked())
+        self.address_edit.setEnabled(idle and self.scheduler_box.currentData() == "address")
+        for w in (self.task_box, self.population_edit, self.generations_edit, self.seed_edit,
+                  self.scheduler_box, *self.rate_edits.values()):
+            w.setEnabled(idle)
+        self.export_button.setEnabled(isinstance(self.best, VolumetricNetwork))
+        self.apply_button.setEnabled(self.chosen_recipe_row() is not None and bool(self.layer_names))
+        self.progress.setVisible(not idle)
+
+
+def _integer(field: str, text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise LoomConfigError(f"{field}: {text.strip()!r} is not a whole number") from None
+
+
+def _number(field: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise LoomConfigError(f"{field}: {text.strip()!r} is not a number") from None
+    if not np.isfinite(value):
+        raise LoomConfigError(f"{field} must be a finite number, got {text.strip()!r}")
+    return value
+
+
+__all__ = ["EvolutionPanel", "LiveBuffer", "MemberRow", "PanelReporter", "member_rows", "pareto_front",
+           "species_stack"]
