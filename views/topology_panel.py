@@ -212,9 +212,10 @@ def build_topology(net: VolumetricNetwork) -> Topology:
 
 
 def _arrow_segments(start: np.ndarray, end: np.ndarray, lift: float) -> np.ndarray:
-    """``[2K, 3]`` line pairs of an arrow from ``start`` to ``end``: up to a point ``lift`` above
-    their middle, down to ``end``, and a head of two short strokes there."""
-    top = (start + end) / 2 + np.float32([0, 0, lift])
+    """``[2K, 3]`` line pairs of an arrow from ``start`` to ``end``: up to a point between them
+    ``lift`` above the higher end, down to ``end``, and a head of two short strokes there."""
+    top = (start + end) / 2
+    top[2] = max(start[2], end[2]) + lift
     back = top - end
     back = back / max(float(np.linalg.norm(back)), 1e-6) * ARROW_HEAD
     side = np.float32([0, ARROW_HEAD * 0.6, 0])

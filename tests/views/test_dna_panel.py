@@ -357,3 +357,24 @@ def test_bad_input_gives_one_message_and_no_crash(qtbot, panel, tmp_path):
     assert not panel.merge_button.isEnabled() and panel.splice_button.isEnabled()
     panel.merge()
     assert messages[-1] == "merge takes two language models; splice two networks instead"
+
+
+def test_smollm2_and_its_morphed_copy(qtbot, panel):
+    """The loaded model and a copy with one MLP morphed to int8: every layer overlaps 1 but that
+    MLP, which stays close (compared across dtypes); the cells are compare_models' numbers."""
+    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.morph import morph_sublayer
+
+    with load_model("smollm2-135m") as model, load_model("smollm2-135m") as copy:
+        mlp = copy.net.cells[3].children[2].children[1]
+        assert mlp.type_name == "SwiGLU"
+        morph_sublayer(mlp, 3, "int8")
+        panel.set_pair(model, copy, ("smollm2", "smollm2 int8 MLP"))
+        assert panel.merge_button.isEnabled() and not panel.splice_button.isEnabled()
+        report = compare(qtbot, panel, timeout=60000)
+        assert report.comparison == compare_models(model, copy)
+        assert panel.heatmap_values.shape == (30, 4)
+        changed = panel.heatmap_values[2, 3]  # block 2 (grid cell 3), ffn_gate/up/down
+        assert 0.99 < changed < 0.9999, changed
+        others = np.delete(panel.heatmap_values.ravel(), 2 * 4 + 3)
+        assert np.all(np.abs(others - 1) < 1e-4)  # float32 sums of 65521 buckets

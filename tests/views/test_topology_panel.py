@@ -515,3 +515,27 @@ def test_legible_in_the_dark_theme(qtbot, qapp):
         assert contrast(QColor(*LABEL_COLOUR), QColor(*VIEW_BACKGROUND)) >= AA
         assert tuple(round(c * 255) for c in panel.view.opts["bgcolor"][:3]) == VIEW_BACKGROUND
         panel.shutdown()
+
+
+# ----- logic-shift arrows (the DNA panel's) -------------------------------------------------------------
+def test_logic_shift_arrows_join_the_grid_positions_given_and_clear_with_a_new_network(qtbot):
+    from loomlab.core.evolve.dna import LogicShift
+
+    panel = make_panel(qtbot, small_net())
+    topo = panel.topology
+    at = {key[:4]: topo.positions[i] for key, i in topo.keys.items() if key[4] == ""}
+    drawn = panel.show_logic_shifts([("0,0,0,0", "1,0,1,1", 0.93), LogicShift("1,0,0,0", "0,0,1,1", 0.85),
+                                     ("0,0,0,0", "9,9,9,9", 0.99)])  # the last: a position it lacks
+    assert drawn == 2
+    assert [(s.tolist(), t.tolist(), o) for s, t, o in panel.shift_arrows] == [
+        (at[0, 0, 0, 0].tolist(), at[1, 0, 1, 1].tolist(), 0.93),
+        (at[1, 0, 0, 0].tolist(), at[0, 0, 1, 1].tolist(), 0.85)]
+    lines = panel.shift_lines.pos
+    assert panel.shift_lines.visible() and lines.shape == (16, 3)
+    assert lines[0].tolist() == at[0, 0, 0, 0].tolist() and lines[3].tolist() == at[1, 0, 1, 1].tolist()
+    assert lines[1][2] > max(at[0, 0, 0, 0][2], at[1, 0, 1, 1][2])  # an arc over the grid
+    assert panel.show_logic_shifts([]) == 0 and not panel.shift_lines.visible()
+    panel.show_logic_shifts([((0, 0, 0, 0), (0, 0, 0, 1), 0.9)])
+    panel.set_network(small_net())
+    assert panel.shift_arrows == [] and not panel.shift_lines.visible()
+    panel.shutdown()
