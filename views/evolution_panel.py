@@ -74,6 +74,8 @@ NEAT_FIELDS = {
 }
 SCHEDULERS = {"inprocess": "In this process", "local": "Local cluster (Dask)", "address": "Scheduler address"}
 COLUMNS = ("Rank", "Species", "Fitness", "Layer types", "Parameters")
+COLUMN_WIDTHS = (44, 60, 80, 130)
+RUN_BOX_MAX_WIDTH = 380  # the form's column; the plots take the rest
 MAX_TABLE_ROWS = 500  # the population table lists the fittest members up to this many
 MAX_RATE_HZ = 30.0
 DEFAULT_RATE_HZ = 4.0  # redraws a second while a run goes: a generation of XOR takes ~20 ms
@@ -370,7 +372,10 @@ class EvolutionPanel(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(False)
         self.table.horizontalHeader().setStretchLastSection(True)
+        for column, width in enumerate(COLUMN_WIDTHS):  # fixed: sizing to contents re-measures every row
+            self.table.setColumnWidth(column, width)
         self.table.itemSelectionChanged.connect(self._table_selection)
 
         self.recipe_plot = pg.PlotWidget()
@@ -392,11 +397,17 @@ class EvolutionPanel(QWidget):
         recipe_layout.addWidget(self.apply_button)
         self.recipe_box.hide()
 
+        # fitness across the top; below it the species (or, for recipes, the bytes-vs-KL scatter)
+        # beside the population table
+        lower = QSplitter(Qt.Orientation.Horizontal)
+        lower.addWidget(self.species_plot)
+        lower.addWidget(self.recipe_box)
+        lower.addWidget(self.table)
+        lower.setSizes([1000, 1000, 1000])  # equal shares (a hidden one's goes to the others)
         plots = QSplitter(Qt.Orientation.Vertical)
         plots.addWidget(self.fitness_plot)
-        plots.addWidget(self.species_plot)
-        plots.addWidget(self.recipe_box)
-        plots.addWidget(self.table)
+        plots.addWidget(lower)
+        run_box.setMaximumWidth(RUN_BOX_MAX_WIDTH)
         layout = QHBoxLayout(self)
         layout.addWidget(run_box)
         layout.addWidget(plots, 1)
@@ -601,9 +612,9 @@ class EvolutionPanel(QWidget):
         self.refresh_runs(select=run_id)
         self.status.setText(f"run {run_id} · {record.status} at generation {record.generations}")
 
-    def fill_demo(self, generations: int = 15, population: int = 40, seed: int = 1) -> Evolution:
+    def fill_demo(self, generations: int = 30, population: int = 40, seed: int = 1) -> Evolution:
         """Run a short speciated XOR experiment synchronously, here on the GUI thread, and show it
-        (for screenshots and demos: about a quarter of a second; nothing is checkpointed)."""
+        (for screenshots and demos: about half a second; nothing is checkpointed)."""
         if self.is_busy():
             raise LoomError("a run is going; stop it first")
         self.set_form(task="xor", population=population, generations=generations, seed=seed, speciation=True,
@@ -677,8 +688,8 @@ class EvolutionPanel(QWidget):
         self._tick()
         if result is not None:
             self.evolution, r = result
-            message = (f"run {r.run_id} {r.status} at generation {r.generation} · best fitness "
-                       f"{r.best_fitness:.4f}")
+            name = "run" if r.run_id is None else f"run {r.run_id}"
+            message = f"{name} {r.status} at generation {r.generation} · best fitness {r.best_fitness:.4f}"
             self.run_ended.emit(r)
         elif outcome == "cancelled":
             message = (f"run {self.run_id} stopped at generation {len(self.history)}"
@@ -837,8 +848,10 @@ class EvolutionPanel(QWidget):
         self.threshold_edit.setEnabled(idle and not is_recipe and self.speciation_check.isChecked())
         self.address_edit.setEnabled(idle and self.scheduler_box.currentData() == "address")
         for w in (self.task_box, self.population_edit, self.generations_edit, self.seed_edit,
-                  self.scheduler_box, *self.rate_edits.values()):
+                  self.scheduler_box):
             w.setEnabled(idle)
+        for w in self.rate_edits.values():  # a recipe's mutation is the task's own (mutation_rate)
+            w.setEnabled(idle and not is_recipe)
         self.export_button.setEnabled(isinstance(self.best, VolumetricNetwork))
         self.apply_button.setEnabled(self.chosen_recipe_row() is not None and bool(self.layer_names))
         self.progress.setVisible(not idle)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,21 @@ def test_a_recipe_run_shows_bytes_vs_kl_and_applies_a_recipe(qtbot, panel, tiny_
                       dict(zip(names, panel.rows[panel.front[0]].recipe, strict=True))]
     assert set(chosen[1].values()) <= set(plan.task.params["dtypes"])
     assert not panel.export_button.isEnabled()  # a recipe is no network
+
+
+def test_redraws_are_rate_limited_not_per_generation(qtbot, runner, monkeypatch):
+    panel = EvolutionPanel(runner, rate_hz=4)
+    qtbot.addWidget(panel)
+    draws = []
+    redraw = panel._redraw
+    monkeypatch.setattr(panel, "_redraw", lambda: (draws.append(len(panel.history)), redraw()))
+    panel.set_form(task="xor", population=20, generations=150, seed=8, speciation=False)
+    began = time.monotonic()
+    panel.start()
+    settle(qtbot, panel, timeout=60000)
+    elapsed = time.monotonic() - began
+    assert len(panel.history) == 150 or panel.history[-1].best >= 3.9
+    # a clear at the start, one per tick of a 4 Hz timer, one at the end
+    assert len(draws) <= 2 + elapsed * 4 + 1, (len(draws), elapsed)
+    assert draws[-1] == len(panel.history)
+    panel.shutdown()
