@@ -59,7 +59,7 @@ from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
 from loomlab.core.network import VolumetricNetwork
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
-from loomlab.core.workspace.store import Workspace
+from loomlab.core.workspace.store import Workspace, WorkspaceError
 
 from .workers import Job, JobRunner
 
@@ -598,8 +598,12 @@ class EvolutionPanel(QWidget):
         if self._workspace is None or self.is_busy():
             return
         runs = EvolutionRuns(self._workspace)
-        record = runs.get(run_id)
-        state = runs.latest_checkpoint(run_id).state
+        try:
+            record = runs.get(run_id)
+            state = runs.latest_checkpoint(run_id).state
+        except WorkspaceError as e:  # no such run, or no checkpoint yet
+            self.status.setText(str(e))
+            return
         best = None
         if record.task in TASKS and state.get("best") is not None:
             best = checkpoint_from_bytes(bytes.fromhex(state["best"]))

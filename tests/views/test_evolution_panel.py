@@ -242,6 +242,8 @@ def test_show_run_and_hidden_panel(qtbot, panel, workspace):
     panel.show_run(panel.runs_box.currentData())
     assert dicts(panel.history) == dicts(history) and panel.rows == []
     assert dumps(panel.best) == dumps(api_run(3, 20, 6).best)
+    panel.show_run(99)
+    assert "no evolution run 99" in panel.status.text()
 
 
 # ----- export -------------------------------------------------------------------------------------
