@@ -54,17 +54,18 @@ class NetworkStack:
     def __init__(self, nets: Sequence[VolumetricNetwork]):
         self.nets = list(nets)
         self.alone: list[int] = []  # members that run their own forward
-        found: dict[GroupKey, tuple[list[int], list[list[Dense]]]] = {}
+        found: dict[GroupKey, tuple[list[int], list[list[Dense]], list[tuple[str, ...]]]] = {}
         for i, net in enumerate(self.nets):
             keyed = _keyed_layers(net)
             if keyed is None:
                 self.alone.append(i)
             else:
-                members, layers = found.setdefault(keyed[0], ([], []))
+                members, layers, acts = found.setdefault(keyed[0], ([], [], []))
                 members.append(i)
                 layers.append(keyed[1])
-        self.groups = [_Group(key, members, layers, self.nets[members[0]].backend)
-                       for key, (members, layers) in found.items()]
+                acts.append(keyed[2])
+        self.groups = [_Group(key, members, layers, acts, self.nets[members[0]].backend)
+                       for key, (members, layers, acts) in found.items()]
 
     def forward_stacked(self, x, *, catch: Catch = ()) -> list[tuple]:
         """The outputs for input ``x``, group by group: a list of ``(members, result)`` where
@@ -113,8 +114,9 @@ def group_key(net: VolumetricNetwork) -> GroupKey | None:
     return None if keyed is None else keyed[0]
 
 
-def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense]] | None:
-    """``(group key, enabled layers)`` of a network that can be batched, else None.
+def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense], tuple[str, ...]] | None:
+    """``(group key, enabled layers, their activation names)`` of a network that can be batched,
+    else None.
 
     Disabled layers are skipped by forward, so they are left out of the key; a layer's dtype
     is not in it either, as the stack holds the weights dequantized from each member's dtype.
@@ -123,7 +125,7 @@ def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense]] | None
     """
     if net.observers:  # observers want one event per layer and member
         return None
-    dims, layers = [], []
+    dims, layers, acts = [], [], []
     for layer in net.cells:
         if layer is None:
             return None
@@ -134,7 +136,8 @@ def _keyed_layers(net: VolumetricNetwork) -> tuple[GroupKey, list[Dense]] | None
             return None
         dims.append((cfg.input_height, cfg.output_height))
         layers.append(layer)
-    return (net.backend.name, net.precision, tuple(dims)), layers
+        acts.append(cfg.activation)
+    return (net.backend.name, net.precision, tuple(dims)), layers, tuple(acts)
 
 
 def _own_forward(net: VolumetricNetwork, x, catch: Catch):
@@ -149,19 +152,23 @@ class _Group:
     members ordered by their activations so that each layer's members of one activation are
     contiguous runs."""
 
-    def __init__(self, key: GroupKey, members: list[int], layers: list[list[Dense]], backend):
+    def __init__(self, key: GroupKey, members: list[int], layers: list[list[Dense]],
+                 acts: list[tuple[str, ...]], backend):
         self.backend = backend
         _, self.precision, dims = key
         self.dims = list(dims)
-        # activation names (cheaper to read than ids); ids looked up once per run below
-        acts = [tuple(la.cfg.activation for la in ls) for ls in layers]
-        order = sorted(range(len(members)), key=acts.__getitem__)  # stable: member order within ties
-        self.members = [members[k] for k in order]
-        layers = [layers[k] for k in order]
-        # per layer: (start, stop, activation id) runs over the ordered members
-        self.runs = [[(a, b, layers[a][j].cfg.act_id) for a, b, _ in _runs([acts[k][j] for k in order])]
-                     for j in range(len(dims))]
         n = len(members)
+        # per layer: (start, stop, activation id) runs over the ordered members; activation names
+        # are cheaper to compare than ids, which are looked up once per run
+        if acts.count(acts[0]) == n:  # one activation per layer: members stay in order
+            self.members = members
+            self.runs = [[(0, n, la.cfg.act_id)] for la in layers[0]]
+        else:
+            order = sorted(range(n), key=acts.__getitem__)  # stable: member order within ties
+            self.members = [members[k] for k in order]
+            layers = [layers[k] for k in order]
+            self.runs = [[(a, b, layers[a][j].cfg.act_id) for a, b, _ in _runs([acts[k][j] for k in order])]
+                         for j in range(len(dims))]
         # float32, the weights as each member's forward reads them (float32 values of its dtype);
         # a "loom" matmul on numpy converts them to float64 when first asked (see weights())
         self._host = {np.dtype(np.float32): [

@@ -8,8 +8,10 @@ example evaluation (``FeedForwardNetwork.create`` then ``activate`` per case, ``
 errors``) for theirs. Populations: neat-python's first generation (genomes 2 -> hidden -> 1, fully
 connected, random weights); ours twice: ``random_weights``, the same first generation (the XOR
 task's seed network, Dense 2 -> hidden -> 1, with a different weight seed per member), and
-``neat_mutated``, the members of a ``NEATPopulation`` of that seed network (Loom's default
-mutations: about a fifth of the members get another layer type and run their own forward).
+``neat_mutated``, the members of a ``NEATPopulation`` of that seed network under Loom's default
+mutations (``NEATConfig.default``: about a fifth of the members get another layer type and run
+their own forward), and ``neat_mutated_task_config`` under the XOR task's own NEAT config
+(``get_task("xor").neat_config()``, Dense only: what XOR evolution runs use by default).
 neat-python runs in a virtual environment of its own that this script creates under
 ~/.cache/loomlab/bench-neat-python (``python -m venv`` + ``pip install neat-python``). The sides
 alternate in ``rounds`` rounds and the best round of each counts. Prints JSON.
@@ -159,6 +161,8 @@ def main() -> None:
                            for i in range(args.population)],
         "neat_mutated": NEATPopulation(task.seed_network(), args.population,
                                        NEATConfig.default(args.hidden, seed=1)).members,
+        "neat_mutated_task_config": NEATPopulation(task.seed_network(), args.population,
+                                                   task.neat_config(seed=1)).members,
     }
     ours_s = dict.fromkeys(populations, float("inf"))
     theirs = None
