@@ -54,18 +54,22 @@ def _command_modules():
             for m in pkgutil.iter_modules(commands.__path__)]
 
 
-GUI_OPTIONS = ("--screenshot", "--panel", "--model", "--network", "--prompt")
+GUI_OPTIONS = ("--screenshot", "--panel", "--model", "--network", "--prompt", "--demo")
 
 
 def add_gui_options(p) -> None:
     """The options that open the workbench in a given state (in ``loomlab --help`` too)."""
     p.add_argument("--screenshot", metavar="PATH",
                    help="render the window to this PNG and exit (uses a throwaway workspace and settings)")
-    p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, telemetry, morph")
+    p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, telemetry, morph, "
+                                   "run, dna, evolution")
     p.add_argument("--model", help="load this model (built-in alias, .gguf file or HF folder)")
     p.add_argument("--network", help="open this Loom network (.json or .loom)")
     p.add_argument("--prompt", help="send this message to the loaded model and wait for the reply "
                                     "(printed on stdout too)")
+    p.add_argument("--demo", action="store_true",
+                   help="fill the DNA and Evolution panels with an example: XOR's seed network against a "
+                        "NEAT mutant, and 30 generations of a speciated XOR run")
 
 
 def gui_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,7 @@ class GuiOptions:
     model: str | None = None
     network: str | None = None
     prompt: str | None = None
+    demo: bool = False
 
 
 def make_app(argv: list[str]) -> QApplication:
@@ -128,6 +129,10 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
     if options.model is not None:
         window.open_model(options.model)
         _wait(window, lambda: window.model is not None and not window.handing_over, "loading the model")
+    if options.demo:
+        dna = window.panels["dna"]
+        dna.show_example(*dna.example_pair(), ("XOR seed", "NEAT mutant"))
+        window.panels["evolution"].fill_demo(generations=30, population=40, seed=1)
     if options.prompt is not None:
         if window.model is None:
             raise RuntimeError("--prompt needs --model")

@@ -28,6 +28,8 @@ from loomlab.core.backend import get_backend
 from loomlab.core.procinfo import release_memory, rss_bytes
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import ChatPanel
+from loomlab.views.dna_panel import DNAPanel
+from loomlab.views.evolution_panel import EvolutionPanel
 from loomlab.views.models_panel import ModelsPanel
 from loomlab.views.morph_panel import MorphPanel
 from loomlab.views.run_panel import RunPanel
@@ -43,7 +45,7 @@ MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
 STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
 RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _release_if_idle)
-PANELS = ("models", "chat", "topology", "telemetry", "morph", "run")
+PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution")
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
@@ -76,7 +78,10 @@ class MainWindow(QMainWindow):
             "telemetry": TelemetryPanel(),
             "morph": MorphPanel(self.runner),
             "run": RunPanel(self.runner),
+            "dna": DNAPanel(self.runner),
+            "evolution": EvolutionPanel(self.runner, self.workspace),
         }
+        self._model_choice: str | None = None  # the loaded model's entry in the DNA panel
         self._release_pending = False  # memory to give back once the unloaded model's jobs end
         self._release_timer = QTimer(self)
         self._release_timer.setSingleShot(True)
@@ -85,7 +90,7 @@ class MainWindow(QMainWindow):
         self._tabbed = False
         self.docks = self._build_docks()
         # a dock behind another's tab stays "visible" to Qt: these panels learn it from the dock
-        for name in ("morph", "topology", "telemetry"):
+        for name in ("morph", "topology", "telemetry", "dna", "evolution"):
             self.docks[name].visibilityChanged.connect(self.panels[name].set_shown)
         self._build_menus()
         self._build_status_bar()
@@ -95,11 +100,13 @@ class MainWindow(QMainWindow):
     # ----- construction --------------------------------------------------------------------
     def _build_docks(self) -> dict[str, QDockWidget]:
         titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D",
-                  "telemetry": "Telemetry", "morph": "Morph", "run": "Run"}
+                  "telemetry": "Telemetry", "morph": "Morph", "run": "Run", "dna": "DNA",
+                  "evolution": "Evolution"}
         area = Qt.DockWidgetArea
         areas = {"models": area.LeftDockWidgetArea, "chat": area.RightDockWidgetArea,
                  "topology": area.RightDockWidgetArea, "telemetry": area.BottomDockWidgetArea,
-                 "morph": area.BottomDockWidgetArea, "run": area.BottomDockWidgetArea}
+                 "morph": area.BottomDockWidgetArea, "run": area.BottomDockWidgetArea,
+                 "dna": area.BottomDockWidgetArea, "evolution": area.BottomDockWidgetArea}
         docks = {}
         for name in PANELS:
             dock = QDockWidget(titles[name], self)
@@ -121,6 +128,8 @@ class MainWindow(QMainWindow):
             if not self._restored:
                 self.tabifyDockWidget(self.docks["telemetry"], self.docks["morph"])
                 self.tabifyDockWidget(self.docks["morph"], self.docks["run"])
+                self.tabifyDockWidget(self.docks["run"], self.docks["dna"])
+                self.tabifyDockWidget(self.docks["dna"], self.docks["evolution"])
                 self.docks["telemetry"].raise_()  # live during a chat; Morph works when opened
 
     def _build_menus(self) -> None:
@@ -212,6 +221,24 @@ class MainWindow(QMainWindow):
         self.panels["run"].trained.connect(lambda _losses: self.panels["morph"].refresh())
         self.panels["run"].trained.connect(lambda _losses: self.panels["topology"].refresh())
         self.panels["morph"].morphed.connect(lambda _reports: self.panels["topology"].refresh())
+        dna, evolution = self.panels["dna"], self.panels["evolution"]
+        dna.logic_shifts_changed.connect(self.panels["topology"].show_logic_shifts)
+        dna.child_ready.connect(self._open_child)
+        evolution.best_changed.connect(self.panels["topology"].set_network)
+        evolution.recipe_chosen.connect(self._choose_recipe)
+
+    def _open_child(self, child, name: str) -> None:
+        """A spliced network opens in the panels; a merged model's folder loads as a model."""
+        if isinstance(child, str):
+            self.open_model(child)
+        else:
+            self.set_network(child, name)
+
+    def _choose_recipe(self, recipe: dict) -> None:
+        """An evolved quantization recipe goes to the Morph panel (applied when the user says)."""
+        self.panels["morph"].choose_recipe(recipe)
+        self.docks["morph"].show()
+        self.docks["morph"].raise_()
 
     def _select_layer(self, key, source: str) -> None:
         for name in LINKED:
@@ -226,9 +253,20 @@ class MainWindow(QMainWindow):
         sum of them (a 10 ms timer keeps firing: tests/app/test_main_window.py)."""
         self.model = model
         label = f"model: {model.name or model.info()['architecture']}"
+        self._offer_model(model)
         self._chain(lambda: self.model is model, [
             lambda: self.panels["chat"].set_model(model), lambda: self.panels["morph"].set_model(model),
-            lambda: self._show_network(model.net, label)])
+            lambda: self.panels["evolution"].set_model(model), lambda: self._show_network(model.net, label)])
+
+    def _offer_model(self, model) -> None:
+        """The DNA panel offers the loaded model (compare it, as morphed, with its file or another
+        model); only the model loaded now, so an unloaded one is not kept alive there."""
+        if self._model_choice is not None:
+            self.panels["dna"].remove_choice(self._model_choice)
+        self._model_choice = None
+        if model is not None:
+            self._model_choice = f"loaded: {model.name or 'model'}"
+            self.panels["dna"].add_choice(model, self._model_choice)
 
     def _chain(self, still_wanted, steps: list) -> None:
         """Run ``steps`` one by one, each a pause after the one before (the first a pause after
@@ -254,6 +292,8 @@ class MainWindow(QMainWindow):
         """The model was unloaded: no panel keeps its grid (a Loom network opened since stays), and
         the memory it used goes back to the system once its last job has ended."""
         self.panels["chat"].clear_model()
+        self.panels["evolution"].set_model(None)
+        self._offer_model(None)
         if self.model is not None and self.network is self.model.net:
             self.panels["morph"].clear()
             self.panels["topology"].set_network(None)

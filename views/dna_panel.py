@@ -122,6 +122,14 @@ class Picker(QWidget):
         if select:
             self.combo.setCurrentIndex(self.combo.count() - 1)
 
+    def remove(self, name: str) -> None:
+        """Stop offering the entry ``name`` (the text shown stays, as typed)."""
+        text = self.combo.currentText()
+        i = self.combo.findText(name)
+        if i >= 0:
+            self.combo.removeItem(i)
+        self.combo.setEditText(text)
+
     def set_text(self, text: str) -> None:
         self.combo.setEditText(text)
 
@@ -334,6 +342,12 @@ class DNAPanel(QWidget):
             text = picker.combo.currentText()
             picker.add(value, name, select=False)
             picker.combo.setEditText(text)
+
+    def remove_choice(self, name: str) -> None:
+        """Stop offering the choice ``name`` (an unloaded model: the pickers must not keep it)."""
+        for picker in (self.picker_a, self.picker_b):
+            picker.remove(name)
+        self._sync_controls()
 
     @property
     def report(self) -> DNAReport | None:

@@ -304,7 +304,10 @@ class EvolutionPanel(QWidget):
         self.address_edit.setPlaceholderText("tcp://host:8786")
         self.message = QLabel("")
         self.message.setWordWrap(True)
-        self.message.setStyleSheet("color: #d62728")
+        # bold in the palette's own text colour: a fixed red fails contrast on one of the themes
+        font = self.message.font()
+        font.setBold(True)
+        self.message.setFont(font)
 
         form = QFormLayout()
         form.addRow("Task", self.task_box)

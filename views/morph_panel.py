@@ -19,7 +19,7 @@ and another panel's selection is shown with :meth:`MorphPanel.select_layer_key`,
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -356,6 +356,25 @@ class MorphPanel(QWidget):
             for k in range(len(self._rows)):
                 self._choose(k, dtype)
         self._sync_controls()
+
+    def choose_recipe(self, recipe: Mapping[str, str]) -> int:
+        """Choose each named layer's dtype (``recipe``: layer name as the rows show it -> dtype,
+        e.g. a quantization recipe an evolution run found); nothing changes until :meth:`apply`.
+        Returns how many rows were chosen; names no row has are listed in the status line."""
+        rows = {row.name: k for k, row in enumerate(self._rows)}
+        unknown = sorted(name for name in recipe if name not in rows)
+        with self._bulk_update():
+            for name, dtype in recipe.items():
+                if name in rows and dtype in DTYPES:
+                    self._choose(rows[name], dtype)
+        self._sync_controls()
+        bad = sorted(name for name, dtype in recipe.items() if name in rows and dtype not in DTYPES)
+        chosen = len(recipe) - len(unknown) - len(bad)
+        problems = ([f"no layer named {', '.join(unknown)}"] if unknown else []) + \
+                   ([f"unknown dtype for {', '.join(bad)}"] if bad else [])
+        self.status.setText(f"recipe: {chosen} layers chosen; press Apply to morph them"
+                            + (f" ({'; '.join(problems)})" if problems else ""))
+        return chosen
 
     def apply(self) -> None:
         """Morph every layer whose chosen dtype differs from its current one, then measure."""

@@ -15,6 +15,7 @@ from loomlab.app.main_window import PANELS, STEP_PAUSE_MS, MainWindow
 from loomlab.core import load_network
 from loomlab.core.llm.tokenizer_process import TokenizerProcess
 from loomlab.core.morph import weighted_cells
+from loomlab.views.morph_panel import DTYPE, LAYER
 
 from ..core.goldens import forward_case
 
@@ -52,14 +53,15 @@ def menu_actions(win: MainWindow) -> dict[str, list[str]]:
 def test_menus_and_docks(window):
     menus = menu_actions(window)
     assert menus["File"] == ["Open model...", "Open network...", "Save network as...", "Open recent", "Quit"]
-    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Run", "Theme"]
+    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Run", "DNA", "Evolution",
+                             "Theme"]
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
     # two tabbed pairs, one tab bar each (Qt drew a stale second copy of a pair tabified too early)
     bars = [tuple(b.tabText(i) for i in range(b.count()))
             for b in window.findChildren(QTabBar) if b.isVisible() and b.parent() is window]
-    assert sorted(bars) == [("Chat", "Topology 3D"), ("Telemetry", "Morph", "Run")]
+    assert sorted(bars) == [("Chat", "Topology 3D"), ("Telemetry", "Morph", "Run", "DNA", "Evolution")]
 
 
 def test_about_and_status_bar(window, monkeypatch):
@@ -87,6 +89,31 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     assert morph.table.rowCount() == 0
     window.docks["morph"].raise_()
     qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(window.network)), timeout=10000)
+
+
+def test_dna_and_evolution_panels_reach_the_others(window, qtbot, golden_net_path):
+    dna, evolution = window.panels["dna"], window.panels["evolution"]
+    topology = window.panels["topology"]
+    # an evolution run's best network is shown in the Topology view
+    best = evolution.fill_demo(generations=3, population=12, seed=2).best
+    assert topology.network is best
+    # a comparison's logic shifts become arrows there
+    a, b = dna.example_pair()
+    topology.set_network(a)
+    dna.logic_shifts_changed.emit([("0,0,0,0", "0,0,0,1", 0.9)])
+    assert len(topology.shift_arrows) == 1
+    # a spliced child opens in every panel
+    dna.child_ready.emit(b, "child")
+    qtbot.waitUntil(lambda: window.panels["run"].network is b, timeout=10000)
+    assert window.network is b and window.network_label.text().startswith("child")
+    # a recipe goes to Morph, which shows it chosen (applied when the user says)
+    window.docks["morph"].raise_()
+    morph = window.panels["morph"]
+    qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(b)), timeout=10000)
+    first = morph.table.item(0, LAYER).text()
+    evolution.recipe_chosen.emit({first: "int8"})
+    assert morph.table.cellWidget(0, DTYPE).currentText() == "int8"
+    assert [la.cfg.dtype for _, la in weighted_cells(b)][0] != "int8"
 
 
 def test_only_panels_on_screen_watch_the_network(window, qtbot, golden_net_path):

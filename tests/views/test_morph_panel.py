@@ -153,6 +153,21 @@ def test_choosing_a_dtype_in_one_row_and_applying_morphs_exactly_that_layer(qtbo
     assert "saved 192 B" in panel.memory_label.text()
 
 
+def test_a_recipe_chooses_the_named_layers_and_apply_morphs_them(qtbot, panel):
+    net = small_net()
+    panel.set_network(net)
+    settle(qtbot, panel)
+    names = [panel.table.item(r, LAYER).text() for r in range(panel.table.rowCount())]
+    recipe = {names[0]: "int8", names[2]: "float16", "no such layer": "int8"}
+    assert panel.choose_recipe(recipe) == 2
+    assert "no layer named no such layer" in panel.status.text()
+    assert [la.cfg.dtype for _, la in weighted_cells(net)] == ["float32"] * 4  # chosen, not applied
+    with qtbot.waitSignal(panel.morphed, timeout=10000):
+        qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)
+    by_name = dict(zip(names, [la.cfg.dtype for _, la in weighted_cells(net)], strict=True))
+    assert by_name == {n: recipe.get(n, "float32") for n in names}
+
+
 def test_all_layers_to_int4_then_revert_restores_identical_outputs(qtbot, panel):
     net = small_net()
     x = probe_input(net)
