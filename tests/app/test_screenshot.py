@@ -32,6 +32,23 @@ def test_screenshot_of_a_network_in_the_topology_panel(tmp_path, qapp):
     assert len(np.unique(pixels)) > 20  # a real picture, not a blank window
 
 
+@pytest.mark.parametrize("panel", ["dna", "evolution"])
+def test_demo_screenshots_of_the_dna_and_evolution_panels(tmp_path, qapp, panel):
+    out = tmp_path / "shot.png"
+    env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    argv = ["--screenshot", str(out), "--panel", panel, "--demo"]
+    done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", *argv], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(out))
+    assert image.width() > 800 and image.height() > 500
+    pixels = np.array([image.pixel(x, y) for x in range(0, image.width(), 37)
+                       for y in range(0, image.height(), 37)])
+    assert len(np.unique(pixels)) > 20  # a real picture, not a blank window
+
+
 def test_screenshot_of_a_reply_from_a_loaded_model(tmp_path, qapp):
     # --model loads it (every panel takes it, one by one) before --prompt sends; the reply is
     # the model's greedy one (the chat panel's default preset), as the engine gives it
