@@ -267,6 +267,9 @@ class MainWindow(QMainWindow):
         if model is not None:
             self._model_choice = f"loaded: {model.name or 'model'}"
             self.panels["dna"].add_choice(model, self._model_choice)
+            source = model.net.source  # its file, to compare the model as morphed with
+            if source is not None and source.path:
+                self.panels["dna"].add_choice(str(source.path), str(source.path))
 
     def _chain(self, still_wanted, steps: list) -> None:
         """Run ``steps`` one by one, each a pause after the one before (the first a pause after
@@ -391,6 +394,7 @@ class MainWindow(QMainWindow):
         for path in self._recent():
             opener = self.open_network if path.endswith((".json", ".loom")) else self.open_model
             self.recent_menu.addAction(path, lambda p=path, o=opener: o(p))
+            self.panels["dna"].add_choice(path, path)  # a path: read when compared, nothing kept
         self.recent_menu.setEnabled(bool(self._recent()))
 
     # ----- help ------------------------------------------------------------------------------
