@@ -44,7 +44,6 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QTableWidget,
-    QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -57,12 +56,12 @@ from loomlab.core.evolve.merge import merge_models
 from loomlab.core.evolve.splicing import MODES as SPLICE_MODES
 from loomlab.core.evolve.splicing import SpliceConfig, splice
 
+from .sort_items import SORT_ROLE, SortItem
 from .workers import Job, JobRunner
 
 OVERLAP_COLUMNS = ("Position", "Layer", "Overlap")
 POSITION, LAYER, OVERLAP = range(len(OVERLAP_COLUMNS))
 SHIFT_COLUMNS = ("From", "To", "Overlap")
-SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # what a column sorts by: numbers, not their text
 HEATMAP_COLORMAP = "viridis"
 LABELLED_ROWS = 64  # more rows than this: the heatmap's axis numbers them itself
 ERROR_COLOUR = QColor(220, 60, 60)
@@ -82,16 +81,6 @@ class Choice:
     @property
     def kind(self) -> str:
         return kind_of(self.value)
-
-
-class _Item(QTableWidgetItem):
-    """A cell that sorts by its :data:`SORT_ROLE` value."""
-
-    def __lt__(self, other: QTableWidgetItem) -> bool:
-        a, b = self.data(SORT_ROLE), other.data(SORT_ROLE)
-        if a is None or b is None:
-            return a is not None and b is None
-        return a < b
 
 
 class Picker(QWidget):
@@ -510,7 +499,7 @@ class DNAPanel(QWidget):
         table.setRowCount(len(rows))
         for r, values in enumerate(rows):
             for c, v in enumerate(values):
-                item = _Item(f"{v:.6f}" if isinstance(v, float) else str(v))
+                item = SortItem(f"{v:.6f}" if isinstance(v, float) else str(v))
                 item.setData(Qt.ItemDataRole.UserRole, v)
                 item.setData(SORT_ROLE, (v, r) if isinstance(v, float) else (_position_sort(v), r))
                 if isinstance(v, float):

@@ -51,11 +51,11 @@ from loomlab.core.morph import MorphReport, morph_sublayer, probe_input, weighte
 from loomlab.core.morph_probe import compare, current_report, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
 
+from .sort_items import SORT_ROLE, SortItem
 from .workers import Job, JobRunner
 
 COLUMNS = ("Cell", "Layer", "Type", "dtype", "Parameters", "Bytes", "Rel. error", "Rel. MSE", "Cosine")
 CELL, LAYER, TYPE, DTYPE, PARAMS, BYTES, REL_ERROR, REL_MSE, COSINE = range(len(COLUMNS))
-SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # what a column sorts by: numbers, not their text
 WIDE = 1.6  # width / height above which the controls sit beside the table, not under it
 DTYPES = tuple(dtypes.FORMATS)
 NO_CHOICE = "—"
@@ -83,16 +83,6 @@ class _Row:
     @property
     def key(self) -> LayerKey:
         return (*self.coord, self.path)
-
-
-class _Item(QTableWidgetItem):
-    """A cell that sorts by its :data:`SORT_ROLE` value; cells still waiting for one sort last."""
-
-    def __lt__(self, other: QTableWidgetItem) -> bool:
-        a, b = self.data(SORT_ROLE), other.data(SORT_ROLE)
-        if a is None or b is None:
-            return a is not None and b is None
-        return a < b
 
 
 class MorphPanel(QWidget):
@@ -454,7 +444,7 @@ class MorphPanel(QWidget):
 
     def _fill_row(self, k: int, row: _Row) -> None:
         """Row ``k`` of a table being filled in order (sorting is off while it fills)."""
-        anchor = _Item()
+        anchor = SortItem()
         self.table.setItem(k, CELL, anchor)
         self._anchors.append(anchor)
         # ties in a cell (a container's children) keep the traversal order; _data_row reads k back
@@ -549,7 +539,7 @@ class MorphPanel(QWidget):
         r = self._table_row(k)
         item = self.table.item(r, col)
         if item is None:
-            item = _Item()
+            item = SortItem()
             if col not in (LAYER, TYPE):
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.table.setItem(r, col, item)

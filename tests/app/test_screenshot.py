@@ -13,40 +13,35 @@ import pytest
 from ..core.goldens import forward_case
 
 
-def test_screenshot_of_a_network_in_the_topology_panel(tmp_path, qapp):
-    # qapp: pytest-xvfb's display is up; the screenshot runs in its own process on it
-    net = tmp_path / "block.json"
-    net.write_text(json.dumps(forward_case("transformer_block")["network"]))
+def take_screenshot(tmp_path, *options: str):
+    """``loomlab --screenshot PNG *options`` in its own process (pytest-xvfb's display is up, as
+    the ``qapp`` fixture makes sure); the PNG as a QImage."""
     out = tmp_path / "shot.png"
     env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    argv = ["--screenshot", str(out), "--network", str(net), "--panel", "topology"]
-    done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", *argv], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", "--screenshot", str(out), *options],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     from PySide6.QtGui import QImage
 
-    image = QImage(str(out))
+    return QImage(str(out))
+
+
+def assert_a_real_picture(image) -> None:
     assert image.width() > 800 and image.height() > 500
     pixels = np.array([image.pixel(x, y) for x in range(0, image.width(), 37)
                        for y in range(0, image.height(), 37)])
-    assert len(np.unique(pixels)) > 20  # a real picture, not a blank window
+    assert len(np.unique(pixels)) > 20  # not a blank window
+
+
+def test_screenshot_of_a_network_in_the_topology_panel(tmp_path, qapp):
+    net = tmp_path / "block.json"
+    net.write_text(json.dumps(forward_case("transformer_block")["network"]))
+    assert_a_real_picture(take_screenshot(tmp_path, "--network", str(net), "--panel", "topology"))
 
 
 @pytest.mark.parametrize("panel", ["dna", "evolution"])
 def test_demo_screenshots_of_the_dna_and_evolution_panels(tmp_path, qapp, panel):
-    out = tmp_path / "shot.png"
-    env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    argv = ["--screenshot", str(out), "--panel", panel, "--demo"]
-    done = subprocess.run([sys.executable, "-m", "loomlab.app.cli", *argv], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    from PySide6.QtGui import QImage
-
-    image = QImage(str(out))
-    assert image.width() > 800 and image.height() > 500
-    pixels = np.array([image.pixel(x, y) for x in range(0, image.width(), 37)
-                       for y in range(0, image.height(), 37)])
-    assert len(np.unique(pixels)) > 20  # a real picture, not a blank window
+    assert_a_real_picture(take_screenshot(tmp_path, "--panel", panel, "--demo"))
 
 
 def test_screenshot_of_a_reply_from_a_loaded_model(tmp_path, qapp):
