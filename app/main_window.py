@@ -224,8 +224,17 @@ class MainWindow(QMainWindow):
         dna, evolution = self.panels["dna"], self.panels["evolution"]
         dna.logic_shifts_changed.connect(self.panels["topology"].show_logic_shifts)
         dna.child_ready.connect(self._open_child)
+        models.listed.connect(self._offer_listed_models)
         evolution.best_changed.connect(self.panels["topology"].set_network)
         evolution.recipe_chosen.connect(self._choose_recipe)
+
+    def _offer_listed_models(self, entries: list) -> None:
+        """The Models panel's models are offered for comparison (by name or path: a model is
+        read only when compared)."""
+        for entry in entries:
+            if not entry.problem:
+                self.panels["dna"].add_choice(entry.name if entry.source == "builtin" else str(entry.path),
+                                              entry.name)
 
     def _open_child(self, child, name: str) -> None:
         """A spliced network opens in the panels; a merged model's folder loads as a model."""

@@ -91,6 +91,7 @@ class ModelsPanel(QWidget):
     network_opened = Signal(object)  # the VolumetricNetwork
     show_requested = Signal(object)  # the loaded TextModel or an opened VolumetricNetwork, to show again
     busy_changed = Signal(bool)  # a fetch, load or open started (True) or ended (False)
+    listed = Signal(list)  # the ModelEntry list a search found (after every scan)
 
     def __init__(self, runner: JobRunner, folders: list[str] | None = None, parent: QWidget | None = None):
         super().__init__(parent)
@@ -299,6 +300,7 @@ class ModelsPanel(QWidget):
             selected = self._loaded_key  # loaded before the search ended (--model, Open recent)
         if selected is not None:
             self._select_key(selected)
+        self.listed.emit(list(found))
 
     def _count_rows(self) -> None:
         """Say what the list holds, models and networks apart (not just what the search found)."""

@@ -85,8 +85,11 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     # the Run panel takes it last: it can run and train what is shown
     qtbot.waitUntil(lambda: window.panels["run"].network is window.network, timeout=10000)
     assert window._recent()[0] == str(golden_net_path)
-    # the DNA panel offers recent files to compare
-    assert window.panels["dna"].picker_a.combo.findText(str(golden_net_path)) >= 0
+    # the DNA panel offers recent files and the Models panel's models to compare
+    dna_choices = window.panels["dna"].picker_a.combo
+    assert dna_choices.findText(str(golden_net_path)) >= 0
+    qtbot.waitUntil(lambda: not window.panels["models"].scanning, timeout=10000)
+    assert dna_choices.findText("smollm2-135m") >= 0
     morph = window.panels["morph"]  # behind the Telemetry tab: it fills its table once opened
     assert morph.table.rowCount() == 0
     window.docks["morph"].raise_()
