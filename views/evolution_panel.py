@@ -53,7 +53,7 @@ from loomlab.core.evolve.evaluators import make_evaluator
 from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.reporters import GenerationStats, Reporter
 from loomlab.core.evolve.run import Evolution, RunResult
-from loomlab.core.evolve.run_config import RunPlan, model_source, plan_from_dict, use_loaded_model
+from loomlab.core.evolve.run_config import RunPlan, model_source, plan_from_dict
 from loomlab.core.evolve.tasks import TASKS
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
@@ -530,9 +530,8 @@ class EvolutionPanel(QWidget):
 
         def build(evaluator, reporters):
             if plan.task.name == RECIPE_TASK and model is not None:
-                use_loaded_model(plan.task, model)
-            return Evolution(plan.task, config=plan.neat, population=plan.population, evaluator=evaluator,
-                             speciation=plan.speciation, reporters=reporters, store=workspace)
+                plan.task.use_model(model)
+            return plan.evolution(evaluator=evaluator, reporters=reporters, store=workspace)
 
         self._run_job("evolve", build, plan.scheduler, plan.evaluator, plan.generations or 0, plan.until)
         self.status.setText(f"evolving {plan.task.name} · seed {plan.neat.seed}")
@@ -629,8 +628,7 @@ class EvolutionPanel(QWidget):
         plan = self.run_plan()
         buffer = LiveBuffer()
         reporter = PanelReporter(buffer)
-        run = Evolution(plan.task, config=plan.neat, population=plan.population, speciation=plan.speciation,
-                        reporters=[reporter])
+        run = plan.evolution(reporters=[reporter])
         reporter.attach(run)
         result = run.run(generations)
         self._buffer, self.evolution = buffer, run

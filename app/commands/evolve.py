@@ -122,9 +122,7 @@ def cmd_evolve(args) -> int:
             if args.resume is not None:
                 run = Evolution.resume(ws, args.resume, evaluator=evaluator, reporters=reporters)
             else:
-                run = Evolution(plan.task, config=plan.neat, population=plan.population,
-                                evaluator=evaluator, speciation=plan.speciation, reporters=reporters,
-                                store=ws)
+                run = plan.evolution(evaluator=evaluator, reporters=reporters, store=ws)
             print(f"run {run.run_id} in {workspace} (generation {run.generation})")
             result = run.run(generations, until=plan.until if plan else None, cancel=stop.is_set,
                              progress=lambda done, total: progress_bar("evaluate", done, total))

@@ -115,10 +115,14 @@ class RecipeTask(Task):
         if self._space is None:
             from ..llm.textmodel import load_model
 
-            p = self.params
-            self._space = RecipeSpace(load_model(p["model"]), p["dtypes"], p["probes"], p["probe_tokens"],
-                                      p["lam"])
+            self.use_model(load_model(self.params["model"]))
         return self._space
+
+    def use_model(self, model) -> None:
+        """Evolve ``model`` as it is loaded (the workbench already holds its weights) instead of
+        loading the ``model`` parameter again."""
+        p = self.params
+        self._space = RecipeSpace(model, p["dtypes"], p["probes"], p["probe_tokens"], p["lam"])
 
     def genome(self, config: NEATConfig) -> RecipeGenome:
         """What a run's members are (the run's NEAT config only seeds its generator)."""

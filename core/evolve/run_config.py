@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LoomConfigError
+from ..workspace.store import Workspace
+from .evaluators import Evaluator
 from .neat import NEATConfig
+from .reporters import Reporter
+from .run import Evolution
 from .speciation import SpeciationConfig
 from .tasks import NetworkTask, Task, get_task
 
@@ -33,8 +37,8 @@ IN_PROCESS = "inprocess"
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What builds a run: ``Evolution(plan.task, config=plan.neat, population=plan.population,
-    speciation=plan.speciation, evaluator=make_evaluator(plan.scheduler, **plan.evaluator))``."""
+    """What builds a run (:meth:`evolution`); its evaluator comes from
+    ``make_evaluator(plan.scheduler, **plan.evaluator)``."""
 
     task: Task
     neat: NEATConfig
@@ -44,6 +48,12 @@ class RunPlan:
     until: float | None = None
     scheduler: str | None = None  # None or "inprocess": this process; "local"; a Dask address
     evaluator: dict[str, Any] = field(default_factory=dict)
+
+    def evolution(self, *, evaluator: Evaluator | None = None, reporters: Sequence[Reporter] = (),
+                  store: Workspace | None = None) -> Evolution:
+        """The run this plan describes (the CLI's and the Evolution panel's, so they cannot differ)."""
+        return Evolution(self.task, config=self.neat, population=self.population, evaluator=evaluator,
+                         speciation=self.speciation, reporters=reporters, store=store)
 
 
 def plan_from_dict(doc: Mapping[str, Any]) -> RunPlan:
@@ -123,17 +133,3 @@ def model_source(model: Any) -> str:
     source = getattr(getattr(model, "net", None), "source", None)
     path = getattr(source, "path", None)
     return str(path) if path is not None else str(getattr(model, "name", "") or "")
-
-
-def use_loaded_model(task: Task, model: Any) -> None:
-    """Let a quant-recipe ``task`` evolve ``model`` as it is loaded, instead of loading its
-    ``model`` parameter again (the workbench already holds the weights)."""
-    from .recipe import RecipeSpace
-    from .recipe_task import RecipeTask
-
-    if not isinstance(task, RecipeTask):
-        raise LoomConfigError(f"only the quant-recipe task evolves a language model, not {task.name!r}")
-    p = task.params
-    # RecipeTask builds its space lazily from params["model"]; this one is the same space over
-    # the weights already in memory
-    task._space = RecipeSpace(model, p["dtypes"], p["probes"], p["probe_tokens"], p["lam"])

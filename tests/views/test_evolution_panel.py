@@ -15,7 +15,7 @@ import pytest
 
 from loomlab.app.cli import main
 from loomlab.core.evolve.run import Evolution
-from loomlab.core.evolve.run_config import plan_from_dict, use_loaded_model
+from loomlab.core.evolve.run_config import plan_from_dict
 from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network
@@ -298,7 +298,7 @@ def test_a_recipe_run_shows_bytes_vs_kl_and_applies_a_recipe(qtbot, panel, tiny_
     assert panel.recipe_box.isVisibleTo(panel) and not panel.species_plot.isVisibleTo(panel)
     # the oracle: the same run through core, on the same loaded model
     plan = panel.run_plan()
-    use_loaded_model(plan.task, tiny_model)
+    plan.task.use_model(tiny_model)
     api = Evolution(plan.task, config=plan.neat, population=8)
     api.run(2)
     assert dicts(panel.history) == dicts(api.history)
