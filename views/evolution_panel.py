@@ -5,13 +5,15 @@ by :func:`loomlab.core.evolve.run_config.plan_from_dict`, so a run started here 
 from the command line with the same settings and seed give the same history. The form is
 validated as it is typed: an invalid value shows why and disables Start.
 
-A run is an :class:`~loomlab.core.evolve.run.Evolution` in a job. Its reporter
-(:class:`PanelReporter`) runs on the job's thread and only fills a :class:`LiveBuffer` (every
-generation's statistics, the latest population table, the latest best member); a QTimer on the
-GUI thread drains the buffer a few times a second and redraws once per tick, however many
-generations went by. Pause stops the run after the current generation's checkpoint; Stop stops
-it at once (the generation being evaluated is dropped, the last checkpoint stays); either can
-be resumed from the list of the workspace's runs, continuing the same history.
+A run is an :class:`~loomlab.core.evolve.run.Evolution` in a child process
+(:mod:`loomlab.core.evolve.run_process`; a quant-recipe run, which morphs the loaded model, on a
+job's thread instead). Its :class:`~loomlab.core.evolve.live.LiveReporter` sends live events, which
+the job hands a :class:`~loomlab.core.evolve.live.LiveBuffer` (every generation's statistics, the
+latest population table, the latest best member); a QTimer on the GUI thread drains the buffer a
+few times a second and redraws once per tick, however many generations went by. Pause stops
+the run after the current generation's checkpoint; Stop stops it at once (the generation being
+evaluated is dropped, the last checkpoint stays); either can be resumed from the list of the
+workspace's runs, continuing the same history.
 
 Signals: :attr:`EvolutionPanel.best_changed` (the best network so far, for the Topology view)
 and :attr:`EvolutionPanel.recipe_chosen` (``{layer: dtype}`` of a quant-recipe member, for the
@@ -21,9 +23,7 @@ Morph panel).
 from __future__ import annotations
 
 import threading
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,11 +49,20 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.errors import LoomConfigError, LoomError
-from loomlab.core.evolve.evaluators import make_evaluator
+from loomlab.core.evolve.live import (
+    Event,
+    LiveBuffer,
+    LiveReporter,
+    MemberRow,
+    Progress,
+    RunStarted,
+    run_live,
+)
 from loomlab.core.evolve.neat import NEATConfig
-from loomlab.core.evolve.reporters import GenerationStats, Reporter
+from loomlab.core.evolve.reporters import GenerationStats
 from loomlab.core.evolve.run import Evolution, RunResult
 from loomlab.core.evolve.run_config import RunPlan, model_source, plan_from_dict
+from loomlab.core.evolve.run_process import run_in_child
 from loomlab.core.evolve.tasks import TASKS
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
@@ -76,144 +85,12 @@ SCHEDULERS = {"inprocess": "In this process", "local": "Local cluster (Dask)", "
 COLUMNS = ("Rank", "Species", "Fitness", "Layer types", "Parameters")
 COLUMN_WIDTHS = (44, 60, 80, 130)
 RUN_BOX_MAX_WIDTH = 380  # the form's column; the plots take the rest
-MAX_TABLE_ROWS = 500  # the population table lists the fittest members up to this many
 MAX_RATE_HZ = 30.0
 DEFAULT_RATE_HZ = 4.0  # redraws a second while a run goes: a generation of XOR takes ~20 ms
 NO_MODEL = "Load a language model first: the quant-recipe task evolves its per-layer dtypes."
 FITNESS_PENS = {"best": "#2ca02c", "mean": "#1f77b4", "worst": "#d62728"}
 SPECIES_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
                    "#ff9da7", "#9c755f", "#bab0ac")
-
-
-# ----- what the run's thread hands the GUI ---------------------------------------------------------
-@dataclass(frozen=True)
-class MemberRow:
-    """One evaluated member as the population table lists it."""
-
-    rank: int  # 1 = fittest
-    index: int  # its place in the generation
-    species: int | None
-    fitness: float
-    layer_types: str  # "Dense×2" for a network, "float16×20 int8×10" for a recipe
-    parameters: int  # weights of a network, packed bytes of a recipe
-    kl: float | None = None  # a recipe's mean KL against the unmorphed model
-    recipe: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    generation: int
-    rows: list[MemberRow]  # fittest first
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    """A run began (or resumed) on the job's thread: what it already has."""
-
-    run_id: int | None
-    task: str
-    history: list[GenerationStats]
-    best: Any
-    best_fitness: float
-    layer_names: tuple[str, ...] = ()  # a recipe run's layers, in recipe order
-
-
-class LiveBuffer:
-    """Filled by the run's thread, drained by the GUI's timer. Every generation's statistics are
-    kept (they are the plots); the population table and the best member are only the latest, so a
-    hidden panel's buffer stays small however long the run. ``append`` and attribute assignment
-    are atomic, so no lock is needed."""
-
-    def __init__(self):
-        self._events: deque[RunStarted | GenerationStats] = deque()
-        self.push = self._events.append
-        self.snapshot: Snapshot | None = None
-        self.best: tuple[Any, float] | None = None
-
-    def drain(self) -> tuple[list, Snapshot | None, tuple[Any, float] | None]:
-        events = self._events
-        items = [events.popleft() for _ in range(len(events))]
-        snapshot, self.snapshot = self.snapshot, None
-        best, self.best = self.best, None
-        return items, snapshot, best
-
-
-class PanelReporter(Reporter):
-    """The panel's reporter: collects each generation's members, fitness and species on the run's
-    thread and hands the GUI one :class:`Snapshot` per generation through the buffer.
-
-    ``pause`` set: the run stops after the checkpoint of the generation under way (see
-    :meth:`cancel_check`)."""
-
-    def __init__(self, buffer: LiveBuffer, pause: threading.Event | None = None,
-                 report: Callable[[str, int, int], None] | None = None, generations: int = 0):
-        self.buffer, self.pause, self.report, self.generations = buffer, pause, report, generations
-        self.run: Evolution | None = None
-        self.halt = False
-        self._first = 0
-        self._members: list = []
-        self._fitness: list[float] = []
-        self._species: dict[int, int] = {}
-        self._scores: list = []
-        self._best = None
-
-    def attach(self, run: Evolution) -> None:
-        """Watch ``run`` (built with this reporter); tells the GUI what the run already has."""
-        self.run, self._first, self._best = run, run.generation, run.best
-        names = tuple(run.task.space.names) if run.genome.member_kind == "recipe" else ()
-        self.buffer.push(RunStarted(run.run_id, run.task.name, list(run.history), run.best,
-                                    run.best_fitness, names))
-
-    def cancel_check(self, job: Job | None) -> Callable[[], bool]:
-        return lambda: self.halt or (job is not None and job.is_cancelled())
-
-    def start_generation(self, generation: int) -> None:
-        self._members, self._species, self._scores = list(self.run.members), {}, []
-
-    def post_evaluate(self, generation: int, fitness: list[float]) -> None:
-        self._fitness = list(fitness)
-        if self.run.genome.member_kind == "recipe":
-            self._scores = list(getattr(self.run.task, "last_scores", []))
-
-    def species_changed(self, generation: int, sizes: dict[int, int]) -> None:
-        self._species = {i: sp.id for sp in self.run.speciation.species for i in sp.members}
-
-    def end_generation(self, stats: GenerationStats, population: int) -> None:
-        self.buffer.snapshot = Snapshot(stats.generation, member_rows(self._members, self._fitness,
-                                                                      self._species, self._scores))
-        self.buffer.push(stats)
-        if self.run.best is not self._best:
-            self._best = self.run.best
-            self.buffer.best = (self.run.best, self.run.best_fitness)
-        if self.report is not None:
-            self.report("generation", stats.generation - self._first, self.generations)
-
-    def checkpointed(self, run_id: int, generation: int) -> None:
-        if self.pause is not None and self.pause.is_set() and generation > self._first:
-            self.halt = True  # the run checks this before its next generation
-
-
-def member_rows(members: Sequence, fitness: Sequence[float], species: dict[int, int],
-                scores: Sequence = ()) -> list[MemberRow]:
-    """The population table's rows, fittest first (ties: the earlier member), at most
-    :data:`MAX_TABLE_ROWS`."""
-    order = sorted(range(len(fitness)), key=lambda i: (-fitness[i], i))[:MAX_TABLE_ROWS]
-    rows = []
-    for rank, i in enumerate(order, 1):
-        m = members[i]
-        if isinstance(m, VolumetricNetwork):
-            types, size = _counted(la.type_name for _, la in m.layers()), m.parameter_count()
-            kl, recipe = None, None
-        else:  # a recipe: one dtype per layer
-            score = scores[i] if i < len(scores) else None
-            types, recipe = _counted(m), tuple(m)
-            size, kl = (score.bytes, score.kl_mean) if score is not None else (0, None)
-        rows.append(MemberRow(rank, i, species.get(i), float(fitness[i]), types, size, kl, recipe))
-    return rows
-
-
-def _counted(names) -> str:
-    return " ".join(f"{name}×{n}" for name, n in Counter(names).items())
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -263,7 +140,6 @@ class EvolutionPanel(QWidget):
         self._closed = False
         self._shown = True
         self._plan: RunPlan | None = None
-        self.evolution: Evolution | None = None  # the last run started here (or filled in)
         self.run_id: int | None = None
         self.task_name = ""
         self.history: list[GenerationStats] = []
@@ -522,23 +398,39 @@ class EvolutionPanel(QWidget):
         self._tick()
 
     def start(self) -> None:
-        """Start the run the form describes, in a job (checkpointed into the workspace, if any)."""
+        """Start the run the form describes, in a job (checkpointed into the workspace, if any).
+
+        A network task runs in a child process (:mod:`loomlab.core.evolve.run_process`: its
+        pure-Python loop would hold this process's GIL and stall the window); the quant-recipe task
+        runs on the job's thread, beside the loaded model it morphs (its work is in numpy and
+        numba, which let the GIL go)."""
         self._validate()
         if not self._can_start() or self._plan is None:
             return
         plan, workspace, model = self._plan, self._workspace, self._model
-
-        def build(evaluator, reporters):
-            if plan.task.name == RECIPE_TASK and model is not None:
+        generations = plan.generations or 0
+        if plan.task.name == RECIPE_TASK:
+            def build(evaluator, reporters):
                 plan.task.use_model(model)
-            return plan.evolution(evaluator=evaluator, reporters=reporters, store=workspace)
+                return plan.evolution(evaluator=evaluator, reporters=reporters, store=workspace)
 
-        self._run_job("evolve", build, plan.scheduler, plan.evaluator, plan.generations or 0, plan.until)
+            def work(job: Job, sink, pause) -> RunResult:
+                return run_live(build, sink, generations=generations, until=plan.until,
+                                scheduler=plan.scheduler, options=plan.evaluator, pause=pause,
+                                cancelled=job.is_cancelled)
+        else:
+            request = {"workspace": self._workspace_path(), "settings": self.form_settings(),
+                       "generations": generations, "until": plan.until, "scheduler": plan.scheduler,
+                       "options": plan.evaluator}
+
+            def work(job: Job, sink, pause) -> RunResult:
+                return run_in_child(request, sink, pause=pause, cancelled=job.is_cancelled)
+        self._run_job("evolve", work, generations)
         self.status.setText(f"evolving {plan.task.name} · seed {plan.neat.seed}")
 
     def resume(self, run_id: int | None = None) -> None:
         """Continue workspace run ``run_id`` (default: the one chosen in the list) from its last
-        checkpoint for the form's number of generations."""
+        checkpoint for the form's number of generations, in a child process (see :meth:`start`)."""
         run_id = run_id if run_id is not None else self.runs_box.currentData()
         if not self._can_start() or self._workspace is None or run_id is None:
             return
@@ -548,12 +440,13 @@ class EvolutionPanel(QWidget):
         except LoomConfigError as e:
             self.message.setText(str(e))
             return
-        workspace = self._workspace
+        request = {"workspace": self._workspace_path(), "resume": run_id, "generations": generations,
+                   "scheduler": scheduler}
 
-        def build(evaluator, reporters):
-            return Evolution.resume(workspace, run_id, evaluator=evaluator, reporters=reporters)
+        def work(job: Job, sink, pause) -> RunResult:
+            return run_in_child(request, sink, pause=pause, cancelled=job.is_cancelled)
 
-        self._run_job(f"resume run {run_id}", build, scheduler, {}, generations, None)
+        self._run_job(f"resume run {run_id}", work, generations)
 
     def pause(self) -> None:
         """Stop the run after the current generation's checkpoint (resumable)."""
@@ -627,11 +520,11 @@ class EvolutionPanel(QWidget):
                       scheduler="inprocess")
         plan = self.run_plan()
         buffer = LiveBuffer()
-        reporter = PanelReporter(buffer)
+        reporter = LiveReporter(buffer.accept)
         run = plan.evolution(reporters=[reporter])
         reporter.attach(run)
         result = run.run(generations)
-        self._buffer, self.evolution = buffer, run
+        self._buffer = buffer
         self._tick()
         self.status.setText(f"demo: XOR {result.status} at generation {result.generation} · best "
                             f"{result.best_fitness:.4f}")
@@ -661,22 +554,21 @@ class EvolutionPanel(QWidget):
         super().closeEvent(event)
 
     # ----- the run's job ---------------------------------------------------------------------------
-    def _run_job(self, name: str, build: Callable[[Any, list], Evolution], scheduler: str | None,
-                 options: dict, generations: int, until: float | None) -> None:
+    def _run_job(self, name: str, work: Callable[[Job, Callable[[Event], None], threading.Event], RunResult],
+                 generations: int) -> None:
         buffer, pause = LiveBuffer(), threading.Event()
         self._buffer, self._pause = buffer, pause
         self._clear_view()
 
-        def work(job: Job) -> tuple[Evolution, RunResult]:
-            reporter = PanelReporter(buffer, pause, job.report, generations)
-            with make_evaluator(scheduler, **options) as evaluator:
-                run = build(evaluator, [reporter])
-                reporter.attach(run)
-                result = run.run(generations, until=until, cancel=reporter.cancel_check(job),
-                                 progress=lambda done, total: job.report("evaluate", done, total))
-            return run, result
+        def run(job: Job) -> RunResult:
+            def sink(event: Event) -> None:
+                if isinstance(event, Progress):
+                    job.report(event.stage, event.done, event.total)
+                else:
+                    buffer.accept(event)
+            return work(job, sink, pause)
 
-        self._job = self._runner.start(work, name=name, on_progress=self._on_progress,
+        self._job = self._runner.start(run, name=name, on_progress=self._on_progress,
                                        on_success=lambda r: self._ended("succeeded", result=r),
                                        on_failure=lambda m: self._ended("failed", f"{name} failed: {m}"),
                                        on_cancel=lambda: self._ended("cancelled"))
@@ -684,18 +576,17 @@ class EvolutionPanel(QWidget):
             self.timer.start()
         self._sync_controls()
 
-    def _ended(self, outcome: str, message: str = "",
-               result: tuple[Evolution, RunResult] | None = None) -> None:
+    def _ended(self, outcome: str, message: str = "", result: RunResult | None = None) -> None:
         if self._closed:
             return
         self._job, self._pause = None, None
         self.timer.stop()
         self._tick()
         if result is not None:
-            self.evolution, r = result
-            name = "run" if r.run_id is None else f"run {r.run_id}"
-            message = f"{name} {r.status} at generation {r.generation} · best fitness {r.best_fitness:.4f}"
-            self.run_ended.emit(r)
+            name = "run" if result.run_id is None else f"run {result.run_id}"
+            message = (f"{name} {result.status} at generation {result.generation} · best fitness "
+                       f"{result.best_fitness:.4f}")
+            self.run_ended.emit(result)
         elif outcome == "cancelled":
             message = (f"run {self.run_id} stopped at generation {len(self.history)}"
                        if self.run_id is not None else "stopped")
@@ -719,7 +610,7 @@ class EvolutionPanel(QWidget):
         if snapshot is not None:
             self._set_rows(snapshot.rows)
         if best is not None:
-            self._set_best(*best)
+            self._set_best(best.member, best.fitness)
         if events or snapshot is not None:
             self._redraw()
 
@@ -825,6 +716,9 @@ class EvolutionPanel(QWidget):
                 self.status.setText(f"export failed: {e}")
 
     # ----- validation and controls -------------------------------------------------------------------
+    def _workspace_path(self) -> str | None:
+        return str(self._workspace.path) if self._workspace is not None else None
+
     def _scheduler(self) -> str | None:
         return self.form_settings()["run"].get("scheduler")
 
@@ -879,5 +773,4 @@ def _number(field: str, text: str) -> float:
     return value
 
 
-__all__ = ["EvolutionPanel", "LiveBuffer", "MemberRow", "PanelReporter", "member_rows", "pareto_front",
-           "species_stack"]
+__all__ = ["EvolutionPanel", "pareto_front", "species_stack"]

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import struct
 import subprocess
 import sys
 import threading
@@ -28,11 +26,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import EngineProcessError, LoomConfigError, ModelFormatError
+from ..errors import EngineProcessError, LoomConfigError
+from ..pipe_messages import error_from, error_payload, receive, send
 from .tokenizer import StreamDecoder, Tokenizer
 
-_LENGTH = struct.Struct(">I")
-MAX_MESSAGE_BYTES = 1 << 30  # a reply longer than this is not a tokenizer's: the stream is broken
 BUILD_TIMEOUT_S = 300.0  # reading and building Gemma's tokenizer takes ~2.5 s on a 2-core machine
 CALL_TIMEOUT_S = 120.0  # encoding a whole book takes seconds; a silent child longer than this is stuck
 _METHODS = frozenset({"encode", "encode_pieces", "special_spans", "decode", "id_to_token", "token_to_id"})
@@ -56,7 +53,7 @@ class TokenizerProcess:
         # also run if the object is dropped unclosed, or at exit: no child outlives its use
         self._stop = weakref.finalize(self, _stop, self._proc)
         try:
-            _send(self._proc.stdin, {"hf" if path.is_dir() else "gguf": str(path)})
+            send(self._proc.stdin, {"hf" if path.is_dir() else "gguf": str(path)})
         except OSError:  # the child died at once; the first use reports how
             pass
 
@@ -141,7 +138,7 @@ class TokenizerProcess:
             raise LoomConfigError(f"tokenizer {method}: {e}") from None
         with self._lock:
             try:
-                _send(self._proc.stdin, request)
+                send(self._proc.stdin, request)
             except (OSError, ValueError):  # a broken pipe, or closed by close()
                 raise self._ended() from None
             return self._receive(CALL_TIMEOUT_S)
@@ -150,7 +147,7 @@ class TokenizerProcess:
         if self._proc.returncode is not None or self._proc.stdout.closed:
             raise self._ended()
         try:
-            reply = _receive(self._proc.stdout, timeout)
+            reply = receive(self._proc.stdout, timeout, WHO)
         except TimeoutError:
             self._proc.kill()
             self._proc.wait()
@@ -159,7 +156,7 @@ class TokenizerProcess:
         if reply is None:
             raise self._ended()
         if "error" in reply:
-            raise _error_from(reply["error"])
+            raise error_from(reply["error"], WHO)
         return reply["ok"]
 
     def _ended(self) -> EngineProcessError:
@@ -190,44 +187,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 # ---- wire format ---------------------------------------------------------------------------------
 
-def _send(stream: BinaryIO, message: Any) -> None:
-    data = (message if isinstance(message, str) else json.dumps(message, default=_plain)).encode()
-    stream.write(_LENGTH.pack(len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream: BinaryIO, timeout: float | None = None) -> Any:
-    """The next message, or None at a clean end of the stream. A torn or oversized message
-    raises :class:`EngineProcessError`; ``timeout`` seconds of silence raise TimeoutError."""
-    head = _read_exactly(stream, _LENGTH.size, timeout)
-    if head is None:
-        return None
-    (size,) = _LENGTH.unpack(head)
-    if size > MAX_MESSAGE_BYTES:
-        raise EngineProcessError(f"tokenizer process message of {size} bytes (limit {MAX_MESSAGE_BYTES})")
-    body = _read_exactly(stream, size, timeout)
-    if body is None:
-        raise EngineProcessError("tokenizer process stream ended inside a message")
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EngineProcessError(f"tokenizer process sent invalid JSON: {e}") from None
-
-
-def _read_exactly(stream: BinaryIO, n: int, timeout: float | None) -> bytes | None:
-    chunks, got = [], 0
-    fd = stream.fileno()
-    while got < n:
-        if timeout is not None and not select.select([fd], [], [], timeout)[0]:
-            raise TimeoutError
-        chunk = os.read(fd, n - got)
-        if not chunk:
-            if got:
-                raise EngineProcessError("tokenizer process stream ended inside a message")
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+WHO = "tokenizer process"
 
 
 def _plain(value: Any) -> Any:
@@ -237,28 +197,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not a text, a token id or a list of them")
-
-
-# Errors that travel back as themselves; anything else becomes an EngineProcessError.
-_ERRORS = {cls.__name__: cls for cls in (LoomConfigError, OSError, FileNotFoundError, IsADirectoryError,
-                                         NotADirectoryError, PermissionError)}
-
-
-def _error_payload(e: Exception) -> dict[str, Any]:
-    if isinstance(e, ModelFormatError):
-        return {"kind": "ModelFormatError", "field": e.field, "detail": e.detail, "offset": e.offset}
-    if _ERRORS.get(type(e).__name__) is type(e):
-        return {"kind": type(e).__name__, "message": str(e)}
-    return {"kind": "other", "message": f"{type(e).__name__}: {e}"}
-
-
-def _error_from(payload: dict[str, Any]) -> Exception:
-    kind = payload.get("kind")
-    if kind == "ModelFormatError":
-        return ModelFormatError(payload["field"], payload["detail"], payload["offset"])
-    if kind in _ERRORS:
-        return _ERRORS[kind](payload["message"])
-    return EngineProcessError(f"the tokenizer process failed: {payload.get('message')}")
 
 
 # ---- the child's side ----------------------------------------------------------------------------
@@ -282,25 +220,25 @@ def _facts_of(tok: Tokenizer) -> dict[str, Any]:
 
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
     """Answer requests from ``inp`` on ``out`` until ``inp`` ends."""
-    source = _receive(inp)
+    source = receive(inp, who=WHO)
     if source is None:
         return
     try:
         tok = _build(source)
     except Exception as e:  # every failure goes back to the parent, typed, never a silent exit
-        _send(out, {"error": _error_payload(e)})
+        send(out, {"error": error_payload(e)})
         return
-    _send(out, {"ok": _facts_of(tok)})
-    while (request := _receive(inp)) is not None:
+    send(out, {"ok": _facts_of(tok)})
+    while (request := receive(inp, who=WHO)) is not None:
         method = request.get("method")
         try:
             if method not in _METHODS:
                 raise LoomConfigError(f"the tokenizer has no method {method!r}")
             result = getattr(tok, method)(*request.get("args", ()), **request.get("kwargs", {}))
         except Exception as e:
-            _send(out, {"error": _error_payload(e)})
+            send(out, {"error": error_payload(e)})
         else:
-            _send(out, {"ok": result})
+            send(out, {"ok": result}, default=_plain)
 
 
 def main() -> None:

@@ -270,14 +270,10 @@ def at_rest(qtbot, ticks: list[float]) -> None:
 
 
 def test_gui_stays_responsive_during_an_evolution_run(qtbot, tmp_path):
-    """The Evolution panel's live plots and table while XOR evolves (population 150, speciated):
-    the 10 ms timer keeps firing. Issue 13 asks the chat's bound (100 ms) here too, which is NOT
-    met yet: the worst gap is 100-280 ms on this 2-core machine (the evolution worker runs Python
-    without a break, and each time the GUI thread gives the GIL away during a redraw it waits up
-    to the 1 ms switch interval to get it back). What this test holds, so that it cannot get
-    much worse unnoticed: the 90th percentile under 200 ms and the worst gap under 500 ms (seen:
-    p90 30-70 ms and worst 100-280 ms run alone; p90 104 ms and worst 210 ms late in a full
-    suite, whose idle window itself stalled 160 ms)."""
+    """The Evolution panel's live plots and table while XOR evolves (population 150, speciated,
+    60 generations): the 10 ms timer keeps firing, with the chat's bound (below). The run goes in
+    a child process; when it ran on a thread of the window's process its pure-Python loop held the
+    GIL and the GUI thread waited for it at every redraw (worst gaps 100-280 ms)."""
     from loomlab.app.gui import warm_up
 
     warm_up()
@@ -292,10 +288,10 @@ def test_gui_stays_responsive_during_an_evolution_run(qtbot, tmp_path):
         idle_start = time.perf_counter()
         qtbot.wait(1000)
         run_start = time.perf_counter()
-        evolution.set_form(task="xor", population=150, generations=25, seed=3, speciation=True,
+        evolution.set_form(task="xor", population=150, generations=60, seed=3, speciation=True,
                            scheduler="inprocess")
         evolution.start()
-        qtbot.waitUntil(lambda: bool(ended), timeout=120000)
+        qtbot.waitUntil(lambda: not evolution.is_busy(), timeout=180000)
         run_end = time.perf_counter()
     finally:
         timer.stop()
@@ -303,12 +299,16 @@ def test_gui_stays_responsive_during_an_evolution_run(qtbot, tmp_path):
     gaps = [(b - a, a) for a, b in zip(ticks, ticks[1:], strict=False)]
     idle = max(g for g, at in gaps if idle_start <= at < run_start)
     running = [g for g, at in gaps if run_start <= at < run_end]
-    p90 = np.percentile(running, 90)
+    p99 = np.percentile(running, 99)
+    allowed = min(0.1 + max(idle - 0.01, 0.0), 0.3)  # as the chat's test: one scheduler hiccup
     print(f"worst GUI stall idle {idle * 1000:.0f} ms, while evolving {max(running) * 1000:.0f} ms "
-          f"(p90 {p90 * 1000:.0f} ms) over {len(running)} ticks")
-    assert ended[0].generation == 25 and len(evolution.history) == 25
-    assert p90 < 0.2
-    assert max(running) < 0.5, f"the GUI thread stalled for {max(running) * 1000:.0f} ms while evolving"
+          f"(p99 {p99 * 1000:.0f} ms) over {len(running)} ticks")
+    assert ended, evolution.status.text()
+    assert ended[0].generation == len(evolution.history) and len(evolution.history) >= 1
+    assert ended[0].status in ("finished", "solved")
+    assert p99 < 0.1, f"the GUI thread's 99th percentile gap was {p99 * 1000:.0f} ms while evolving"
+    assert max(running) < allowed, (f"the GUI thread stalled for {max(running) * 1000:.0f} ms while "
+                                     f"evolving (idle worst {idle * 1000:.0f} ms)")
 
 
 def test_gui_stays_responsive_while_a_model_loads_and_generates(qtbot, tmp_path):

@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import pytest
 
+from loomlab.core import pipe_messages
 from loomlab.core.errors import EngineProcessError, LoomConfigError, ModelFormatError
 from loomlab.core.llm import registry, tokenizer_process
 from loomlab.core.llm.textmodel import load_model
@@ -134,15 +135,15 @@ def test_torn_and_oversized_messages_are_refused():
     os.write(w, head + b'{"ok"')  # five of ten bytes, then the end
     os.close(w)
     with os.fdopen(r, "rb") as stream, pytest.raises(EngineProcessError, match="ended inside a message"):
-        tokenizer_process._receive(stream)
+        pipe_messages.receive(stream)
     r, w = os.pipe()
-    os.write(w, struct.pack(">I", tokenizer_process.MAX_MESSAGE_BYTES + 1))
+    os.write(w, struct.pack(">I", pipe_messages.MAX_MESSAGE_BYTES + 1))
     os.close(w)
     with os.fdopen(r, "rb") as stream, pytest.raises(EngineProcessError, match="limit"):
-        tokenizer_process._receive(stream)
+        pipe_messages.receive(stream)
     r, w = os.pipe()
     with os.fdopen(r, "rb") as stream, pytest.raises(TimeoutError):
-        tokenizer_process._receive(stream, timeout=0.05)
+        pipe_messages.receive(stream, timeout=0.05)
     os.close(w)
 
 
@@ -151,13 +152,13 @@ def test_the_child_refuses_unknown_methods():
     with os.fdopen(w_in, "wb") as requests:  # small: fits the pipe's buffer
         for message in ({"gguf": str(registry.fetch("smollm2-135m"))}, {"method": "__init__", "args": []},
                         {"method": "id_to_token", "args": [1]}):
-            tokenizer_process._send(requests, message)
+            pipe_messages.send(requests, message)
     r_out, w_out = os.pipe()
     with os.fdopen(r_in, "rb") as inp, os.fdopen(w_out, "wb") as out:
         tokenizer_process.serve(inp, out)
     with os.fdopen(r_out, "rb") as replies:
-        facts, refused, token = (tokenizer_process._receive(replies) for _ in range(3))
-        assert tokenizer_process._receive(replies) is None  # the child stopped at the end of its input
+        facts, refused, token = (pipe_messages.receive(replies) for _ in range(3))
+        assert pipe_messages.receive(replies) is None  # the child stopped at the end of its input
     assert facts["ok"]["vocab_size"] == 49152
     assert refused["error"] == {"kind": "LoomConfigError",
                                 "message": "the tokenizer has no method '__init__'"}
