@@ -144,8 +144,10 @@ def _nib4_rows(q, bbytes, qoff, gshift, G, zero, shift, s, m, ids, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# Q5_0: 22-byte blocks of 32 weights: f16 d, 4 bytes of fifth bits (little-endian uint32, bit j
-# for weight j), 16 bytes of nibbles laid out as in Q4_0. Weight = d * (q5 - 16).
+# Q5_0 / Q5_1: blocks of 32 weights: the f16 scale d (and for Q5_1 the f16 offset m), 4 bytes
+# of fifth bits at ``hoff`` (little-endian uint32, bit j for weight j), then 16 bytes of nibbles
+# laid out as in Q4_0. Weight = d * (q5 - zero) + m: Q5_0 has zero 16 and no offsets (``m`` is
+# None), Q5_1 zero 0 and m per block.
 
 
 @njit(inline="always")
@@ -155,14 +157,33 @@ def _q5_high_bits(q, r, at):
 
 
 @njit(inline="always")
-def _q5(nibble, high, bit):
-    return _f(nibble | (((high >> bit) & 1) << 4)) - F32(16)
+def _block_offsets(m, r0, r1, blk):
+    """Rows r0's and r1's offsets of block blk; -0.0 (which LLVM drops from ``w + m``) when
+    ``m`` is None, so Q5_0's kernels compile without the add (it cost them 10%)."""
+    if m is None:
+        return F32(-0.0), F32(-0.0)
+    return m[r0, blk], m[r1, blk]
+
+
+@njit(inline="always")
+def _q5_zero(m):
+    """16 for Q5_0 (no offsets), 0 for Q5_1: a constant in each compiled kernel (a run-time
+    zero measured 8% slower)."""
+    if m is None:
+        return 16
+    return 0
+
+
+@njit(inline="always")
+def _q5(nibble, high, bit, zero):
+    return _f((nibble | (((high >> bit) & 1) << 4)) - zero)
 
 
 @njit(**_KERNEL)
-def _q5_0_matvec(q, G, s, x, out):
+def _q5_matvec(q, bbytes, hoff, G, s, m, x, out):
     rows = q.shape[0]
-    nb = q.shape[1] // 22
+    zero = _q5_zero(m)
+    nb = q.shape[1] // bbytes
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         la = np.empty(G, F32)
         lb = np.empty(G, F32)
@@ -171,35 +192,40 @@ def _q5_0_matvec(q, G, s, x, out):
             la[:] = 0
             lb[:] = 0
             for blk in range(nb):
-                base = blk * 22
-                h0 = _q5_high_bits(q, r0, base + 2)
-                h1 = _q5_high_bits(q, r1, base + 2)
+                base = blk * bbytes + hoff
+                h0 = _q5_high_bits(q, r0, base)
+                h1 = _q5_high_bits(q, r1, base)
                 d0, d1 = s[r0, blk], s[r1, blk]
+                m0, m1 = _block_offsets(m, r0, r1, blk)
                 x0 = blk * 32
                 for j in range(G):
                     xl = x[_u(x0 + j)]
                     xh = x[_u(x0 + G + j)]
-                    v = _byte(q, r0, base + 6 + j)
-                    w = _byte(q, r1, base + 6 + j)
-                    la[j] += (d0 * _q5(v & 15, h0, j)) * xl + (d0 * _q5(v >> 4, h0, j + G)) * xh
-                    lb[j] += (d1 * _q5(w & 15, h1, j)) * xl + (d1 * _q5(w >> 4, h1, j + G)) * xh
+                    v = _byte(q, r0, base + 4 + j)
+                    w = _byte(q, r1, base + 4 + j)
+                    la[j] += ((d0 * _q5(v & 15, h0, j, zero) + m0) * xl
+                              + (d0 * _q5(v >> 4, h0, j + G, zero) + m0) * xh)
+                    lb[j] += ((d1 * _q5(w & 15, h1, j, zero) + m1) * xl
+                              + (d1 * _q5(w >> 4, h1, j + G, zero) + m1) * xh)
             out[r0] = _lane_sum(la)
             out[r1] = _lane_sum(lb)
 
 
 @njit(**_KERNEL)
-def _q5_0_rows(q, G, s, ids, out):
-    nb = q.shape[1] // 22
+def _q5_rows(q, bbytes, hoff, G, s, m, ids, out):
+    zero = _q5_zero(m)
+    nb = q.shape[1] // bbytes
     for i in prange(ids.shape[0]):
         r = ids[i]
         for blk in range(nb):
-            base = blk * 22
-            h = _q5_high_bits(q, r, base + 2)
+            base = blk * bbytes + hoff
+            h = _q5_high_bits(q, r, base)
             d = s[r, blk]
+            mb, _ = _block_offsets(m, r, r, blk)
             for j in range(G):
-                v = _byte(q, r, base + 6 + j)
-                out[i, _u(blk * 32 + j)] = d * _q5(v & 15, h, j)
-                out[i, _u(blk * 32 + G + j)] = d * _q5(v >> 4, h, j + G)
+                v = _byte(q, r, base + 4 + j)
+                out[i, _u(blk * 32 + j)] = d * _q5(v & 15, h, j, zero) + mb
+                out[i, _u(blk * 32 + G + j)] = d * _q5(v >> 4, h, j + G, zero) + mb
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,17 +459,41 @@ class _Q4_K(_Nibble4):
         return np.ascontiguousarray(scale), np.ascontiguousarray(offset)
 
 
-class _Q5_0(_Blocks):
+class _FiveBit(_Blocks):
+    """Q5_0 / Q5_1: see the comment above ``_q5_matvec`` for the layout parameters."""
+
+    hoff: ClassVar[int]
+
+    def _layout(self):
+        return self.block_bytes, self.hoff, 16
+
+    def matvec(self, q, side, x, out):
+        _q5_matvec(q, *self._layout(), *side, x, out)
+
+    def rows(self, q, side, ids, out):
+        _q5_rows(q, *self._layout(), *side, ids, out)
+
+
+class _Q5_0(_FiveBit):
     ggml_type, block_elems, block_bytes = GT.Q5_0, 32, 22
+    hoff = 2
 
     def side(self, blocks):
         return (_f16_field(blocks, 0),)
 
     def matvec(self, q, side, x, out):
-        _q5_0_matvec(q, 16, *side, x, out)
+        super().matvec(q, (*side, None), x, out)  # no offsets
 
     def rows(self, q, side, ids, out):
-        _q5_0_rows(q, 16, *side, ids, out)
+        super().rows(q, (*side, None), ids, out)
+
+
+class _Q5_1(_FiveBit):
+    ggml_type, block_elems, block_bytes = GT.Q5_1, 32, 24
+    hoff = 4
+
+    def side(self, blocks):
+        return _f16_field(blocks, 0), _f16_field(blocks, 2)
 
 
 class _Q8_0(_Blocks):
@@ -498,8 +548,8 @@ class QuantMatrix:
         data: the tensor's bytes as ``uint8 [out_features, bytes_per_row]`` (used in place, no
             copy when row-contiguous). For F32 / F16 / BF16 an array shaped ``shape`` with a
             4- or 2-byte dtype (BF16 as its uint16 bits) is accepted as well.
-        ggml_type: the ggml type id (``gguf.GGMLQuantizationType``): Q4_0, Q4_1, Q5_0, Q8_0,
-            Q4_K, Q6_K, or F32 / F16 / BF16, which are kept as a float32 array.
+        ggml_type: the ggml type id (``gguf.GGMLQuantizationType``): Q4_0, Q4_1, Q5_0, Q5_1,
+            Q8_0, Q4_K, Q6_K, or F32 / F16 / BF16, which are kept as a float32 array.
         shape: ``(out_features, in_features)``.
         name: the tensor's name, for error messages.
 

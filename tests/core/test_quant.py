@@ -24,9 +24,9 @@ from loomlab.core.errors import LoomShapeError, ModelFormatError
 from loomlab.core.llm import quant, registry
 from loomlab.core.llm.quant import QuantMatrix
 
-QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K]
+QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q6_K]
 # gguf-py can quantize these; K-quants it only dequantizes, so their blocks are random bytes.
-QUANTIZABLE = {GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q8_0}
+QUANTIZABLE = {GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0}
 
 
 def random_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -77,7 +77,7 @@ def test_random_blocks_match_gguf(ggml_type, rows, n_blocks):
         assert_product_close(m.matmul(X), W, X)
 
 
-@pytest.mark.parametrize("ggml_type", [GT.Q4_1, GT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [GT.Q4_1, GT.Q5_1, GT.Q6_K], ids=lambda t: t.name)
 def test_matmul_over_many_tiles(ggml_type, monkeypatch):
     """Tiles of a few rows, the last one partial, must still cover every output column."""
     monkeypatch.setattr(quant, "TILE_BYTES", 3 * 512 * 4)
@@ -114,14 +114,15 @@ def test_blocks_are_read_in_place():
     np.testing.assert_array_equal(m.dequantize(), quants.dequantize(data, GT.Q4_1))
 
 
-def test_matvec_writes_into_out():
+@pytest.mark.parametrize("ggml_type", [GT.Q5_0, GT.Q5_1], ids=lambda t: t.name)
+def test_matvec_writes_into_out(ggml_type):
     rng = np.random.default_rng(4)
-    data = random_blocks(GT.Q5_0, 6, 96, rng)
-    m = QuantMatrix(data, GT.Q5_0, (6, 96))
+    data = random_blocks(ggml_type, 6, 96, rng)
+    m = QuantMatrix(data, ggml_type, (6, 96))
     x = rng.standard_normal(96).astype(np.float32)
     out = np.full(6, np.nan, np.float32)
     assert m.matvec(x, out=out) is out
-    assert_product_close(out[None], quants.dequantize(data, GT.Q5_0), x[None])
+    assert_product_close(out[None], quants.dequantize(data, ggml_type), x[None])
 
 
 @pytest.mark.parametrize("ggml_type", [GT.F32, GT.F16, GT.BF16], ids=lambda t: t.name)
