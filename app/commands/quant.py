@@ -1,0 +1,106 @@
+"""``loomlab quant-report``: how far morphing a language model moves its outputs (no Qt).
+
+The numbers of llama.cpp's ``llama-perplexity --kl-divergence`` (core/llm/drift.py): perplexity of
+the model as loaded and morphed, KL divergence statistics, RMS Δp and "same top p", and per layer
+on request (each layer morphed alone, ranked by KL).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..cli import CliError, print_table, progress, progress_bar
+
+DEFAULT_RECIPE = "int8"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("quant-report",
+                       help="output drift of a morphed language model (llama.cpp's --kl-divergence numbers)")
+    p.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE,
+                   help="one format for every weighted layer (int8, float16 ... any of Loom's dtypes), or a "
+                        "JSON file: {layer name or index: format} (\"*\" for the rest) or a list with one "
+                        f"format per weighted layer (default {DEFAULT_RECIPE})")
+    p.add_argument("--probe", metavar="FILE",
+                   help="the text to measure on (default: an English text shipped with Loom Lab, ~1,300 "
+                        "tokens); at least 512 tokens and two chunks")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="tokens per chunk; the second half of each is scored "
+                        "(default 256; llama.cpp's is 512)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also morph each of the recipe's layers alone and rank them by KL (which layers are "
+                        "sensitive)")
+    p.add_argument("--top", type=int, default=0,
+                   help="with --per-layer: print only the N most sensitive layers")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_quant_report)
+
+
+def cmd_quant_report(args) -> int:
+    from loomlab.core.llm.drift import DEFAULT_CTX, measure_drift
+    from loomlab.core.llm.textmodel import load_model
+
+    if args.top < 0:
+        raise CliError(f"--top must be >= 0, got {args.top}")
+    probe = _read_probe(args.probe) if args.probe is not None else None
+    with load_model(args.model, progress=progress_bar) as model:
+        report = measure_drift(model, args.recipe, probe, ctx=DEFAULT_CTX if args.ctx is None else args.ctx,
+                              per_layer=args.per_layer, progress=progress)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        _print_report(report, args.recipe, args.top)
+    return 0
+
+
+def _read_probe(path: str) -> str:
+    try:
+        return Path(path).read_text("utf-8")
+    except OSError as e:
+        raise CliError(f"cannot read the probe file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"the probe file {path} is not UTF-8 text") from None
+
+
+def _print_report(report, recipe: str, top: int) -> None:
+    s = report.stats
+    what = (f"{len(report.recipe)} of {report.weighted_layers} weighted layers morphed"
+            if report.recipe else "no layer changes")
+    print(f"{report.model}: recipe {recipe} ({what})")
+    print(f"probe: {report.tokens} tokens, {report.chunks} chunks of {report.ctx}, "
+          f"{s.positions} positions scored ({report.seconds:.1f} s)")
+    print(f"weight bytes: {report.bytes_base:,} -> {report.bytes:,} ({report.bytes / report.bytes_base:.1%})")
+    print()
+    print("====== Perplexity statistics ======")
+    print(f"Mean PPL(Q)                   : {s.ppl_morphed:10.6f} ± {s.ppl_morphed_unc:10.6f}")
+    print(f"Mean PPL(base)                : {s.ppl_base:10.6f} ± {s.ppl_base_unc:10.6f}")
+    print(f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * s.ppl_correlation:6.2f}%")
+    print(f"Mean ln(PPL(Q)/PPL(base))     : {s.ln_ppl_ratio:10.6f} ± {s.ln_ppl_ratio_unc:10.6f}")
+    print(f"Mean PPL(Q)/PPL(base)         : {s.ppl_ratio:10.6f} ± {s.ppl_ratio_unc:10.6f}")
+    print(f"Mean PPL(Q)-PPL(base)         : {s.ppl_diff:10.6f} ± {s.ppl_diff_unc:10.6f}")
+    print()
+    print("====== KL divergence statistics ======")
+    print(f"Mean    KLD: {s.kl_mean:10.6f} ± {s.kl_mean_unc:10.6f}")
+    print(f"Maximum KLD: {s.kl_max:10.6f}")
+    print(f"99.9%   KLD: {s.kl_p999:10.6f}")
+    print(f"99.0%   KLD: {s.kl_p99:10.6f}")
+    print(f"95.0%   KLD: {s.kl_p95:10.6f}")
+    print(f"90.0%   KLD: {s.kl_p90:10.6f}")
+    print(f"Median  KLD: {s.kl_median:10.6f}")
+    print()
+    print("====== Token probability statistics ======")
+    print(f"Mean    Δp: {100 * s.dp_mean:6.3f} ± {100 * s.dp_mean_unc:5.3f} %")
+    print(f"RMS Δp    : {100 * s.rms_dp:6.3f} ± {100 * s.rms_dp_unc:5.3f} %")
+    print(f"Same top p: {100 * s.same_top:6.3f} ± {100 * s.same_top_unc:5.3f} %")
+    if report.layers:
+        layers = report.layers[:top] if top else report.layers
+        print()
+        print(f"====== Per layer: each morphed alone, by KL mean "
+              f"({len(layers)} of {len(report.layers)}) ======")
+        header = ("rank", "layer", "format", "KL mean", "KL 99%", "KL max", "same top", "PPL(Q)/PPL(base)")
+        print_table(header, [(str(rank), la.name, la.format, f"{la.stats.kl_mean:.6f}",
+                              f"{la.stats.kl_p99:.6f}", f"{la.stats.kl_max:.6f}",
+                              f"{100 * la.stats.same_top:.2f}%", f"{la.stats.ppl_ratio:.6f}")
+                             for rank, la in enumerate(layers, 1)])
