@@ -47,16 +47,18 @@ def morph_layer(net: VolumetricNetwork, index: int, dtype: str) -> MorphReport:
 
 def morph_all(net: VolumetricNetwork, dtype: str) -> list[MorphReport]:
     """Morph every weighted layer, nested children included, to ``dtype``."""
-    dtype = dtypes.get_format(dtype).name  # validate once, before touching anything
-    return [morph_sublayer(layer, index, dtype) for index, layer in weighted_cells(net)]
+    cells = weighted_cells(net)
+    for index, layer in cells:  # every layer takes it, checked before any changes
+        check_target(layer, index, dtype)
+    return [morph_sublayer(layer, index, dtype) for index, layer in cells]
 
 
 def morph_mixed(net: VolumetricNetwork, plan: dict[int, str]) -> list[MorphReport]:
     """Morph grid layers to per-layer dtypes: ``{flat_index: dtype}``."""
     for index, dtype in plan.items():
-        dtypes.get_format(dtype)
         if not 0 <= index < len(net.cells) or net.cells[index] is None or net.cells[index].weights is None:
             raise LoomConfigError(f"no weighted layer at flat index {index}")
+        check_target(net.cells[index], index, dtype)
     return [morph_layer(net, index, dtype) for index, dtype in plan.items()]
 
 
@@ -67,25 +69,26 @@ def report(net: VolumetricNetwork) -> list[MorphReport]:
 
 def layer_report(layer: Layer, index: int = 0) -> MorphReport:
     store, dtype = layer.weights, layer.cfg.dtype
-    master = store.master.astype(np.float64)
-    deq = store.dequantized(dtype).astype(np.float64)
-    norm_m, norm_d = np.linalg.norm(master), np.linalg.norm(deq)
-    rel = float(np.linalg.norm(deq - master) / norm_m) if norm_m else float(norm_d != 0)
-    if norm_m and norm_d:
-        cos = float(master @ deq / (norm_m * norm_d))
-    else:
-        cos = 1.0 if norm_m == norm_d else 0.0
-    return MorphReport(index, getattr(layer, "path", ""), layer.type_name, dtype, store.scale, len(store),
-                       store.nbytes(dtype), store.nbytes("float32"), rel, cos)
+    rel, cos = store.error(dtype)
+    stored = sum(n for _, n in store.stored(dtype).values())
+    return MorphReport(index, getattr(layer, "path", ""), layer.type_name, store.encoding(dtype), store.scale,
+                       len(store), stored, store.nbytes("float32"), rel, cos)
 
 
 def morph_sublayer(layer: Layer, index: int, dtype: str) -> MorphReport:
     """Morph one layer object (a grid cell or a child of a container, as a language model's
-    layers are) to ``dtype``; ``index`` is the flat index of the cell holding it."""
-    dtype = dtypes.get_format(dtype).name  # validated before anything changes
-    layer.weights.morph(dtype)
-    layer.cfg.dtype = dtype
+    layers are) to ``dtype``, one of its weights' targets (Loom's dtypes; a language model's
+    matrices also GGUF's block formats); ``index`` is the flat index of the cell holding it."""
+    check_target(layer, index, dtype)
+    layer.cfg.dtype = layer.weights.morph_to(dtype)
     return layer_report(layer, index)
+
+
+def check_target(layer: Layer, index: int, dtype: str) -> None:
+    """Raise :class:`LoomConfigError` unless ``layer`` (at cell ``index``) can morph to ``dtype``."""
+    problem = layer.weights.refusal(dtype)
+    if problem:
+        raise LoomConfigError(f"{layer.type_name} at cell {index} cannot morph to {dtype!r}: {problem}")
 
 
 def weighted_cells(net: VolumetricNetwork) -> list[tuple[int, Layer]]:

@@ -4,7 +4,6 @@ Small networks are compared on a probe input by the relative drift of their outp
 ``net morph-report`` prints, :func:`~loomlab.core.morph.output_drift`);
 language models by their next-token distributions over a probe text: the KL divergence
 KL(reference || current) at every position and how often the most likely token is the same.
-Also here: :func:`current_report`, a report that skips building a float32 layer's master.
 """
 
 from __future__ import annotations
@@ -14,21 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .layers.base import Layer
-from .morph import MorphReport, layer_report, output_drift
+from .morph import output_drift
 from .network import VolumetricNetwork
-
-
-# ----- layers ------------------------------------------------------------------------------------
-def current_report(layer: Layer, index: int) -> MorphReport:
-    """:func:`layer_report`, without building the float32 master of a float32 layer: its weights
-    are the master, so the error is 0 and the cosine 1 by definition (a language model's master
-    is a dequantized copy of the file's blocks, slow and large to build)."""
-    if layer.cfg.dtype != "float32":
-        return layer_report(layer, index)
-    store = layer.weights
-    return MorphReport(index, getattr(layer, "path", ""), layer.type_name, "float32", store.scale, len(store),
-                       store.nbytes("float32"), store.nbytes("float32"), 0.0, 1.0)
 
 
 # ----- small networks ----------------------------------------------------------------------------

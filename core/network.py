@@ -278,15 +278,16 @@ class VolumetricNetwork:
         return sum(self.memory_by_dtype().values())
 
     def memory_by_dtype(self) -> dict[str, int]:
-        """Packed bytes per dtype; layers holding the same tensors in the same dtype (a tied head
-        not morphed apart from its embedding) are one copy in memory, so they count once."""
+        """Bytes of weights per encoding: packed bytes of each layer's dtype, or for a language
+        model's matrices the bytes of their GGUF blocks. Tensors two layers share (a tied head not
+        morphed apart from its embedding) are one copy in memory, so they count once."""
         out: dict[str, int] = {}
         seen: set[tuple] = set()
         for la in self.weighted_layers():
-            held = (la.cfg.dtype, *sorted(la.weights.tensor_sizes()))
-            if held not in seen:
-                seen.add(held)
-                out[la.cfg.dtype] = out.get(la.cfg.dtype, 0) + dtype_nbytes(la.cfg.dtype, len(la.weights))
+            for key, (encoding, n) in la.weights.stored(la.cfg.dtype).items():
+                if key not in seen:
+                    seen.add(key)
+                    out[encoding] = out.get(encoding, 0) + n
         return out
 
     def blueprint(self) -> list[BlueprintRow]:

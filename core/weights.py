@@ -15,6 +15,32 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes
+from .errors import LoomConfigError
+
+
+def relative_error(reference: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    """``(||values - reference|| / ||reference||, cosine)`` in float64 (cosine 1 when both are
+    zero; the plain norm of ``values`` when only the reference is)."""
+    sums = error_sums(reference, values)
+    return error_from_sums(*sums)
+
+
+def error_sums(reference: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
+    """``(||r||², ||v||², ||v - r||², r·v)`` in float64: what :func:`error_from_sums` needs, summed
+    part by part when a layer's weights are compared a matrix at a time."""
+    r = np.asarray(reference, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    d = v - r
+    return float(r @ r), float(v @ v), float(d @ d), float(r @ v)
+
+
+def error_from_sums(rr: float, vv: float, dd: float, rv: float) -> tuple[float, float]:
+    norm_r, norm_v = np.sqrt(rr), np.sqrt(vv)
+    rel = float(np.sqrt(dd) / norm_r) if norm_r else float(norm_v != 0)
+    if norm_r and norm_v:
+        return rel, float(rv / (norm_r * norm_v))
+    return rel, 1.0 if norm_r == norm_v else 0.0
+
 
 # Upper ends of the unsigned types after training (spec §4.8), in units of the scale.
 _UNSIGNED_MAX = {"uint8": 255, "uint4": 15, "uint2": 3, "uint16": 65535,
@@ -66,6 +92,31 @@ class WeightStore:
     def nbytes(self, dtype: str) -> int:
         return dtypes.packed_nbytes(self.master.size, dtype)
 
+    def targets(self) -> tuple[str, ...]:
+        """What the layer can morph to (:meth:`morph_to`): here Loom's dtypes."""
+        return tuple(dtypes.FORMATS)
+
+    def refusal(self, target: str) -> str:
+        """Why the weights cannot morph to ``target`` ("" when they can): here, a name that is
+        none of Loom's dtypes (any of their spellings)."""
+        try:
+            dtypes.get_format(target)
+        except LoomConfigError as e:
+            return str(e)
+        return ""
+
+    def morph_to(self, target: str) -> str:
+        """Morph to ``target`` (one of :meth:`targets`); returns the dtype the layer then has."""
+        self.morph(target)
+        return dtypes.get_format(target).name
+
+    def error(self, layer_dtype: str) -> tuple[float, float]:
+        """How far the weights forward reads are from the master: ``(||w - master|| / ||master||,
+        cosine)`` (0 and 1 for float32, which is the master)."""
+        if layer_dtype == "float32":
+            return 0.0, 1.0
+        return relative_error(self.master, self.dequantized(layer_dtype))
+
     # ----- access for computation --------------------------------------------------------
     def values(self, xp, dtype, layer_dtype: str = "float32") -> object:
         """The parameters as the forward pass uses them, on ``xp`` in ``dtype``."""
@@ -87,6 +138,15 @@ class WeightStore:
         """How each named part of the weights is stored as the forward pass reads it: here one
         flat vector in the layer's dtype (a morph changes it)."""
         return {"weights": layer_dtype}
+
+    def encoding(self, layer_dtype: str) -> str:
+        """The layer's encoding in one word, as tables show it: here its dtype."""
+        return layer_dtype
+
+    def stored(self, layer_dtype: str) -> dict[tuple, tuple[str, int]]:
+        """``{identity: (encoding, bytes)}`` of what forward reads; identities let a network count
+        tensors two layers share (a tied LM head) once."""
+        return {(id(self), layer_dtype): (layer_dtype, self.nbytes(layer_dtype))}
 
     def sample(self, limit: int, rng: np.random.Generator) -> np.ndarray:
         """Up to ``limit`` master weights (all of them when there are fewer), float32, in layout

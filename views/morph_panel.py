@@ -44,11 +44,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from loomlab.core import dtypes, save_network
+from loomlab.core import save_network
 from loomlab.core.layer_names import LayerKey, layer_label
 from loomlab.core.layers.base import Layer
-from loomlab.core.morph import MorphReport, morph_sublayer, probe_input, weighted_cells
-from loomlab.core.morph_probe import compare, current_report, llm_probe, net_drift, net_outputs
+from loomlab.core.morph import MorphReport, layer_report, morph_sublayer, probe_input, weighted_cells
+from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
 
 from .sort_items import SORT_ROLE, SortItem
@@ -57,7 +57,6 @@ from .workers import Job, JobRunner
 COLUMNS = ("Cell", "Layer", "Type", "dtype", "Parameters", "Bytes", "Rel. error", "Rel. MSE", "Cosine")
 CELL, LAYER, TYPE, DTYPE, PARAMS, BYTES, REL_ERROR, REL_MSE, COSINE = range(len(COLUMNS))
 WIDE = 1.6  # width / height above which the controls sit beside the table, not under it
-DTYPES = tuple(dtypes.FORMATS)
 NO_CHOICE = "—"
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
 DEFAULT_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the old cat sleeps in the warm sun."
@@ -68,8 +67,14 @@ class _Row:
     index: int  # flat index of the grid cell holding the layer
     coord: Coord
     layer: Layer
-    original: str  # the dtype when the network was set: what Revert goes back to
+    original: str  # the encoding when the network was set: what Revert goes back to
     name: str  # the layer as people know it (core.layer_names)
+
+    @property
+    def current(self) -> str:
+        """The layer's encoding now: its dtype, or for a language model's layer the GGUF encoding
+        of its matrices (the file's, e.g. Q4_1, or a block format it was morphed to)."""
+        return self.layer.weights.encoding(self.layer.cfg.dtype)
 
     @property
     def path(self) -> str:
@@ -139,7 +144,7 @@ class MorphPanel(QWidget):
         self.table.itemSelectionChanged.connect(self._on_selection)
 
         self.all_combo = QComboBox()
-        self.all_combo.addItems([NO_CHOICE, *DTYPES])
+        self.all_combo.addItem(NO_CHOICE)  # and the targets of the network shown
         self.all_combo.setToolTip("Choose one dtype for every layer (then Apply)")
         self.all_combo.textActivated.connect(self.set_all_dtype)
         self.apply_button = QPushButton("Apply")
@@ -333,18 +338,20 @@ class MorphPanel(QWidget):
                 if job.is_cancelled():
                     break
                 job.report("weight error", k, len(rows))
-                out.append(current_report(row.layer, row.index))
+                out.append(layer_report(row.layer, row.index))
             return out
 
         self._submit("weight errors", reports, on_success=self._show_reports)
 
     def set_all_dtype(self, dtype: str) -> None:
-        """Choose ``dtype`` in every row (nothing changes until :meth:`apply`)."""
+        """Choose ``dtype`` in every row that takes it (a language model's norms take no block
+        format: they stay float32, as in llama.cpp's files); nothing changes until :meth:`apply`."""
         if dtype == NO_CHOICE:
             return
         with self._bulk_update():
-            for k in range(len(self._rows)):
-                self._choose(k, dtype)
+            for k, row in enumerate(self._rows):
+                if dtype in row.layer.weights.targets():
+                    self._choose(k, dtype)
         self._sync_controls()
 
     def choose_recipe(self, recipe: Mapping[str, str]) -> int:
@@ -355,10 +362,11 @@ class MorphPanel(QWidget):
         unknown = sorted(name for name in recipe if name not in rows)
         with self._bulk_update():
             for name, dtype in recipe.items():
-                if name in rows and dtype in DTYPES:
+                if name in rows and dtype in self._rows[rows[name]].layer.weights.targets():
                     self._choose(rows[name], dtype)
         self._sync_controls()
-        bad = sorted(name for name, dtype in recipe.items() if name in rows and dtype not in DTYPES)
+        bad = sorted(name for name, dtype in recipe.items()
+                     if name in rows and dtype not in self._rows[rows[name]].layer.weights.targets())
         chosen = len(recipe) - len(unknown) - len(bad)
         problems = ([f"no layer named {', '.join(unknown)}"] if unknown else []) + \
                    ([f"unknown dtype for {', '.join(bad)}"] if bad else [])
@@ -369,12 +377,12 @@ class MorphPanel(QWidget):
     def apply(self) -> None:
         """Morph every layer whose chosen dtype differs from its current one, then measure."""
         plan = [(row, self._combo(i).currentText()) for i, row in enumerate(self._rows)
-                if self._combo(i).currentText() != row.layer.cfg.dtype]
+                if self._combo(i).currentText() != row.current]
         self._morph(plan, "morph")
 
     def revert(self) -> None:
         """Morph every layer back to the dtype it had when the network was set, then measure."""
-        self._morph([(row, row.original) for row in self._rows if row.layer.cfg.dtype != row.original],
+        self._morph([(row, row.original) for row in self._rows if row.current != row.original],
                     "revert")
 
     def save_as(self, path: str) -> None:
@@ -423,7 +431,8 @@ class MorphPanel(QWidget):
         rows = []
         for index, layer in weighted_cells(net):
             coord = net.coord(index)
-            rows.append(_Row(index, coord, layer, layer.cfg.dtype, layer_label(net, (*coord, layer.path))))
+            rows.append(_Row(index, coord, layer, layer.weights.encoding(layer.cfg.dtype),
+                             layer_label(net, (*coord, layer.path))))
         self._bytes_original = net.memory_bytes()
         self.title.setText(f"<b>{html.escape(title)}</b> · {len(rows)} weighted layers · "
                            f"{net.parameter_count():,} parameters · {_human(self._bytes_original)}")
@@ -434,6 +443,9 @@ class MorphPanel(QWidget):
             for k, row in enumerate(rows):
                 self._fill_row(k, row)
         self._selected = None
+        self.all_combo.clear()  # every target some row takes, in the rows' order
+        targets = dict.fromkeys(t for row in rows for t in row.layer.weights.targets())
+        self.all_combo.addItems([NO_CHOICE, *targets])
         self.all_combo.setCurrentText(NO_CHOICE)
         self.refresh()
 
@@ -453,7 +465,7 @@ class MorphPanel(QWidget):
         self._set(k, LAYER, row.name).setToolTip(f"{where} · flat index {row.index}")
         self._set(k, TYPE, row.layer.type_name)
         combo = QComboBox()
-        combo.addItems(DTYPES)
+        combo.addItems(row.layer.weights.targets())
         combo.setMinimumContentsLength(8)  # room for the longest name in bold (a pending choice)
         combo.currentTextChanged.connect(lambda _, r=k: self._on_user_choice(r))
         self.table.setCellWidget(k, DTYPE, combo)
@@ -494,11 +506,12 @@ class MorphPanel(QWidget):
 
     def _show_cheap(self, k: int, row: _Row) -> None:
         """What needs no weights read: the dtype, parameters and bytes (errors come from a job)."""
-        store, dtype = row.layer.weights, row.layer.cfg.dtype
-        self._choose(k, dtype)
+        store, current = row.layer.weights, row.current
+        stored = sum(n for _, n in store.stored(row.layer.cfg.dtype).values())
+        self._choose(k, current)
         self._set(k, PARAMS, f"{len(store):,}", len(store))
-        self._set(k, BYTES, f"{store.nbytes(dtype):,}", store.nbytes(dtype))
-        if self._reports.get(row.report_key) is None or self._reports[row.report_key].dtype != dtype:
+        self._set(k, BYTES, f"{stored:,}", stored)
+        if self._reports.get(row.report_key) is None or self._reports[row.report_key].dtype != current:
             for col in (REL_ERROR, REL_MSE, COSINE):
                 self._set(k, col, "…")
         self._paint_row(k)
@@ -568,7 +581,7 @@ class MorphPanel(QWidget):
     def _paint_row(self, k: int) -> None:
         """Tint the rows no longer in their original dtype, so they stand out among many."""
         row, r = self._rows[k], self._table_row(k)
-        brush = QBrush(MORPHED_TINT) if row.layer.cfg.dtype != row.original else QBrush()
+        brush = QBrush(MORPHED_TINT) if row.current != row.original else QBrush()
         for col in range(len(COLUMNS)):
             item = self.table.item(r, col)
             if item is not None:
@@ -578,7 +591,7 @@ class MorphPanel(QWidget):
         """A chosen dtype that differs from the layer's is pending: shown bold until applied."""
         combo = self._combo(k)
         font = combo.font()
-        font.setBold(combo.currentText() != self._rows[k].layer.cfg.dtype)
+        font.setBold(combo.currentText() != self._rows[k].current)
         combo.setFont(font)
 
     # ----- morphing and measuring --------------------------------------------------------------------
@@ -700,8 +713,8 @@ class MorphPanel(QWidget):
 
     def _sync_controls(self) -> None:
         idle, has = not self.is_busy(), bool(self._rows)
-        pending = any(self._combo(k).currentText() != row.layer.cfg.dtype for k, row in enumerate(self._rows))
-        changed = any(row.layer.cfg.dtype != row.original for row in self._rows)
+        pending = any(self._combo(k).currentText() != row.current for k, row in enumerate(self._rows))
+        changed = any(row.current != row.original for row in self._rows)
         self.apply_button.setEnabled(idle and pending)
         self.revert_button.setEnabled(idle and changed)
         self.save_button.setEnabled(idle and has)

@@ -112,8 +112,9 @@ class RecipeSpace:
         self._layers = [layer for _, layer in cells]
         self._stores = [layer.weights for layer in self._layers]
         self.parameters: tuple[int, ...] = tuple(len(s) for s in self._stores)
-        # what memory_by_dtype counts once: a tied head and its embedding in the same dtype
+        # what memory_by_dtype counts once: a tied head and its embedding in the same encoding
         self._held = [tuple(sorted(s.tensor_sizes())) for s in self._stores]
+        self._file = [s.stored("float32") for s in self._stores]  # "float32" genes: the file's blocks
         # layers with the same tensors and scale quantize to the same weights: one cache entry
         self._sources = [("blocks", s.scale, tuple(id(m) for m in s.blocks.values())) if s.version == 0
                          else ("store", id(s)) for s in self._stores]
@@ -197,13 +198,16 @@ class RecipeSpace:
         return tuple(x if rng.float64() < share_a else y for x, y in zip(a, b, strict=True))
 
     def recipe_bytes(self, recipe: Sequence[str]) -> int:
-        """Packed weight bytes with each layer in its recipe dtype, as ``net.memory_bytes()`` of the
-        morphed model counts them (layers holding the same tensors in the same dtype count once)."""
+        """Weight bytes with each layer in its recipe dtype, as ``net.memory_bytes()`` of the
+        morphed model counts them ("float32": the file's own blocks; tensors held by two layers
+        in the same encoding count once)."""
         seen, total = set(), 0
-        for n, held, dtype in zip(self.parameters, self._held, recipe, strict=True):
-            if (dtype, held) not in seen:
-                seen.add((dtype, held))
-                total += packed_nbytes(n, dtype)
+        for n, held, file, dtype in zip(self.parameters, self._held, self._file, recipe, strict=True):
+            stored = file if dtype == "float32" else {(dtype, *held): (dtype, packed_nbytes(n, dtype))}
+            for key, (_, size) in stored.items():
+                if key not in seen:
+                    seen.add(key)
+                    total += size
         return total
 
     # ----- evaluation ----------------------------------------------------------------------------

@@ -32,7 +32,16 @@ from ..layers.dense import Dense
 from ..layers.embedding import Embedding
 from ..layers.norms import RMSNorm
 from ..layers.swiglu import SwiGLU
-from ..weights import WeightStore
+from ..weights import WeightStore, error_from_sums, error_sums
+from .block_morph import (
+    BLOCK_FORMATS,
+    block_elems,
+    encode,
+    encoding_name,
+    is_block_format,
+    is_matrix,
+    stored_nbytes,
+)
 from .kv_cache import CachedRun
 from .rope import Rope
 
@@ -70,7 +79,8 @@ class MatrixStore(WeightStore):
     """
 
     def __init__(self, blocks: dict[str, Matrix]):
-        self.blocks = dict(blocks)
+        self.blocks = dict(blocks)  # the file's matrices: what block formats are encoded from
+        self.encoded: dict[str, Matrix] | None = None  # the matrices in a block format, when morphed to one
         self.scale = 1.0
         self.version = 0
         self.native: dict[str, np.ndarray] = {}
@@ -94,10 +104,11 @@ class MatrixStore(WeightStore):
         return dtypes.packed_nbytes(len(self), dtype)
 
     def current(self, layer_dtype: str) -> dict[str, Matrix]:
-        """The matrices forward multiplies with: the file's own until the master is changed or
-        the layer is morphed, then views of the (dequantized) master."""
-        if self.version == 0 and layer_dtype == "float32":
-            return self.blocks
+        """The matrices forward multiplies with: the file's own, or their block-format encoding,
+        until the master is changed or the layer is morphed to a Loom dtype, then views of the
+        (dequantized) master."""
+        if self._as_blocks(layer_dtype):
+            return self.encoded if self.encoded is not None else self.blocks
         flat = self.values(np, np.float32, layer_dtype)
         out, at = {}, 0
         for name, m in self.blocks.items():
@@ -106,17 +117,81 @@ class MatrixStore(WeightStore):
             at += n
         return out
 
+    def _as_blocks(self, layer_dtype: str) -> bool:
+        return self.version == 0 and layer_dtype == "float32"
+
+    # ----- morph targets: GGUF's block formats besides Loom's dtypes (see .block_morph) -----------
+    def file_encoding(self) -> str:
+        """The file's encoding of the matrices, e.g. ``"Q4_1"`` or ``"Q4_K+Q6_K"`` (``"F32"`` for a
+        layer of vectors only): the target that goes back to the file's own blocks."""
+        return _label(self.blocks)
+
+    def targets(self) -> tuple[str, ...]:
+        blocks = BLOCK_FORMATS if any(is_matrix(m) for m in self.blocks.values()) else ()
+        loom = [d for d in super().targets() if d != "float32"]  # the file's encoding stands for it
+        return tuple(dict.fromkeys((self.file_encoding(), *blocks, *loom)))
+
+    def refusal(self, target: str) -> str:
+        if target in (self.file_encoding(), "float32"):
+            return ""
+        if is_block_format(target):
+            if self.version != 0:
+                return "its weights were changed in place, and block formats are encoded from the file's"
+            n = block_elems(target)
+            bad = sorted({m.shape[1] for m in self.blocks.values() if is_matrix(m) and m.shape[1] % n})
+            return (f"rows of {', '.join(map(str, bad))} weights are not whole {target} blocks of {n}"
+                    if bad else "")
+        return super().refusal(target)
+
+    def morph_to(self, target: str) -> str:
+        if target in (self.file_encoding(), "float32") or is_block_format(target):
+            self.encoded = None
+            if is_block_format(target):
+                self.encoded = {name: encode(m, target) if is_matrix(m) else m
+                                for name, m in self.blocks.items()}
+            # no float32 master or Loom dtype copies stay behind: the file's blocks rebuild them
+            self.native.clear()
+            self._compute.clear()
+            if self.version == 0:
+                self._master = None
+            return "float32"
+        self.encoded = None
+        return super().morph_to(target)
+
+    def encoding(self, layer_dtype: str) -> str:
+        return _label(self.current(layer_dtype)) if self._as_blocks(layer_dtype) else layer_dtype
+
+    def stored(self, layer_dtype: str) -> dict[tuple, tuple[str, int]]:
+        """As stored in a GGUF file (blocks, 4 bytes per float32 weight; filler biases are none of
+        the model's), each matrix by identity; in a Loom dtype the packed bytes of the layer."""
+        if self._as_blocks(layer_dtype):
+            return {(id(m),): (encoding_name(m), stored_nbytes(m))
+                    for name, m in self.current(layer_dtype).items() if not is_filler_bias(name, m)}
+        return {(layer_dtype, *sorted(self.tensor_sizes())): (layer_dtype, self.nbytes(layer_dtype))}
+
+    def error(self, layer_dtype: str) -> tuple[float, float]:
+        """Against the file's weights, a matrix at a time (no float32 copy of the layer is made)
+        for a block-format encoding; against the master for a Loom dtype."""
+        if not self._as_blocks(layer_dtype):
+            return super().error(layer_dtype)
+        if self.encoded is None:
+            return 0.0, 1.0
+        totals = np.zeros(4)
+        for name, m in self.blocks.items():
+            totals += error_sums(dense(m), dense(self.encoded[name]))
+        return error_from_sums(*totals)
+
     def tensor_sizes(self) -> dict[int, int]:
         """The file's matrices by identity (two layers may share one), without filler biases."""
         return {id(m): math.prod(m.shape) for name, m in self.blocks.items() if not is_filler_bias(name, m)}
 
     def encodings(self, layer_dtype: str) -> dict[str, str]:
         """Each matrix's encoding as forward reads it (see :meth:`current`): the file's own (Q4_1,
-        Q6_K, F16 ...; float32 for vectors) until the master is changed or the layer is morphed,
-        then the layer's dtype for all of them."""
-        if self.version == 0 and layer_dtype == "float32":
+        Q6_K, F16 ...; float32 for vectors) or a block format it was morphed to, until the master
+        is changed or the layer is morphed to a Loom dtype, then that dtype for all of them."""
+        if self._as_blocks(layer_dtype):
             return {name: "float32" if isinstance(m, np.ndarray) else m.type_name
-                    for name, m in self.blocks.items()}
+                    for name, m in self.current(layer_dtype).items()}
         return dict.fromkeys(self.blocks, layer_dtype)
 
     def sample(self, limit: int, rng: np.random.Generator) -> np.ndarray:
@@ -138,11 +213,18 @@ class MatrixStore(WeightStore):
 
     def copy(self) -> MatrixStore:
         clone = MatrixStore(self.blocks)
+        clone.encoded = None if self.encoded is None else dict(self.encoded)
         if self._master is not None:
             clone._master = self._master.copy()
         clone.scale, clone.version = self.scale, self.version
         clone.native = {k: v.copy() for k, v in self.native.items()}
         return clone
+
+
+def _label(matrices: dict[str, Matrix]) -> str:
+    """A layer's encoding in one word: its matrices' (vectors are float32 in every encoding)."""
+    names = sorted({encoding_name(m) for m in matrices.values() if is_matrix(m)})
+    return "+".join(names) if names else "F32"
 
 
 def is_filler_bias(part: str, m) -> bool:

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.gorand import GoRand
@@ -18,6 +19,7 @@ from loomlab.core.evolve.recipe import (
     recipe_to_bytes,
     recipe_to_json,
 )
+from loomlab.core.llm import registry
 from loomlab.core.llm.textmodel import load_model
 from loomlab.core.morph import morph_sublayer, weighted_cells
 from loomlab.core.morph_probe import llm_probe
@@ -70,16 +72,31 @@ def softmax(logits) -> np.ndarray:
 
 def packed_bytes(model, recipe) -> int:
     """Bytes by bits per weight, each layer's weights counted from its matrices' shapes; a tied
-    head and its embedding in one dtype are one copy."""
+    head and its embedding in one dtype are one copy. "float32": the file's own blocks (gguf-py's
+    block sizes; the file has no zero filler biases), each matrix once."""
     total, seen = 0, set()
     for (_, layer), dtype in zip(weighted_cells(model.net), recipe, strict=True):
-        tensors = {id(m) for m in layer.weights.blocks.values() if len(m.shape) == 2}
+        blocks = layer.weights.blocks
+        if dtype == "float32":
+            for name, m in blocks.items():
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    total += file_bytes(name, m)
+            continue
+        tensors = {id(m) for m in blocks.values() if len(m.shape) == 2}
         if tensors and (dtype, frozenset(tensors)) in seen:
             continue
         seen.add((dtype, frozenset(tensors)))
-        n = sum(math.prod(m.shape) for m in layer.weights.blocks.values())
+        n = sum(math.prod(m.shape) for m in blocks.values())
         total += math.ceil(n * BITS[dtype] / 8)
     return total
+
+
+def file_bytes(name: str, m) -> int:
+    if isinstance(m, np.ndarray):
+        return 0 if name.startswith("b") and not m.any() else 4 * m.size
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[m.type_name]]
+    return m.shape[0] * (m.shape[1] // block) * size
 
 
 def state_of(model) -> tuple[np.ndarray, list]:
@@ -99,12 +116,10 @@ def assert_unchanged(model, before) -> None:
 
 # ----- fitness ----------------------------------------------------------------------------------
 def test_the_unmorphed_recipe_has_no_divergence_and_every_byte(model, space):
-    n_weights = sum(math.prod(m.shape) for _, layer in weighted_cells(model.net)
-                    for m in layer.weights.blocks.values())
-    table = math.prod(model.net.cells[-1].weights.blocks["weight"].shape)  # tied: stored once
+    in_file = sum(int(t.n_bytes) for t in GGUFReader(registry.fetch("smollm2-135m")).tensors)  # gguf-py's
     score = space.evaluate(space.uniform("float32"))
     assert score.kl_mean == pytest.approx(0, abs=1e-12)
-    assert score.bytes == space.bytes_unmorphed == model.net.memory_bytes() == 4 * (n_weights - table)
+    assert score.bytes == space.bytes_unmorphed == model.net.memory_bytes() == in_file  # the tied table once
     assert score.fitness == pytest.approx(-LAM, abs=1e-12)
     assert len(space) == len(space.names) == len(weighted_cells(model.net)) == 123
     assert space.positions == sum(min(TOKENS, len(model.tokenizer.encode(p, add_special_tokens=True)))

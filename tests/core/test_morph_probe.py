@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import LoomConfigError, VolumetricNetwork, make_layer
+from loomlab.core.llm.llm_layers import LLMEmbedding
 from loomlab.core.morph import (
     dtype_sweep,
     layer_report,
@@ -23,7 +24,6 @@ from loomlab.core.morph import (
 from loomlab.core.morph_probe import (
     ProbeResult,
     compare,
-    current_report,
     llm_probe,
     log_softmax,
     net_drift,
@@ -134,16 +134,27 @@ def test_a_bad_dtype_changes_nothing():
     assert layer.cfg.dtype == "float32" and layer.weights.native == {}
 
 
-def test_current_report_equals_layer_report():
+def test_layer_report_against_the_weights_directly():
     net = nested_net()
     cells = weighted_cells(net)
     morph_sublayer(cells[0][1], 0, "fp8e4m3")
     for index, layer in cells:
-        expected, got = layer_report(layer, index), current_report(layer, index)
-        assert got.dtype == expected.dtype and got.native_bytes == expected.native_bytes
-        assert got.rel_error == pytest.approx(expected.rel_error, abs=1e-12)
-        assert got.cosine == pytest.approx(expected.cosine, abs=1e-12)
-    assert current_report(*cells[0][::-1]) == layer_report(*cells[0][::-1])
+        r = layer_report(layer, index)
+        master = layer.weights.master.astype(np.float64)
+        deq = layer.weights.dequantized(layer.cfg.dtype).astype(np.float64)
+        assert r.dtype == layer.cfg.dtype and r.native_bytes == layer.weights.nbytes(layer.cfg.dtype)
+        assert r.rel_error == pytest.approx(np.linalg.norm(deq - master) / np.linalg.norm(master), abs=1e-12)
+        cosine = master @ deq / np.linalg.norm(master) / np.linalg.norm(deq)
+        assert r.cosine == pytest.approx(cosine, abs=1e-12)
+    assert layer_report(cells[1][1], cells[1][0]).rel_error == 0.0  # float32: the master itself
+
+
+def test_a_language_model_layers_report_builds_no_float32_copy():
+    table = np.random.default_rng(0).standard_normal((12, 8)).astype(np.float32)
+    layer = LLMEmbedding(table)
+    r = layer_report(layer, 0)
+    assert (r.dtype, r.native_bytes, r.rel_error, r.cosine) == ("F32", table.nbytes, 0.0, 1.0)
+    assert layer.weights._master is None  # the file's weights are the reference: nothing was built
 
 
 # ----- language models --------------------------------------------------------------------------

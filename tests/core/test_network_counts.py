@@ -33,9 +33,9 @@ def test_a_tied_head_counts_its_matrix_once():
 
 def test_a_tied_head_is_one_copy_in_memory_until_morphed_apart():
     net = tied_net()
-    assert net.memory_by_dtype() == {"float32": 4 * (VOCAB * D + D)}
+    assert net.memory_by_dtype() == {"F32": 4 * (VOCAB * D + D)}  # a language model's: GGUF's names
     morph_sublayer(net.cells[2], 2, "int8")  # the head now holds an int8 copy beside the table
-    assert net.memory_by_dtype() == {"float32": 4 * (VOCAB * D + D), "int8": VOCAB * D}
+    assert net.memory_by_dtype() == {"F32": 4 * (VOCAB * D + D), "int8": VOCAB * D}
     assert net.parameter_count() == VOCAB * D + D  # still one matrix of the model
 
 
@@ -48,6 +48,18 @@ def test_a_language_model_counts_each_tensor_of_its_file_once(alias):
         assert net.parameter_count() == in_file
         assert net.summary()["parameters"] == in_file
     assert model_info.describe(path).parameters == in_file
+
+
+@pytest.mark.parametrize("alias", list(registry.BUILTINS))
+def test_a_language_model_holds_its_files_tensor_bytes_in_their_encodings(alias):
+    """Issue 14 §1: every layer shows its real encoding and bytes; the totals are the file's."""
+    reader = GGUFReader(registry.fetch(alias))
+    by_type: dict[str, int] = {}
+    for t in reader.tensors:
+        by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    with load_model(alias) as model:
+        assert model.net.memory_by_dtype() == by_type
+        assert model.net.memory_bytes() == sum(by_type.values())
 
 
 def test_summary_counts_cells_and_layers_apart():
