@@ -9,12 +9,14 @@ run of members with the same activation (members are ordered by activations with
 layer sizes form groups of their own, and a member this module cannot batch (any enabled layer
 that is not a plain Dense, observers attached) runs its own :meth:`VolumetricNetwork.forward`.
 Each member's output equals its own ``forward`` to float32 rounding: the same dtypes, the same
-row reading (spec §5.2) and the same activation code.
+row reading (spec §5.2) and the same activation code (the compiled kernel: the same formulas,
+tanh to within one float32 ulp; see :mod:`.batched_kernel`).
 
-On numpy with float32 input, layers of at most :data:`KERNEL_MAX_WEIGHTS` weights read by at most
-:data:`KERNEL_MAX_ROWS` rows run a compiled loop over all members (:mod:`.batched_kernel`); other
-layers (and other backends or float64 input) use the array module's stacked ``matmul``. Which
-one runs depends only on the layer's shape and the input's row count.
+On numpy with float32 input read by at most :data:`KERNEL_MAX_ROWS` rows, each run of consecutive
+layers of at most :data:`KERNEL_MAX_WEIGHTS` weights runs as one compiled call over all members,
+activations included (:mod:`.batched_kernel`); other layers (and other backends or float64 input)
+use the array module's stacked ``matmul`` and then each member's activation. Which one runs
+depends only on the layer sizes and the input's row count.
 
 A member's result never depends on which other members it was batched with (numpy's stacked
 ``matmul`` and the compiled loop compute each member's slice on its own), so fitness computed from
@@ -64,8 +66,10 @@ class NetworkStack:
                 members.append(i)
                 layers.append(keyed[1])
                 acts.append(keyed[2])
-        self.groups = [_Group(key, members, layers, acts, self.nets[members[0]].backend)
+        self.groups = [_Group(key, members, layers, acts, self.nets)
                        for key, (members, layers, acts) in found.items()]
+        # one group of every member in order: forward returns that stack's rows as they are
+        self._whole = len(self.groups) == 1 and self.groups[0].members == list(range(len(self.nets)))
 
     def forward_stacked(self, x, *, catch: Catch = ()) -> list[tuple]:
         """The outputs for input ``x``, group by group: a list of ``(members, result)`` where
@@ -80,8 +84,8 @@ class NetworkStack:
             if y is None:  # the sizes do not chain for this input: each member raises its own error
                 results.extend(([i], _own_forward(self.nets[i], x, catch)) for i in group.members)
                 continue
-            for i in group.members:
-                self.nets[i].count_pass()
+            for net in group.nets:
+                net.count_pass()
             results.append((group.members, y))
         return results
 
@@ -91,8 +95,11 @@ class NetworkStack:
         A member whose pass raises one of the ``catch`` exception types gets that exception in
         its slot instead of an output; any other exception propagates.
         """
+        stacked = self.forward_stacked(x, catch=catch)
+        if self._whole and len(stacked) == 1 and not isinstance(stacked[0][1], BaseException):
+            return list(stacked[0][1])  # iterating the stack makes its views in C
         out: list = [None] * len(self.nets)
-        for members, result in self.forward_stacked(x, catch=catch):
+        for members, result in stacked:
             if isinstance(result, BaseException):
                 out[members[0]] = result  # a member that raised runs alone
             else:  # iterating the stack makes its views in C: indexing it per member cost 0.13 ms a 1,000
@@ -151,13 +158,13 @@ def _own_forward(net: VolumetricNetwork, x, catch: Catch):
 
 
 class _Group:
-    """Same-keyed members: per enabled layer the members' weights stacked ``[N, out, in]``,
-    members ordered by their activations so that each layer's members of one activation are
-    contiguous runs."""
+    """Same-keyed members: their weights packed ``[N, total]``, each member's layers together
+    (layer ``j`` ``[out, in]`` at ``offsets[j]``), members ordered by their activations so that
+    each layer's members of one activation are contiguous runs."""
 
     def __init__(self, key: GroupKey, members: list[int], layers: list[list[Dense]],
-                 acts: list[tuple[str, ...]], backend):
-        self.backend = backend
+                 acts: list[tuple[str, ...]], nets: list[VolumetricNetwork]):
+        self.backend = nets[members[0]].backend
         _, self.precision, dims = key
         self.dims = list(dims)
         n = len(members)
@@ -172,12 +179,31 @@ class _Group:
             layers = [layers[k] for k in order]
             self.runs = [[(a, b, layers[a][j].cfg.act_id) for a, b, _ in _runs([acts[k][j] for k in order])]
                          for j in range(len(dims))]
+        self.nets = [nets[i] for i in self.members]  # counted per pass, without indexing
+        # the sizes chain when no layer's output is narrower than the next layer's input
+        self.chains = all(out >= n_in for (_, out), (n_in, _) in zip(dims, dims[1:], strict=False))
+        sizes = [n_in * n_out for n_in, n_out in dims]
+        offsets = np.cumsum([0, *sizes])
         # float32, the weights as each member's forward reads them (float32 values of its dtype);
         # a "loom" matmul on numpy converts them to float64 when first asked (see weights())
-        self._host = {np.dtype(np.float32): [
-            np.concatenate([_weights32(ls[j]) for ls in layers]).reshape(n, n_out, n_in)
-            for j, (n_in, n_out) in enumerate(dims)]}
+        self._packed = np.empty((n, offsets[-1]), np.float32)
+        stacks = []
+        for j, (n_in, n_out) in enumerate(dims):
+            w = self._packed[:, offsets[j]:offsets[j + 1]].reshape(n, n_out, n_in)  # a view
+            w[:] = np.concatenate([_weights32(ls[j]) for ls in layers]).reshape(n, n_out, n_in)
+            stacks.append(w)
+        self._host = {np.dtype(np.float32): stacks}
         self._device: dict[tuple[str, np.dtype], list] = {}
+        # runs of consecutive layers the compiled kernel takes (small) or the matmul takes, with
+        # the kernel's (in, out, offset) per layer and activation ids per member
+        act_ids = np.empty((n, len(dims)), np.int8)
+        for j, runs in enumerate(self.runs):
+            for a, b, act_id in runs:
+                act_ids[a:b, j] = act_id
+        self.segments = _runs([k <= KERNEL_MAX_WEIGHTS for k in sizes])
+        self._plans = {a: (np.array([(*dims[j], offsets[j]) for j in range(a, b)], np.int64),
+                           np.ascontiguousarray(act_ids[:, a:b]))
+                       for a, b, small in self.segments if small}
 
     def weights(self, xp, compute) -> list:
         """The stacks ``[N, out, in]`` in ``compute`` on ``xp`` (converted once, when first asked)."""
@@ -201,26 +227,21 @@ class _Group:
         if not self.dims:  # every layer disabled: forward returns the input as it is
             return xp.broadcast_to(h, (len(self.members), *h.shape)).copy()
         h = _first_rows(h, self.dims[0][0])
-        for j, (n_in, n_out) in enumerate(self.dims):
-            h = _rows(h, n_in) if j else h
-            if h is None:
-                return None
-            pre = self._matmul(xp, h, j, act, compute, n_in * n_out)
-            h = self._activate(xp, j, pre).astype(act, copy=False)
+        if h is None or not self.chains:
+            return None
+        kernel = xp is np and act is np.float32 and h.shape[0] <= KERNEL_MAX_ROWS
+        for start, stop, small in self.segments:
+            if small and kernel:
+                from . import batched_kernel
+
+                h = batched_kernel.forward(h, self._packed, *self._plans[start], compute)
+                continue
+            for j in range(start, stop):
+                n_in = self.dims[j][0]
+                h = _rows(h, n_in) if h.ndim == 3 else h  # the network input is read by every member
+                pre = h.astype(compute, copy=False) @ self.weights(xp, compute)[j].transpose(0, 2, 1)
+                h = self._activate(xp, j, pre).astype(act, copy=False)
         return h
-
-    def _matmul(self, xp, h, j: int, act, compute, n_weights: int):
-        """Layer ``j``'s pre-activations ``[N, B, out]`` in ``compute``: ``h[n] @ W[n].T``."""
-        if (xp is np and act is np.float32 and n_weights <= KERNEL_MAX_WEIGHTS
-                and h.shape[-2] <= KERNEL_MAX_ROWS):
-            from . import batched_kernel
-
-            w = self._host[np.dtype(np.float32)][j]  # float64 maths reads the float32 weights
-            if h.ndim == 2:  # the network input, read by every member
-                h = np.broadcast_to(h, (len(w), *h.shape))
-            return batched_kernel.dense(np.ascontiguousarray(h), w, compute)
-        w = self.weights(xp, compute)[j]
-        return h.astype(compute, copy=False) @ w.transpose(0, 2, 1)
 
     def _activate(self, xp, j: int, pre):
         """Each member's activation of layer ``j`` on its slice of ``pre``."""
@@ -260,12 +281,10 @@ def _first_rows(x, n_in: int):
 
 
 def _rows(h, n_in: int):
-    """``batch_rows`` applied to each member of a stack ``[N, B, width]``."""
+    """``batch_rows`` applied to each member of a stack ``[N, B, width]`` (``width >= n_in``)."""
     n, batch, width = h.shape
     if width == n_in:
         return h
-    if width < n_in:
-        return None
     return h.reshape(n, -1)[:, : batch * n_in].reshape(n, batch, n_in)
 
 

@@ -228,3 +228,85 @@ def test_runs_of_equal_activations():
     assert _runs([]) == []
     assert _runs([3]) == [(0, 1, 3)]
     assert _runs([0, 0, 5, 5, 5, -1]) == [(0, 2, 0), (2, 5, 5), (5, 6, -1)]
+
+
+ALL_ACTS = ["ReLU", "Silu", "GELU", "Tanh", "Sigmoid", "Linear", "LeakyReLU", "ReLU2"]
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("act", ALL_ACTS)
+def test_fused_kernel_equals_own_forward_per_activation(precision, batch, act):
+    # small layers, <= 8 rows: one compiled call runs every layer and activation of each member
+    rng = np.random.default_rng(14)
+    nets = [mlp([12, 16, 16, 4], rng, act, precision=precision) for _ in range(20)]
+    x = (rng.standard_normal((batch, 12)) * 2).astype(np.float32)
+    assert_same_as_forward(nets, x, NetworkStack(nets).forward(x))
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+def test_fused_kernel_alone_chunked_and_whole_give_the_same_bits(precision):
+    # 200 members of 32-64-64-8 with per-member activations pass the threading threshold
+    # (PARALLEL_MIN_MACS) together, not alone or in chunks of 7: the same bits every way
+    rng = np.random.default_rng(15)
+    nets = []
+    for k in range(200):
+        net = mlp([32, 64, 64, 8], rng, precision=precision)
+        for j, layer in enumerate(net.cells):
+            layer.cfg.activation = ALL_ACTS[(k + j) % len(ALL_ACTS)]
+        nets.append(net)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    whole = NetworkStack(nets).forward(x)
+    chunks = [y for i in range(0, len(nets), 7) for y in NetworkStack(nets[i:i + 7]).forward(x)]
+    for i in range(len(nets)):
+        alone = NetworkStack([nets[i]]).forward(x)[0]
+        np.testing.assert_array_equal(whole[i], alone)
+        np.testing.assert_array_equal(chunks[i], alone)
+    if precision == "loom":  # float32 sums here cancel from terms of ~13 to ~0.2: the summation
+        assert_same_as_forward(nets, x, whole)  # order alone moves them by ~4e-6 (BLAS vs ours)
+
+
+def test_small_layers_after_a_large_one_take_the_kernel_per_member():
+    # 300x200 takes the matmul; its output feeds the fused kernel (its 200 -> 16 -> 3 layers),
+    # each member from its own rows; 9 rows take the matmul for every layer
+    rng = np.random.default_rng(16)
+    nets = [mlp([300, 200, 16, 3], rng, act, precision=p)
+            for act in ("Tanh", "ReLU") for p in ("fast", "loom") for _ in range(2)]
+    for rows in (1, 9):
+        x = rng.standard_normal((rows, 300)).astype(np.float32)
+        assert_same_as_forward(nets, x, forward_many(nets, x))
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+def test_nan_and_inf_inputs_through_every_fused_activation(precision):
+    rng = np.random.default_rng(17)
+    nets = [mlp([3, 5, 2], rng, act, precision=precision) for act in ALL_ACTS]
+    x = np.array([[np.nan, 1, 2], [np.inf, 0, 0], [-np.inf, 1, 0], [1e30, -1e30, 3]], np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        outs = forward_many(nets, x)
+        for net, y in zip(nets, outs, strict=True):
+            ref = net.forward(x)
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+            np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+            ok = np.isfinite(ref)
+            np.testing.assert_allclose(y[ok], ref[ok], rtol=2e-6, atol=2e-6)
+
+
+def test_kernel_tanh_is_within_one_float32_ulp():
+    from loomlab.core.evolve.batched_kernel import _tanh
+
+    tanh = numba_vectorize(_tanh)
+    v = np.concatenate([np.linspace(-12, 12, 400_001), np.geomspace(1e-30, 1e-2, 1001),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 9.0, 9.02, -9.02]])
+    with np.errstate(invalid="ignore"):  # +-inf: the rational's inf/inf, not the result, is NaN
+        ours, ref = tanh(v).astype(np.float32), np.tanh(v).astype(np.float32)
+    ulps = np.abs(ours.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+    assert ulps[~np.isnan(ref)].max() <= 1
+    assert np.isnan(ours[np.isnan(ref)]).all()
+    np.testing.assert_array_equal(np.signbit(ours[v == 0]), np.signbit(v[v == 0]))  # -0.0 stays -0.0
+
+
+def numba_vectorize(fn):
+    import numba
+
+    return numba.vectorize(["float64(float64)"])(fn.py_func)
