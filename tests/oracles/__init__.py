@@ -1,0 +1,1 @@
+"""Reference implementations the tests compare against, built from their authors' own sources."""
