@@ -39,3 +39,20 @@ def float32_stats(f):
     avg = total / n
     var = max(squares / n - avg * avg, np.float32(0.0))
     return avg, np.sqrt(var), lo, hi, active
+
+
+@numba.njit(cache=True, nogil=True)
+def error_sums(r, v):
+    """``(||r||², ||v||², ||v - r||², r·v)`` of two float32 vectors, accumulated in float64 in one
+    pass: comparing a language model's layer with the file's weights reads each weight once
+    instead of making float64 copies of both (7 s of a 13 s Revert of SmolLM2 before)."""
+    rr = vv = dd = rv = 0.0
+    for i in range(r.size):
+        a = np.float64(r[i])
+        b = np.float64(v[i])
+        d = b - a
+        rr += a * a
+        vv += b * b
+        dd += d * d
+        rv += a * b
+    return rr, vv, dd, rv

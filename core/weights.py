@@ -25,13 +25,14 @@ def relative_error(reference: np.ndarray, values: np.ndarray) -> tuple[float, fl
     return error_from_sums(*sums)
 
 
-def error_sums(reference: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
+def error_sums(reference: np.ndarray, values: np.ndarray) -> tuple[float, float, float, float]:
     """``(||r||², ||v||², ||v - r||², r·v)`` in float64: what :func:`error_from_sums` needs, summed
     part by part when a layer's weights are compared a matrix at a time."""
-    r = np.asarray(reference, dtype=np.float64).ravel()
-    v = np.asarray(values, dtype=np.float64).ravel()
-    d = v - r
-    return float(r @ r), float(v @ v), float(d @ d), float(r @ v)
+    from .stats_kernel import error_sums as sums  # compiled on first use: core imports quickly
+
+    r = np.ascontiguousarray(reference, dtype=np.float32).ravel()
+    v = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    return sums(r, v)
 
 
 def error_from_sums(rr: float, vv: float, dd: float, rv: float) -> tuple[float, float]:

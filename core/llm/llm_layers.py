@@ -145,8 +145,8 @@ class MatrixStore(WeightStore):
 
     def morph_to(self, target: str) -> str:
         if target in (self.file_encoding(), "float32") or is_block_format(target):
-            self.encoded = None
-            if is_block_format(target):
+            self.encoded = None  # the file's own (its encoding named, or Loom's float32)
+            if is_block_format(target) and target != self.file_encoding():
                 self.encoded = {name: encode(m, target) if is_matrix(m) else m
                                 for name, m in self.blocks.items()}
             # no float32 master or Loom dtype copies stay behind: the file's blocks rebuild them
