@@ -60,6 +60,7 @@ from ..layer_names import layer_name
 from ..layers.base import Layer
 from ..morph import morph_sublayer, weighted_cells
 from ..morph_probe import log_softmax
+from .block_morph import BLOCK_FORMATS, is_block_format
 
 DEFAULT_CTX = 256  # tokens per chunk; llama.cpp's own default is 512 (give ctx=512 for that)
 MIN_PROBE_TOKENS = 512  # and at least two chunks (llama.cpp's rule: 2 * ctx tokens)
@@ -306,14 +307,17 @@ def weighted_layers(net) -> list[WeightedLayer]:
 
 
 def format_name(name: Any) -> str:
-    """The canonical name of a format a layer can be morphed to (today Loom's 21 dtypes and their
-    aliases; the one check to widen when GGUF's block formats become morph targets)."""
+    """The canonical name of a format a layer can be morphed to: one of GGUF's block formats
+    (:data:`~.block_morph.BLOCK_FORMATS`) or Loom's 21 dtypes (any of their spellings)."""
     if not isinstance(name, str):
-        raise LoomConfigError(f"a format is a name such as int8 or float16, got {name!r}")
+        raise LoomConfigError(f"a format is a name such as Q8_0, int8 or float16, got {name!r}")
+    if is_block_format(name):
+        return name
     try:
         return dtypes.get_format(name).name
     except LoomConfigError:
-        raise LoomConfigError(f"unknown format {name!r}; expected one of Loom's dtypes: "
+        raise LoomConfigError(f"unknown format {name!r}; expected one of GGUF's block formats "
+                              f"({', '.join(BLOCK_FORMATS)}) or Loom's dtypes: "
                               f"{', '.join(sorted(dtypes.FORMATS))}") from None
 
 
@@ -428,7 +432,10 @@ def _layer_position(key: Any, names: dict[str, int], layers: list[WeightedLayer]
 
 
 def _without_noops(layers: list[WeightedLayer], plan: dict[int, str]) -> dict[int, str]:
-    return {i: fmt for i, fmt in plan.items() if layers[i].layer.cfg.dtype != fmt}
+    def now(layer) -> tuple[str, str]:  # its dtype, and its encoding (a language model's: Q4_1 ...)
+        return layer.cfg.dtype, layer.weights.encoding(layer.cfg.dtype)
+
+    return {i: fmt for i, fmt in plan.items() if fmt not in now(layers[i].layer)}
 
 
 # ----- morphed states ----------------------------------------------------------------------------
