@@ -689,7 +689,8 @@ class QuantMatrix:
 
 
 def warm_up() -> None:
-    """Run every kernel once on a one-block matrix, so none is loaded on first use.
+    """Run every kernel once on a one-block matrix (and the encoders a morph to a block format
+    uses), so none is loaded on first use.
 
     numba's first call initialises its compiler and loads the cached machine code, holding the
     GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
@@ -702,11 +703,17 @@ def warm_up() -> None:
     had warmed up here. A pool ends with its thread, so the caller is left with none.
     """
     def run() -> None:
+        from ..stats_kernel import error_sums
+        from .quantize import QUANTIZE_FORMATS, quantize  # a morph to a block format: encoder, report
+
         for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
             m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type,
                             shape=(1, fmt.block_elems), name="warm-up")
             m.matvec(np.zeros(fmt.block_elems, F32))
             m.rows(np.zeros(1, np.int64))
+        for name in QUANTIZE_FORMATS:
+            quantize(np.zeros((1, 256), F32), name)
+        error_sums(np.zeros(1, F32), np.zeros(1, F32))
 
     worker = threading.Thread(target=run, name="loomlab-warm-up")
     worker.start()
