@@ -61,7 +61,8 @@ def main() -> None:
     print(json.dumps({
         "machine": machine(), "python": platform.python_version(), "model": args.model, "format": args.format,
         "file_mb": round(file_size / MB, 1), "new_blocks_mb": round(new_blocks / MB, 1),
-        "rss_baseline_mb": round(baseline / MB, 1), "rss_loaded_mb": round(loaded / MB, 1), "rss_morphed_mb": round(morphed / MB, 1),
+        "rss_baseline_mb": round(baseline / MB, 1), "rss_loaded_mb": round(loaded / MB, 1),
+        "rss_morphed_mb": round(morphed / MB, 1),
         "rss_reverted_mb": round(reverted / MB, 1),
         "model_morphed_mb": round((morphed - baseline) / MB, 1),
         "bound_mb": round((file_size + new_blocks) / MB + 150, 1),
