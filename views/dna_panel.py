@@ -387,7 +387,8 @@ class DNAPanel(QWidget):
 
     def merge(self) -> None:
         """Merge the two language models picked into the output folder in a job (the models are
-        read from their files); :attr:`child_ready` follows with the folder's path."""
+        read from their files, so a loaded model that is morphed is refused with the reason);
+        :attr:`child_ready` follows with the folder's path."""
         pair = self._pair()
         if pair is None:
             return

@@ -99,10 +99,15 @@ def model_path(obj: Any) -> str:
     """The file or folder a loaded language model was read from (what a merge reads)."""
     if isinstance(obj, str | os.PathLike):
         return str(obj)
-    source = getattr(getattr(obj, "net", obj), "source", None)
+    net = getattr(obj, "net", obj)
+    source = getattr(net, "source", None)
     if source is None:
         raise LoomConfigError("this model was not read from a file, so it cannot be merged; "
                               "pick a model file, folder or name")
+    if any(layer.cfg.dtype != "float32" or getattr(layer.weights, "encoded", None) is not None
+           for layer in net.weighted_layers()):
+        raise LoomConfigError("the loaded model is morphed, and a merge reads the model's file: the "
+                              "merge would not have the morph; revert it, or pick its file to merge that")
     return str(source.path)
 
 

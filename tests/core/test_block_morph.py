@@ -81,3 +81,20 @@ def test_morphing_to_q8_0_drifts_little_as_llama_cpp_measures_it(smollm2):
     stats = report.stats
     assert stats.kl_mean < 0.01 and stats.same_top > 0.95
     assert smollm2.net.memory_by_dtype()["Q4_1"] > 0  # measured on copies: the model is as loaded
+
+
+def test_a_morphed_loaded_model_is_not_merged_from_its_file(smollm2):
+    """A merge reads the models' files: for a loaded model that is morphed it would silently drop
+    the morph, so it is refused with the reason until the model is reverted."""
+    from loomlab.core.evolve.dna_table import model_path
+
+    assert model_path(smollm2) == str(smollm2.net.source.path)
+    index, layer = weighted_cells(smollm2.net)[5]
+    original = layer.weights.file_encoding()
+    morph_sublayer(layer, index, "Q8_0")
+    try:
+        with pytest.raises(LoomConfigError, match="the loaded model is morphed"):
+            model_path(smollm2)
+    finally:
+        morph_sublayer(layer, index, original)
+    assert model_path(smollm2) == str(smollm2.net.source.path)
