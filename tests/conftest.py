@@ -14,6 +14,15 @@ import pytest
 QT_FIXTURES = {"qtbot", "qapp"}
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """The built-in smollm2-135m, loaded once per test module (a test that morphs it puts it back)."""
+    from loomlab.core.llm.textmodel import load_model
+
+    with load_model("smollm2-135m") as model:
+        yield model
+
+
 @pytest.fixture(autouse=True)
 def _no_dangling_threads():
     before = set(threading.enumerate())

@@ -19,7 +19,6 @@ and another panel's selection is shown with :meth:`MorphPanel.select_layer_key`,
 from __future__ import annotations
 
 import html
-import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,7 +59,6 @@ CELL, LAYER, TYPE, DTYPE, PARAMS, BYTES, REL_ERROR, REL_MSE, COSINE = range(len(
 WIDE = 1.6  # width / height above which the controls sit beside the table, not under it
 NO_CHOICE = "—"
 FRAME_MS = 50  # reports a job streams are drawn together, this often
-PROGRESS_DRAW_S = 0.2
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
 DEFAULT_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the old cat sleeps in the warm sun."
 
@@ -131,7 +129,6 @@ class MorphPanel(QWidget):
         self._report_timer.setSingleShot(True)
         self._report_timer.setInterval(FRAME_MS)
         self._report_timer.timeout.connect(self._draw_new_reports)
-        self._progress_drawn = 0.0  # when the progress bar was last moved (monotonic seconds)
         self._build_ui()
 
     # ----- layout ----------------------------------------------------------------------------------
@@ -731,13 +728,8 @@ class MorphPanel(QWidget):
     def _on_progress(self, stage: str, done: int, total: int) -> None:
         if self._closed:
             return
-        # QProgressBar.setValue repaints at once, and here that repainted the whole side panel
-        # and table behind it: at most ~5 moves a second (and the last step)
-        now = time.monotonic()
-        if done >= total or now - self._progress_drawn >= PROGRESS_DRAW_S:
-            self._progress_drawn = now
-            self.progress.setRange(0, total)
-            self.progress.setValue(done)
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
         self.status.setText(f"{stage} ({done}/{total})" if total else stage)
 
     def _sync_controls(self) -> None:

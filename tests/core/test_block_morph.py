@@ -15,12 +15,6 @@ from loomlab.core.llm.textmodel import load_model
 from loomlab.core.morph import morph_all, morph_sublayer, weighted_cells
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    with load_model("smollm2-135m") as model:
-        yield model
-
-
 def matrices(net):
     """Every 2-D matrix forward reads, once each, by identity."""
     seen = {}

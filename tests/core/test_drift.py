@@ -124,9 +124,8 @@ def test_accumulator_rejects_mismatched_shapes():
 
 # ----- SmolLM2-135M --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def model():
-    with load_model("smollm2-135m") as m:
-        yield m
+def model(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,8 @@ LAM = 0.7
 
 
 @pytest.fixture(scope="module")
-def model():
-    with load_model("smollm2-135m") as m:
-        yield m
+def model(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

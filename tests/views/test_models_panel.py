@@ -143,7 +143,7 @@ def test_load_preview_unload(make_panel, qtbot, monkeypatch):
     model = loaded.args[0]
     assert isinstance(model, TextModel) and panel.model is model and busy == [True, False]
     assert isinstance(model.tokenizer, TokenizerProcess) and model.tokenizer.running  # off this GIL
-    # it moved, to the end (the job throttles progress to ~30 updates a second, so a fast load
+    # it moved, to the end (the job throttles progress to 5 updates a second, so a fast load
     # shows only a few steps), then the idle bar went away, empty
     assert values[-1] == 0 and panel.progress_bar.isHidden() and panel.progress_bar.text() == ""
     moved = values[:-1]

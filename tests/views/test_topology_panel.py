@@ -360,26 +360,18 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    from loomlab.core.llm import load_model
-
-    with load_model("smollm2-135m") as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def smollm_tensors(smollm):
+def smollm_tensors(smollm2):
     """The oracle: the GGUF file's own tensor list, name -> (type name, dimensions)."""
-    with open_gguf(smollm.net.source.path) as gguf:
+    with open_gguf(smollm2.net.source.path) as gguf:
         return {name: (t.type_name, len(t.shape)) for name, t in gguf.tensors.items()}
 
 
 ATTENTION_9 = (0, 0, 10, 0, "sequential_layers[0].sequential_layers[1]")  # cell 0 is the embedding
 
 
-def test_llm_inspector_names_the_files_tensors_and_encodings_also_after_a_morph(qtbot, smollm, smollm_tensors,
-                                                                                runner):
-    net = smollm.net
+def test_llm_inspector_names_the_files_tensors_and_encodings_also_after_a_morph(qtbot, smollm2,
+                                                                                smollm_tensors, runner):
+    net = smollm2.net
     panel = make_panel(qtbot, net, runner=runner)
     topo = panel.topology
     assert len(topo.rows) == 273 and sum(1 for r in topo.rows if not r.path and r.type == "Sequential") == 30
@@ -430,8 +422,8 @@ def test_llm_inspector_names_the_files_tensors_and_encodings_also_after_a_morph(
     panel.shutdown()
 
 
-def test_llm_block_numbers_and_hover_tooltips(qtbot, smollm):
-    net = smollm.net
+def test_llm_block_numbers_and_hover_tooltips(qtbot, smollm2):
+    net = smollm2.net
     panel = make_panel(qtbot, net)
     topo = panel.topology
     blocks = [i for i, r in enumerate(topo.rows) if not r.path and r.type == "Sequential"]
@@ -452,14 +444,14 @@ def test_llm_block_numbers_and_hover_tooltips(qtbot, smollm):
     panel.shutdown()
 
 
-def test_llm_activity_lights_up_while_generating(qtbot, smollm, runner):
-    net = smollm.net
+def test_llm_activity_lights_up_while_generating(qtbot, smollm2, runner):
+    net = smollm2.net
     panel = make_panel(qtbot, net)  # the default sampling rate, as in the window
     panel.select_layer_key(ATTENTION_9)
     panel.colour_mode.setCurrentIndex(panel.colour_mode.findData("rms"))
     assert np.isclose(panel.scatter.color, IDLE_COLOUR).all()
     seen = StatsByStep(net)
-    runner.start(lambda job: [r.text for r in smollm.generate("The capital of France is", max_tokens=3,
+    runner.start(lambda job: [r.text for r in smollm2.generate("The capital of France is", max_tokens=3,
                                                              temperature=0)], name="generate")
     qtbot.waitUntil(lambda: not runner.active, timeout=30000)
 
@@ -480,15 +472,15 @@ def test_llm_activity_lights_up_while_generating(qtbot, smollm, runner):
 TABBED = (986, 567)  # the panel raised in its tab beside Chat in a 1600x1000 main window (measured)
 
 
-def test_in_a_1600x1000_window_nothing_is_clipped(qtbot, smollm):
+def test_in_a_1600x1000_window_nothing_is_clipped(qtbot, smollm2):
     panel = TopologyPanel()
     qtbot.addWidget(panel)
     panel.resize(*TABBED)
     panel.show()
     qtbot.waitExposed(panel)
-    panel.set_network(smollm.net)
+    panel.set_network(smollm2.net)
     panel.select_layer_key(ATTENTION_9)
-    smollm.net.step(np.array([[1, 9690, 28]]))
+    smollm2.net.step(np.array([[1, 9690, 28]]))
     qtbot.waitUntil(lambda: "step" in panel.inspector.fields["Last stats"].text(), timeout=3000)
     qtbot.wait(50)  # the layout answers the new text on its next pass
     assert panel.minimumSizeHint().width() <= TABBED[0] and panel.minimumSizeHint().height() <= TABBED[1]
