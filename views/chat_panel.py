@@ -75,7 +75,12 @@ from .workers import Job, JobRunner
 
 TOP_ALTERNATIVES = 5  # logprobs asked of the model per token
 KEPT_REPLIES = 32  # replies whose TokenRecords stay in memory for the alternatives view
-FRAME_MS = 50  # the streamed text reaches the view once a frame, 20 times a second
+# The streamed text reaches the view once a frame, 10 times a second (a few tokens a frame, as
+# chat apps stream). Each frame holds the GUI thread for the insert and the reply paragraph's
+# new layout, and on 2 cores that time is taken from one of the decoding kernels' two threads,
+# which stalls both at the next barrier: 20 frames a second cost 2-3% of the decode rate
+# (bench_gui_chat: window/`loomlab bench` 0.886-0.889 at 50 ms, 0.906-0.912 at 100 ms).
+FRAME_MS = 100
 # The live speed estimate is re-sent at most this often: a figure changing 30 times a second is
 # unreadable, and each change repaints the status bar (~0.6 ms of the GUI thread, which the
 # decoding threads pay for on a small machine). The final figure is always sent.

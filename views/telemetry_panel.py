@@ -37,11 +37,15 @@ MAX_RATE_HZ = 30.0
 # Each refresh holds the GIL for a few ms (drain, pyqtgraph's redraw, mostly Python), and while it
 # does the decoding thread cannot launch its next kernel: at 10 Hz that cost an LLM's decode a few
 # percent, at 30 Hz several times more (bench_telemetry); in the window at 5 Hz the refreshes
-# were 60% of the GUI thread's Python time during a chat reply (bench_gui_chat). Twice a second,
-# as system monitors refresh their graphs, is live enough: the passes are still recorded at
-# sample_hz, one column each, so nothing is lost between refreshes.
-DEFAULT_RATE_HZ = 2.0
-DEFAULT_SAMPLE_HZ = 10.0  # passes a second the heatmap records: one column per pass
+# were 60% of the GUI thread's Python time during a chat reply (bench_gui_chat). Once a second,
+# as system monitors refresh their graphs (htop, GNOME's), is live enough: the passes are still
+# recorded at sample_hz, one column each, so nothing is lost between refreshes.
+DEFAULT_RATE_HZ = 1.0
+# Passes a second the heatmap records, one column each (128 columns: the last 25 s). A sampled
+# pass of SmolLM2 is ~360 layer statistics, ~2.5 ms of the decoding thread: at 10 a second that
+# was 2-3% of its decode rate, at 5 about 1% (128 tokens with a CallbackObserver attached: 55-57
+# tokens/s at 10 Hz, 57.5-58 at 5 Hz, 58-59 without).
+DEFAULT_SAMPLE_HZ = 5.0
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
 LABELLED_ROWS = 40  # up to this many rows the heatmap's axis names every layer
