@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes its bits away, as for any new file
 
@@ -16,12 +19,22 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     The result has the mode of the file it replaces, or, for a new file, the one the umask
     gives (0644 under the usual 022), as if it had been written in place.
     """
+    with replacing(path) as f:
+        f.write(data)
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """:func:`write_atomic` for content written a piece at a time: yields the temporary file
+    beside ``path``, open for binary writing; when the block ends, fsyncs it and replaces
+    ``path`` with it. On any exception (a cancel included) the temporary file is removed and
+    ``path`` is left as it was."""
     path = Path(path)
     fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             _keep_mode(path, f.fileno())
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

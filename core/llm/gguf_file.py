@@ -97,11 +97,15 @@ class GGUFFile:
     """
 
     def __init__(self, path: Path, version: int, metadata: dict[str, Any], kv_offsets: dict[str, int],
-                 alignment: int, data_offset: int, file_size: int, mapping: mmap.mmap):
+                 alignment: int, data_offset: int, file_size: int, mapping: mmap.mmap,
+                 kv_types: dict[str, tuple[int, int | None]] | None = None):
         self.path = path
         self.version = version
         self.metadata = metadata
         self.kv_offsets = kv_offsets  # key -> byte offset of its KV pair, for precise errors
+        # key -> (GGUF value type, element type of an array or None): the Python values above no
+        # longer say whether an int was a uint32 or an int32, which llama.cpp checks (and a copy needs)
+        self.kv_types = kv_types or {}
         self.alignment = alignment
         self.data_offset = data_offset
         self.file_size = file_size
@@ -193,11 +197,11 @@ def check_header(head: bytes, size: int) -> tuple[int, int, int]:
 def _parse(path: Path, buf: mmap.mmap, size: int, header: tuple[int, int, int]) -> GGUFFile:
     version, n_tensors, n_kv = header
     cur = _Cursor(buf, size, HEADER.size)
-    metadata, kv_offsets = _read_metadata(cur, n_kv)
+    metadata, kv_offsets, kv_types = _read_metadata(cur, n_kv)
     alignment = _alignment(metadata, kv_offsets)
     infos = [_read_tensor_info(cur, i) for i in range(n_tensors)]
     data_offset = -(-cur.pos // alignment) * alignment
-    gguf = GGUFFile(path, version, metadata, kv_offsets, alignment, data_offset, size, buf)
+    gguf = GGUFFile(path, version, metadata, kv_offsets, alignment, data_offset, size, buf, kv_types)
     gguf.tensors = _place_tensors(gguf, infos)
     return gguf
 
@@ -236,9 +240,11 @@ _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _SCALARS = {t: struct.Struct("<" + c) for t, c in zip(_NUMERIC, "BbHhIifQqd", strict=True)}
 
 
-def _read_metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, int]]:
+def _read_metadata(cur: _Cursor, n_kv: int
+                   ) -> tuple[dict[str, Any], dict[str, int], dict[str, tuple[int, int | None]]]:
     metadata: dict[str, Any] = {}
     offsets: dict[str, int] = {}
+    types: dict[str, tuple[int, int | None]] = {}
     for i in range(n_kv):
         start = cur.pos
         key = cur.string(f"metadata[{i}].key", MAX_KEY_BYTES)
@@ -247,9 +253,12 @@ def _read_metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, i
         if key in metadata:
             raise ModelFormatError(key, f"duplicate metadata key (first at byte {offsets[key]})", start)
         vtype = cur.unpack(_U32, key)
+        value_at = cur.pos
         metadata[key] = _read_value(cur, vtype, key, start)
         offsets[key] = start
-    return metadata, offsets
+        # an array's element type is its first field, read (and so bounded) just above
+        types[key] = (vtype, _U32.unpack_from(cur.buf, value_at)[0] if vtype == _ARRAY else None)
+    return metadata, offsets, types
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str, kv_start: int) -> Any:
