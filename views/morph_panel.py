@@ -11,6 +11,11 @@ probe text, shown with its token count). Revert morphs every layer back to the d
 when the network was set; that is lossless because morphing never changes the master. Jobs run one
 at a time, and only while the panel is visible: hidden behind another tab it costs nothing.
 
+A language model's layers can also be ranked by how sensitive they are to the formats chosen (the
+Sensitivity tab, :mod:`~loomlab.views.sensitivity_view`: each layer morphed alone and its KL
+measured, as ``loomlab quant-report --per-layer`` does), and the chosen formats saved and loaded
+as a JSON recipe ``{layer name: format}`` that ``quant-report --recipe`` and ``resolve_recipe`` read.
+
 The table sorts by any column (numbers as numbers). Rows are keyed by the layer key observer events
 carry, ``(z, y, x, l, path)``: a row the user selects is announced (:attr:`MorphPanel.layer_selected`)
 and another panel's selection is shown with :meth:`MorphPanel.select_layer_key`, without an echo.
@@ -19,9 +24,11 @@ and another panel's selection is shown with :meth:`MorphPanel.select_layer_key`,
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -40,17 +47,21 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from loomlab.core import save_network
+from loomlab.core.errors import LoomConfigError
+from loomlab.core.io.atomic import write_atomic
 from loomlab.core.layer_names import LayerKey, layer_label
 from loomlab.core.layers.base import Layer
 from loomlab.core.morph import MorphReport, layer_report, morph_sublayer, probe_input, weighted_cells
 from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
 
+from .sensitivity_view import SensitivityView
 from .sort_items import SORT_ROLE, SortItem
 from .workers import Job, JobRunner
 
@@ -108,6 +119,7 @@ class MorphPanel(QWidget):
         super().__init__(parent)
         self._runner = runner
         self._net: VolumetricNetwork | None = None
+        self._model: Any = None  # the language model shown (None for a Loom network): sensitivity needs it
         self._rows: list[_Row] = []
         self._anchors: list[QTableWidgetItem] = []  # each row's Cell item: finds the row however sorted
         self._row_of: dict[tuple[int, str], int] = {}  # a report's (index, path) -> row in _rows
@@ -160,6 +172,13 @@ class MorphPanel(QWidget):
         self.revert_button.clicked.connect(self.revert)
         self.save_button = QPushButton("Save as .loom…")
         self.save_button.clicked.connect(self._ask_save_path)
+        self.load_recipe_button = QPushButton("Load recipe…")
+        self.load_recipe_button.setToolTip("Choose the formats a JSON recipe names (then Apply)")
+        self.load_recipe_button.clicked.connect(self._ask_recipe_to_load)
+        self.save_recipe_button = QPushButton("Save recipe…")
+        self.save_recipe_button.setToolTip("Save the chosen formats that differ from the layers' formats as "
+                                           "loaded, as a JSON recipe (quant-report --recipe reads it)")
+        self.save_recipe_button.clicked.connect(self._ask_recipe_save_path)
         choose_all = QHBoxLayout()
         choose_all.addWidget(QLabel("All layers:"))
         choose_all.addWidget(self.all_combo, 1)
@@ -168,6 +187,11 @@ class MorphPanel(QWidget):
             controls.addWidget(w)
         controls.addStretch(1)
         controls.addWidget(self.save_button)
+        recipe = QHBoxLayout()
+        recipe.addWidget(QLabel("Recipe:"))
+        recipe.addStretch(1)
+        recipe.addWidget(self.load_recipe_button)
+        recipe.addWidget(self.save_recipe_button)
 
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
@@ -192,6 +216,7 @@ class MorphPanel(QWidget):
         side.addWidget(self.probe_label)
         side.addLayout(choose_all)
         side.addLayout(controls)
+        side.addLayout(recipe)
         side.addLayout(summary)
         side.addStretch(1)
         side.addLayout(busy)
@@ -206,8 +231,14 @@ class MorphPanel(QWidget):
         self._side.setFrameShape(QFrame.Shape.NoFrame)
         self._side.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         side.setContentsMargins(0, 0, 0, 0)
+        self.sensitivity = SensitivityView()
+        self.sensitivity.measure_requested.connect(self.measure_sensitivity)
+        self.sensitivity.layer_chosen.connect(self._select_by_name)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.table, "Layers")
+        self.tabs.addTab(self.sensitivity, "Sensitivity")
         self._layout = QBoxLayout(QBoxLayout.Direction.TopToBottom, self)
-        self._layout.addWidget(self.table, 1)
+        self._layout.addWidget(self.tabs, 1)
         self._layout.addWidget(self._side)
         self._sync_controls()
 
@@ -255,6 +286,7 @@ class MorphPanel(QWidget):
                 self.table.selectRow(self._table_row(k))
                 self.table.scrollToItem(self._anchors[k])
         self._selected = None if k is None else self._rows[k].key
+        self.sensitivity.select_layer(None if k is None else self._rows[k].name)
         return k is not None
 
     def selected_layer_key(self) -> LayerKey | None:
@@ -269,7 +301,16 @@ class MorphPanel(QWidget):
         if self._quiet or key is None or key == self._selected:
             return  # selected from code, or the same layer still (a re-sort moves, not changes, it)
         self._selected = key
+        self.sensitivity.select_layer(self._rows[self._row_of_key[key]].name)
         self.layer_selected.emit(key)
+
+    def _select_by_name(self, name: str) -> None:
+        """The user chose a layer in the Sensitivity tab: select its row as if clicked there, so the
+        other panels follow."""
+        k = next((k for k, row in enumerate(self._rows) if row.name == name), None)
+        if k is not None:
+            self.table.selectRow(self._table_row(k))
+            self.table.scrollToItem(self._anchors[k])
 
     @contextmanager
     def _quietly(self):
@@ -320,6 +361,8 @@ class MorphPanel(QWidget):
 
     def _set_model(self, model: Any, probe_text: str, max_probe_tokens: int) -> None:
         self._show(model.net, f"Model {getattr(model, 'name', '') or type(model.net).__name__}")
+        self._model = model
+        self._sync_controls()
         quoted = html.escape(probe_text)
         self.probe_label.setText(f"<b>Probe</b> “{quoted}” (counting tokens…)")
 
@@ -391,6 +434,79 @@ class MorphPanel(QWidget):
         self._morph([(row, row.original) for row in self._rows if row.current != row.original],
                     "revert")
 
+    def chosen_recipe(self) -> dict[str, str]:
+        """The formats chosen in the table that differ from the layers' formats as loaded, by layer
+        name: the whole recipe that takes the file to what the table shows, applied or pending (a
+        recipe of only the pending rows would be empty after Apply, and one of every row would name
+        the file's own encodings, F32 norms and all, which are no morph)."""
+        return {row.name: self._combo(k).currentText() for k, row in enumerate(self._rows)
+                if self._combo(k).currentText() != row.original}
+
+    def save_recipe(self, path: str) -> None:
+        """Write :meth:`chosen_recipe` to ``path`` as JSON, atomically (a failed save leaves the old
+        file or none)."""
+        recipe = self.chosen_recipe()
+        try:
+            write_atomic(path, (json.dumps(recipe, indent=2) + "\n").encode("utf-8"))
+        except OSError as e:
+            self.status.setText(f"cannot save the recipe to {path}: {e.strerror or e}")
+            return
+        self.status.setText(f"saved a recipe of {len(recipe)} layers to {path}")
+
+    def load_recipe(self, path: str) -> int:
+        """Choose the formats the JSON recipe at ``path`` names, read as ``loomlab quant-report
+        --recipe`` reads it (so it may name layers by tensor or position, or set "*"); the other
+        rows go back to their current format. Nothing morphs until :meth:`apply`. Returns how many
+        rows were chosen; a recipe the engine refuses is reported in the status line, and changes
+        nothing."""
+        from loomlab.core.llm.drift import resolve_recipe, weighted_layers  # the engine's reading of a recipe
+
+        try:
+            plan = resolve_recipe(self._net, path)
+        except LoomConfigError as e:
+            self.status.setText(f"recipe not loaded: {e}")
+            return 0
+        layers = weighted_layers(self._net)
+        with self._bulk_update():
+            for k, row in enumerate(self._rows):
+                self._choose(k, row.current)
+            return self.choose_recipe({layers[i].name: fmt for i, fmt in plan.items()})
+
+    def measure_sensitivity(self) -> None:
+        """Morph each layer whose chosen format differs from its current one (those the Sensitivity
+        tab's patterns match) alone and rank them by KL, as ``loomlab quant-report --per-layer``
+        does, in a job; the tab shows the result."""
+        from loomlab.core.llm.drift import DEFAULT_CTX, measure_drift
+
+        model, view = self._model, self.sensitivity
+        if model is None:
+            self.status.setText("sensitivity is measured on a language model")
+            return
+        patterns = view.patterns()
+        recipe = {row.name: self._combo(k).currentText() for k, row in enumerate(self._rows)
+                  if self._combo(k).currentText() != row.current
+                  and (not patterns or any(fnmatchcase(row.name, p) for p in patterns))}
+        if not recipe:
+            where = f" among the layers matching {' '.join(patterns)}" if patterns else ""
+            self.status.setText(f"nothing to measure: choose formats other than the current ones{where}")
+            return
+        probe, ctx = view.probe, DEFAULT_CTX if view.ctx is None else view.ctx
+
+        def work(job: Job):
+            def progress(done: int, total: int, what: str) -> None:
+                job.report(f"sensitivity: {what}", done, total)
+
+            return measure_drift(model, recipe, probe, ctx=ctx, per_layer=True, progress=progress,
+                                 cancel=job.is_cancelled)
+
+        self._submit("sensitivity", work, on_success=self._sensitivity_measured)
+
+    def _sensitivity_measured(self, report) -> None:
+        self.sensitivity.show_report(report)
+        worst = report.layers[0]
+        self.status.setText(f"sensitivity of {len(report.layers)} layers in {report.seconds:.1f} s; most "
+                            f"sensitive: {worst.name} ({worst.format}, KL mean {worst.stats.kl_mean:.6f})")
+
     def save_as(self, path: str) -> None:
         """Save the network (in its current dtypes) to ``path`` in a job; :attr:`saved` follows."""
         net = self._net
@@ -430,6 +546,8 @@ class MorphPanel(QWidget):
         self.cancel()
         self._report_timer.stop()
         self._net, self._drift, self._reports, self._new_reports = net, None, {}, []
+        self._model = None
+        self.sensitivity.clear()
         self.probe_label.setText("")
         for label in (self.memory_label, self.error_label, self.drift_label):
             label.setText("—")
@@ -637,7 +755,10 @@ class MorphPanel(QWidget):
                         "bytes_saved": bytes_original - now, **(drift() if drift is not None else {})}
             return {"reports": reports, "measures": measures}
 
-        self._submit(stage, work, on_item=self._queue_report, on_success=self._morph_done)
+        # a morph stopped half-way has changed some layers: on_stop shows which (and drops the
+        # choices, now stale); a measurement that stops leaves layers and choices as they were
+        self._submit(stage, work, on_item=self._queue_report, on_success=self._morph_done,
+                     on_stop=lambda _: self._show_cheap_all())
 
     def _morph_done(self, result: dict) -> None:
         self._draw_new_reports()  # every layer's row is drawn before the measures go out
@@ -679,6 +800,16 @@ class MorphPanel(QWidget):
         if path:
             self.save_as(path if path.lower().endswith(".loom") else path + ".loom")
 
+    def _ask_recipe_save_path(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save recipe as", "", "Recipe (*.json)")
+        if path:
+            self.save_recipe(path if path.lower().endswith(".json") else path + ".json")
+
+    def _ask_recipe_to_load(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load recipe", "", "Recipe (*.json);;All files (*)")
+        if path:
+            self.load_recipe(path)
+
     def _saved(self, path: str) -> None:
         self.status.setText(f"saved {path}")
         self.saved.emit(path)
@@ -699,20 +830,21 @@ class MorphPanel(QWidget):
         # otherwise take the CPU from the first chat reply.
         if self._job is None and self._queue and not self._closed and self._on_screen():
             name, fn, slots = self._queue.pop(0)
-            on_success, generation = slots.pop("on_success", None), self._generation
+            on_success, on_stop = slots.pop("on_success", None), slots.pop("on_stop", None)
+            generation = self._generation
             self._job = self._runner.start(
                 fn, name=name, on_progress=self._on_progress, on_item=slots.get("on_item"),
                 on_success=lambda result: self._ended(None, on_success, result),
-                on_failure=lambda message: self._ended(f"{name} failed: {message}"),
-                on_cancel=lambda: self._cancelled(name, generation))
+                on_failure=lambda message: self._ended(f"{name} failed: {message}", on_stop),
+                on_cancel=lambda: self._cancelled(name, generation, on_stop))
         self._sync_controls()
 
-    def _cancelled(self, name: str, generation: int) -> None:
+    def _cancelled(self, name: str, generation: int, on_stop: Callable | None) -> None:
         # Cancelled from outside too (runner.shutdown() when the window closes): start nothing
         # more, unless the job belonged to a network the panel has since been given.
         if generation == self._generation:
             self._queue.clear()
-        self._ended(f"{name} cancelled")
+        self._ended(f"{name} cancelled", on_stop)
 
     def _ended(self, message: str | None, slot: Callable | None = None, result: Any = None) -> None:
         if self._closed:
@@ -721,8 +853,6 @@ class MorphPanel(QWidget):
         self.status.setText(message or "")
         if slot is not None:
             slot(result)
-        if message is not None:  # a morph stopped half-way has changed some layers: show which
-            self._show_cheap_all()
         self._start_next()
 
     def _on_progress(self, stage: str, done: int, total: int) -> None:
@@ -739,6 +869,12 @@ class MorphPanel(QWidget):
         self.apply_button.setEnabled(idle and pending)
         self.revert_button.setEnabled(idle and changed)
         self.save_button.setEnabled(idle and has)
+        self.load_recipe_button.setEnabled(idle and has)
+        self.save_recipe_button.setEnabled(idle and has)
+        self.sensitivity.set_available(idle and self._model is not None and pending,
+                                       "" if self._model is not None else
+                                       "Sensitivity is measured on a language model (KL of its next-token "
+                                       "distributions)")
         self.all_combo.setEnabled(idle and has)
         self.table.setEnabled(idle)
         self.cancel_button.setEnabled(not idle)
