@@ -129,15 +129,15 @@ def export_refusal(model) -> str:
 
 
 def file_type(tensors: list[_Tensor]) -> LlamaFileType:
-    """llama.cpp's ``general.file_type`` of a mix: named after the encoding that holds the most
-    matrix weights (vectors do not count; they are F32 in every file type), as llama.cpp calls a
-    Q4_K_M file "mostly Q4_K". ``MOSTLY_<type>``, for a K type ``MOSTLY_<type>_M`` (llama.cpp has
-    only its _S/_M mixes), ``ALL_F32`` for F32."""
-    weights: dict[str, int] = {}
+    """llama.cpp's ``general.file_type`` of a mix, by llama.cpp's own rule for a file that lacks
+    the key: the encoding of the most tensors (here of the most matrices: vectors are F32 in every
+    file type), ``MOSTLY_<type>``, for a K type ``MOSTLY_<type>_M`` (llama.cpp has only its _S/_M
+    mixes), ``ALL_F32`` for F32; ties go to the encoding met first in the file."""
+    counts: dict[str, int] = {}
     for t in tensors:
         if len(t.shape) == 2:
-            weights[t.ggml_type.name] = weights.get(t.ggml_type.name, 0) + math.prod(t.shape)
-    top = max(weights, key=weights.get, default="F32")
+            counts[t.ggml_type.name] = counts.get(t.ggml_type.name, 0) + 1
+    top = max(counts, key=counts.get, default="F32")
     if top == "F32":
         return LlamaFileType.ALL_F32
     names = LlamaFileType.__members__
