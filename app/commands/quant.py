@@ -20,9 +20,11 @@ def register(sub) -> None:
                        help="output drift of a morphed language model (llama.cpp's --kl-divergence numbers)")
     p.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
-                   help="one format for every weighted layer (int8, float16 ... any of Loom's dtypes), or a "
-                        "JSON file: {layer name or index: format} (\"*\" for the rest) or a list with one "
-                        f"format per weighted layer (default {DEFAULT_RECIPE})")
+                   help="one format for every matrix (Q4_K, Q8_0 ... GGUF's block formats) or every weighted "
+                        "layer (int8, float16 ... Loom's dtypes); a preset, llama.cpp's file type (Q4_K_M, "
+                        "Q4_K_S, preset:Q4_0 ...); or a JSON file: {layer or tensor name, pattern "
+                        "(blk.*.attn_v) or index: format} (\"*\" for the rest, a format or a preset) or a "
+                        f"list with one format per weighted layer (default {DEFAULT_RECIPE})")
     p.add_argument("--probe", metavar="FILE",
                    help="the text to measure on (default: an English text shipped with Loom Lab, ~1,300 "
                         "tokens); at least 512 tokens and two chunks")
@@ -72,6 +74,10 @@ def _print_report(report, recipe: str, top: int) -> None:
     print(f"probe: {report.tokens} tokens, {report.chunks} chunks of {report.ctx}, "
           f"{s.positions} positions scored ({report.seconds:.1f} s)")
     print(f"weight bytes: {report.bytes_base:,} -> {report.bytes:,} ({report.bytes / report.bytes_base:.1%})")
+    if report.fallbacks:
+        print(f"llama.cpp's fallbacks, {len(report.fallbacks)} tensors whose rows are not whole blocks:")
+        for line in report.fallbacks:
+            print(f"  {line}")
     print()
     print("====== Perplexity statistics ======")
     print(f"Mean PPL(Q)                   : {s.ppl_morphed:10.6f} ± {s.ppl_morphed_unc:10.6f}")

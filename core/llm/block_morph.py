@@ -54,7 +54,7 @@ def is_matrix(m) -> bool:
 
 
 def encode(source, fmt: str) -> QuantMatrix:
-    """``source`` (a QuantMatrix or a float32 array ``[rows, cols]``) in block format ``fmt``; the
+    """``source`` (a QuantMatrix or a float32 array ``[rows, cols]``) in block format ``fmt`` (or F16); the
     source itself when it already is, a cached encoding when another layer asked for the same."""
     if not isinstance(source, np.ndarray) and source.type_name == fmt:
         return source
@@ -64,8 +64,10 @@ def encode(source, fmt: str) -> QuantMatrix:
         return hit
     from .quantize import quantize  # its kernels compile on first use, not when a model loads
 
-    dense = source if isinstance(source, np.ndarray) else source.dequantize()
-    m = QuantMatrix(quantize(np.asarray(dense, np.float32), fmt), int(GT[fmt]), source.shape, name=fmt)
+    dense = np.asarray(source if isinstance(source, np.ndarray) else source.dequantize(), np.float32)
+    # F16: llama.cpp's last fallback for a matrix whose rows are not whole blocks (see .recipe)
+    data = dense.astype(np.float16) if fmt == "F16" else quantize(dense, fmt)
+    m = QuantMatrix(data, int(GT[fmt]), source.shape, name=fmt)
     m.source = source  # the cache's check that the id was not reused by another matrix
     _encoded[key] = m
     return m

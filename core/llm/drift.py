@@ -32,35 +32,30 @@ float32: ~125 MB for SmolLM2-135M at the default probe and context), then each l
 is morphed alone, the probe run, its KL taken, and the layer put back; layers come out sorted by
 KL mean, most sensitive first.
 
-What a recipe is and how a layer is morphed are kept in one place each, so the GGUF block formats
-(Q8_0 ...) plug in later: :func:`resolve_recipe` (today Loom's 21 dtypes, one for every weighted
-layer or a JSON file naming layers) and the ``morph`` callable (default
-:func:`~loomlab.core.morph.morph_sublayer`).
+What a recipe is and how a layer is morphed live in :mod:`.recipe`: :func:`~.recipe.plan_recipe`
+(formats, presets as llama.cpp's file types, rules, JSON files: a format per matrix, llama.cpp's
+fallbacks listed) and the ``morph`` callable (default :func:`~.recipe.morph_planned`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import dtypes
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError
-from ..layer_names import layer_name
 from ..layers.base import Layer
-from ..morph import morph_sublayer, weighted_cells
 from ..morph_probe import log_softmax
-from .block_morph import BLOCK_FORMATS, is_block_format
+from .recipe import LayerPlan, WeightedLayer, morph_planned, plan_recipe, weighted_layers
+from .recipe import format_name as format_name  # re-exported: recipes lived here before .recipe
+from .recipe import resolve_recipe as resolve_recipe
 
 DEFAULT_CTX = 256  # tokens per chunk; llama.cpp's own default is 512 (give ctx=512 for that)
 MIN_PROBE_TOKENS = 512  # and at least two chunks (llama.cpp's rule: 2 * ctx tokens)
@@ -69,7 +64,7 @@ PROBE_RESOURCE = "probe_en.txt"  # in loomlab.resources: ~1,300 tokens of plain 
 PERCENTILES = (90.0, 95.0, 99.0, 99.9)
 ROWS_PER_BLOCK = 64  # positions whose float64 log-softmax is held at once (bounds memory, big vocabularies)
 
-Morph = Callable[[Layer, int, str], Any]  # morph_sublayer(layer, cell index, format): morphs in place
+Morph = Callable[[Layer, int, LayerPlan], Any]  # morph_planned(layer, cell index, plan): morphs in place
 Progress = Callable[[int, int, str], None]  # (forward passes done, total, what is running)
 
 
@@ -287,157 +282,6 @@ def _covariance(a: float, b: float, ab: float, n: int) -> float:
     return (ab / n - (a / n) * (b / n)) / (n - 1)
 
 
-# ----- recipes -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class WeightedLayer:
-    position: int  # index in the model's list of weighted layers (a recipe's index, 0-based)
-    cell: int  # flat grid index of the cell holding it (what morph_sublayer takes)
-    layer: Layer
-    name: str  # as the Morph panel names it: blk.3.attn_q/k/v/output, token_embd ...
-    tensors: tuple[str, ...]  # the GGUF tensors its weights come from (blk.3.attn_q.weight ...)
-
-
-def weighted_layers(net) -> list[WeightedLayer]:
-    """Every weighted layer of a language model's grid, in order, with its name."""
-    out = []
-    for position, (cell, layer) in enumerate(weighted_cells(net)):
-        named = layer_name(net, (*net.coord(cell), layer.path))
-        out.append(WeightedLayer(position, cell, layer, named.label, tuple(named.tensors.values())))
-    return out
-
-
-def format_name(name: Any) -> str:
-    """The canonical name of a format a layer can be morphed to: one of GGUF's block formats
-    (:data:`~.block_morph.BLOCK_FORMATS`) or Loom's 21 dtypes (any of their spellings)."""
-    if not isinstance(name, str):
-        raise LoomConfigError(f"a format is a name such as Q8_0, int8 or float16, got {name!r}")
-    if is_block_format(name):
-        return name
-    try:
-        return dtypes.get_format(name).name
-    except LoomConfigError:
-        raise LoomConfigError(f"unknown format {name!r}; expected one of GGUF's block formats "
-                              f"({', '.join(BLOCK_FORMATS)}) or Loom's dtypes: "
-                              f"{', '.join(sorted(dtypes.FORMATS))}") from None
-
-
-def resolve_recipe(net, recipe: str | os.PathLike | Mapping[str | int, str] | Sequence[str]
-                   ) -> dict[int, str]:
-    """What to morph: ``{position in weighted_layers(net): format}``, in layer order, without the
-    layers already in the format asked for (morphing those changes nothing).
-
-    ``recipe`` is one of:
-
-    * a format name (``"int8"``, ``"float16"``): every weighted layer in it;
-    * a mapping ``{layer: format}``, a layer given by its name (``blk.3.ffn_gate/up/down``,
-      ``token_embd``), one of its GGUF tensors (``blk.3.ffn_up.weight``, ``.weight`` optional) or its
-      position among the weighted layers (an int or a string of digits); ``"*"`` sets every layer
-      not named;
-    * a sequence of formats, one per weighted layer (the evolution's stored recipe);
-    * the path of a JSON file holding a mapping or a sequence as above.
-
-    Raises:
-        LoomConfigError: an unknown format or layer, a layer given twice with different formats, a
-            sequence of the wrong length, or a file that cannot be read as one of these.
-    """
-    layers = weighted_layers(net)
-    if isinstance(recipe, str) and not _is_path_like(recipe):
-        try:
-            recipe = format_name(recipe)
-        except LoomConfigError as e:
-            if not Path(recipe).exists():
-                raise LoomConfigError(f"recipe {recipe!r} is neither a format nor a recipe file: "
-                                      f"{e}") from None
-        else:
-            return _without_noops(layers, dict.fromkeys(range(len(layers)), recipe))
-    if isinstance(recipe, str | os.PathLike):
-        recipe = _read_recipe_file(Path(recipe))
-    if isinstance(recipe, Mapping):
-        plan = _plan_from_mapping(layers, recipe)
-    elif isinstance(recipe, Sequence) and not isinstance(recipe, bytes):
-        if len(recipe) != len(layers):
-            raise LoomConfigError(f"a recipe list has one format per weighted layer ({len(layers)}), "
-                                  f"got {len(recipe)}")
-        plan = {i: format_name(f) for i, f in enumerate(recipe)}
-    else:
-        raise LoomConfigError(f"a recipe is a format name, a {{layer: format}} mapping, a list of formats or "
-                              f"a JSON file of one; got {type(recipe).__name__}")
-    return _without_noops(layers, plan)
-
-
-def _is_path_like(text: str) -> bool:
-    return text.endswith(".json") or os.sep in text or "/" in text
-
-
-def _read_recipe_file(path: Path) -> Any:
-    try:
-        text = path.read_text("utf-8")
-    except OSError as e:
-        raise LoomConfigError(f"cannot read the recipe file {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise LoomConfigError(f"the recipe file {path} is not UTF-8 text") from None
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise LoomConfigError(f"the recipe file {path} is not JSON: {e}") from None
-    if isinstance(value, list):
-        from ..evolve.recipe import recipe_from_json  # the evolution's own recipe format (a list)
-
-        return list(recipe_from_json(text))
-    if not isinstance(value, dict):
-        raise LoomConfigError(f"the recipe file {path} holds a JSON object {{layer: format}} or a list of "
-                              f"formats, one per weighted layer; got {type(value).__name__}")
-    return value
-
-
-def _plan_from_mapping(layers: list[WeightedLayer], recipe: Mapping) -> dict[int, str]:
-    names = {la.name: la.position for la in layers}  # names first, then tensors (a tied one: its first user)
-    for la in layers:
-        if la.name.startswith("output (tied"):
-            names.setdefault("output", la.position)
-        for tensor in la.tensors:
-            names.setdefault(tensor, la.position)
-            names.setdefault(tensor.removesuffix(".weight"), la.position)
-    plan: dict[int, str] = {}
-    default = None
-    for key, value in recipe.items():
-        fmt = format_name(value)
-        if key == "*":
-            default = fmt
-            continue
-        position = _layer_position(key, names, layers)
-        if plan.get(position, fmt) != fmt:
-            raise LoomConfigError(f"layer {layers[position].name} is given two formats in the recipe "
-                                  f"({plan[position]} and {fmt})")
-        plan[position] = fmt
-    if default is not None:
-        for la in layers:
-            plan.setdefault(la.position, default)
-    return dict(sorted(plan.items()))
-
-
-def _layer_position(key: Any, names: dict[str, int], layers: list[WeightedLayer]) -> int:
-    is_int = isinstance(key, int | np.integer) and not isinstance(key, bool)
-    if is_int or isinstance(key, str) and key.isdigit():
-        position = int(key)
-        if not 0 <= position < len(layers):
-            raise LoomConfigError(f"recipe layer {key!r}: the model's weighted layers are 0 to "
-                                  f"{len(layers) - 1}")
-        return position
-    if isinstance(key, str) and key in names:
-        return names[key]
-    shown = ", ".join(la.name for la in layers[:6])
-    raise LoomConfigError(f"recipe layer {key!r}: no such weighted layer (the model's {len(layers)} are "
-                          f"named {shown} ... {layers[-1].name}, or given by position 0-{len(layers) - 1})")
-
-
-def _without_noops(layers: list[WeightedLayer], plan: dict[int, str]) -> dict[int, str]:
-    def now(layer) -> tuple[str, str]:  # its dtype, and its encoding (a language model's: Q4_1 ...)
-        return layer.cfg.dtype, layer.weights.encoding(layer.cfg.dtype)
-
-    return {i: fmt for i, fmt in plan.items() if fmt not in now(layers[i].layer)}
-
-
 # ----- morphed states ----------------------------------------------------------------------------
 class _Morphed:
     """Morphed copies of some layers' weight stores, switched in and out of the model.
@@ -447,19 +291,20 @@ class _Morphed:
     are back in every layer when the ``with`` block ends, however it ends.
     """
 
-    def __init__(self, layers: list[WeightedLayer], plan: Mapping[int, str], morph: Morph,
+    def __init__(self, layers: list[WeightedLayer], plan: Sequence[LayerPlan], morph: Morph,
                  stop: Callable[[], bool]):
-        self._own = [(layers[i].layer, layers[i].layer.weights, layers[i].layer.cfg.dtype) for i in plan]
+        self._own = [(layers[lp.position].layer, layers[lp.position].layer.weights,
+                      layers[lp.position].layer.cfg.dtype) for lp in plan]
         self._morphed: list[tuple[Layer, Any, str]] = []
         try:
-            for i, fmt in plan.items():
+            for lp in plan:
                 if stop():
                     raise LoomCancelled("drift measurement cancelled while morphing layers")
-                la = layers[i]
+                la = layers[lp.position]
                 layer, store, dtype = la.layer, la.layer.weights, la.layer.cfg.dtype
                 layer.weights = store.copy()
                 try:
-                    morph(layer, la.cell, fmt)
+                    morph(layer, la.cell, lp)
                     self._morphed.append((layer, layer.weights, layer.cfg.dtype))
                 finally:
                     layer.weights, layer.cfg.dtype = store, dtype
@@ -500,7 +345,7 @@ class LayerDrift:
 @dataclass(frozen=True)
 class DriftReport:
     model: str
-    recipe: dict[str, str]  # layer name -> format, the layers morphed
+    recipe: dict[str, str]  # layer name -> format (Q4_K+Q6_K for a mix), the layers morphed
     weighted_layers: int
     tokens: int  # the probe's
     ctx: int
@@ -510,6 +355,7 @@ class DriftReport:
     stats: DriftStats
     layers: tuple[LayerDrift, ...] = field(default=())  # per layer, by KL mean, largest first
     seconds: float = 0.0
+    fallbacks: tuple[str, ...] = ()  # llama.cpp's fallbacks the recipe took (rows not whole blocks)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able: the summary's numbers at the top level (``kl_mean``, ``same_top_percent`` ...)."""
@@ -520,7 +366,7 @@ class DriftReport:
             "model": self.model, "weighted_layers": self.weighted_layers, "layers_morphed": len(self.recipe),
             "formats": formats, "tokens": self.tokens, "ctx": self.ctx, "chunks": self.chunks,
             "bytes_base": self.bytes_base, "bytes": self.bytes, **self.stats.as_dict(),
-            "seconds": self.seconds, "recipe": dict(self.recipe)}
+            "seconds": self.seconds, "recipe": dict(self.recipe), "fallbacks": list(self.fallbacks)}
         if self.layers:
             out["per_layer"] = [{"position": la.position, "layer": la.name, "format": la.format,
                                  "bytes": la.bytes, **la.stats.as_dict()} for la in self.layers]
@@ -528,18 +374,18 @@ class DriftReport:
 
 
 def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT_CTX, per_layer: bool = False,
-                 morph: Morph = morph_sublayer, progress: Progress | None = None,
+                 morph: Morph = morph_planned, progress: Progress | None = None,
                  cancel: Cancel = None) -> DriftReport:
     """How far ``recipe`` moves ``model``'s next-token distributions over ``probe`` (see the module
     docstring), against the model as it is now.
 
     Args:
         model: a :class:`~loomlab.core.llm.textmodel.TextModel` (``load_model``).
-        recipe: what to morph, as :func:`resolve_recipe` reads it.
+        recipe: what to morph, as :func:`~.recipe.plan_recipe` reads it.
         probe: the text (default :func:`default_probe`); at least ``max(512, 2 * ctx)`` tokens.
         ctx: tokens per chunk (llama.cpp's ``-c``).
         per_layer: also morph each of the recipe's layers alone and rank them by KL mean.
-        morph: ``morph(layer, cell, format)`` morphs one layer in place (on a copy of its store).
+        morph: ``morph(layer, cell, layer_plan)`` morphs one layer in place (on a copy of its store).
         progress: ``progress(done, total, what)`` after each forward pass over a chunk; ``what`` is
             ``"base"``, ``"morphed"`` or the layer's name.
         cancel: checked before each forward pass and each layer morphed; raises
@@ -551,7 +397,8 @@ def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT
     stop = as_cancel_check(cancel)
     net = model.net
     layers = weighted_layers(net)
-    plan = resolve_recipe(net, recipe)
+    recipe_plan = plan_recipe(net, recipe)
+    plan = recipe_plan.changed
     chunks = probe_chunks(model, default_probe() if probe is None else probe, ctx)
     n = len(chunks.chunks)
     total = 2 * n + (n * len(plan) if per_layer else 0)
@@ -585,15 +432,15 @@ def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT
                 del base
         stats = acc.result()
         ranked = []
-        for position, fmt in plan.items() if per_layer else ():
-            with _morphed(layers, {position: fmt}, morph, stop) as state:
+        for lp in plan if per_layer else ():
+            with _morphed(layers, [lp], morph, stop) as state:
                 state.switch_in()
                 layer_bytes = net.memory_bytes()
                 one = DriftAccumulator()
                 for i in range(n):
-                    one.add(kept[i], forward(i, layers[position].name), chunks.targets[i])
-            ranked.append(LayerDrift(position, layers[position].name, fmt, layer_bytes, one.result()))
+                    one.add(kept[i], forward(i, lp.name), chunks.targets[i])
+            ranked.append(LayerDrift(lp.position, lp.name, lp.format, layer_bytes, one.result()))
     ranked.sort(key=lambda r: (-r.stats.kl_mean, r.position))
-    return DriftReport(getattr(model, "name", ""), {layers[i].name: fmt for i, fmt in plan.items()},
+    return DriftReport(getattr(model, "name", ""), {lp.name: lp.format for lp in plan},
                        len(layers), chunks.tokens, chunks.ctx, n, bytes_base, size, stats, tuple(ranked),
-                       time.perf_counter() - began)
+                       time.perf_counter() - began, tuple(map(str, recipe_plan.fallbacks)))

@@ -18,6 +18,7 @@ attention layer. Under any other run every call is a fresh sequence starting at 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,9 @@ from .kv_cache import CachedRun
 from .rope import Rope
 
 Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
+# What one matrix can be encoded in by MatrixStore.morph_parts: the block formats, and F16 for a
+# matrix whose rows are not whole blocks of 32 (llama.cpp's last fallback, see .recipe).
+PART_FORMATS = (*BLOCK_FORMATS, "F16")
 
 
 def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
@@ -131,32 +135,72 @@ class MatrixStore(WeightStore):
         loom = [d for d in super().targets() if d != "float32"]  # the file's encoding stands for it
         return tuple(dict.fromkeys((self.file_encoding(), *blocks, *loom)))
 
+    def matrix_parts(self) -> tuple[str, ...]:
+        """The parts block formats apply to: the 2-D matrices (vectors stay float32)."""
+        return tuple(name for name, m in self.blocks.items() if is_matrix(m))
+
+    def block_encodings(self, layer_dtype: str) -> dict[str, str] | None:
+        """Each matrix's block encoding as forward reads it (the file's, or what a morph gave it),
+        or None while the layer reads a Loom dtype (see :meth:`current`)."""
+        if not self._as_blocks(layer_dtype):
+            return None
+        current = self.current(layer_dtype)
+        return {part: encoding_name(current[part]) for part in self.matrix_parts()}
+
     def refusal(self, target: str) -> str:
         if target in (self.file_encoding(), "float32"):
             return ""
         if is_block_format(target):
-            if self.version != 0:
-                return "its weights were changed in place, and block formats are encoded from the file's"
-            n = block_elems(target)
-            bad = sorted({m.shape[1] for m in self.blocks.values() if is_matrix(m) and m.shape[1] % n})
-            return (f"rows of {', '.join(map(str, bad))} weights are not whole {target} blocks of {n}"
-                    if bad else "")
+            return self.parts_refusal(dict.fromkeys(self.matrix_parts(), target))
         return super().refusal(target)
 
+    def parts_refusal(self, formats: Mapping[str, str]) -> str:
+        """Why :meth:`morph_parts` cannot give these matrices these formats ("" when it can)."""
+        if self.version != 0:
+            return "its weights were changed in place, and block formats are encoded from the file's"
+        matrices = self.matrix_parts()
+        for part, fmt in formats.items():
+            if part not in matrices:
+                return f"it has no matrix {part!r} (its matrices: {', '.join(matrices) or 'none'})"
+            if fmt not in PART_FORMATS:
+                return f"{fmt!r} is not a format for one matrix ({', '.join(PART_FORMATS)})"
+        problems = []
+        for fmt in dict.fromkeys(formats.values()):
+            n = block_elems(fmt)
+            bad = sorted({self.blocks[p].shape[1] for p, f in formats.items() if f == fmt
+                          and self.blocks[p].shape[1] % n})
+            if bad:
+                rows = ", ".join(map(str, bad))
+                problems.append(f"rows of {rows} weights are not whole {fmt} blocks of {n}")
+        return "; ".join(problems)
+
     def morph_to(self, target: str) -> str:
-        if target in (self.file_encoding(), "float32") or is_block_format(target):
-            self.encoded = None  # the file's own (its encoding named, or Loom's float32)
-            if is_block_format(target) and target != self.file_encoding():
-                self.encoded = {name: encode(m, target) if is_matrix(m) else m
-                                for name, m in self.blocks.items()}
-            # no float32 master or Loom dtype copies stay behind: the file's blocks rebuild them
-            self.native.clear()
-            self._compute.clear()
-            if self.version == 0:
-                self._master = None
-            return "float32"
+        if target in (self.file_encoding(), "float32"):
+            return self._use_encoded(None)  # the file's own (its encoding named, or Loom's float32)
+        if is_block_format(target):
+            return self.morph_parts(dict.fromkeys(self.matrix_parts(), target))
         self.encoded = None
         return super().morph_to(target)
+
+    def morph_parts(self, formats: Mapping[str, str]) -> str:
+        """Encode each matrix named in ``formats`` (part -> one of :data:`PART_FORMATS`) in its own
+        format (a layer of Q4_K and Q6_K matrices, as llama.cpp's mixes make them); the matrices not
+        named keep their block encoding (the file's, when the layer is in a Loom dtype now). A
+        format equal to the file's matrix gives back the file's own. Returns the layer's dtype."""
+        encoded = dict(self.encoded if self.encoded is not None else self.blocks)
+        for part, fmt in formats.items():
+            encoded[part] = encode(self.blocks[part], fmt)
+        same = all(encoded[name] is m for name, m in self.blocks.items())
+        return self._use_encoded(None if same else encoded)
+
+    def _use_encoded(self, encoded: dict[str, Matrix] | None) -> str:
+        self.encoded = encoded
+        # no float32 master or Loom dtype copies stay behind: the file's blocks rebuild them
+        self.native.clear()
+        self._compute.clear()
+        if self.version == 0:
+            self._master = None
+        return "float32"
 
     def encoding(self, layer_dtype: str) -> str:
         return _label(self.current(layer_dtype)) if self._as_blocks(layer_dtype) else layer_dtype
