@@ -36,6 +36,7 @@ COLUMNS = ("Rank", "Layer", "Format", "KL mean", "KL 99%", "KL max", "Same top",
            "Δ PPL", "RMS Δp")
 RANK, LAYER, FORMAT, KL_MEAN, KL_P99, KL_MAX, SAME_TOP, PPL_RATIO, PPL_DIFF, RMS_DP = range(len(COLUMNS))
 BAR = (80, 140, 220, 200)
+MIN_CHART_WIDTH = 300
 MEASURE_TIP = ("Morph each layer whose chosen format differs from its current one alone, and rank the layers "
                "by the KL divergence it causes")
 BAR_SELECTED = (255, 170, 0, 255)
@@ -88,9 +89,10 @@ class SensitivityView(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(False)  # a long layer name is elided, not wrapped into a taller row
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(LAYER, QHeaderView.ResizeMode.Stretch)
+        header.setStretchLastSection(True)
         header.setSortIndicator(RANK, Qt.SortOrder.AscendingOrder)
         self.table.setSortingEnabled(True)
         self.table.itemSelectionChanged.connect(self._on_row_selected)
@@ -101,24 +103,24 @@ class SensitivityView(QWidget):
         plot.setMouseEnabled(False, False)
         plot.hideButtons()
         plot.setLabel("left", "KL mean (nats)")
-        plot.setLabel("bottom", "layers, most sensitive first")
+        plot.setLabel("bottom", "rank (layers, most sensitive first)")
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=BAR)
         self.chart.addItem(self.bars)
         self.chart.scene().sigMouseClicked.connect(self._chart_clicked)
 
-        results = QSplitter(Qt.Orientation.Horizontal)
-        results.addWidget(self.table)
-        results.addWidget(self.chart)
-        results.setStretchFactor(0, 3)
-        results.setStretchFactor(1, 2)
+        self.results = QSplitter(Qt.Orientation.Horizontal)
+        self.results.addWidget(self.table)
+        self.results.addWidget(self.chart)
+        self.results.setStretchFactor(0, 1)
+        self.results.setStretchFactor(1, 1)
         for i in range(2):
-            results.setCollapsible(i, False)
+            self.results.setCollapsible(i, False)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(controls)
         layout.addWidget(self.summary)
-        layout.addWidget(results, 1)
+        layout.addWidget(self.results, 1)
 
     # ----- what the panel sets -----------------------------------------------------------------------
     def set_probe(self, probe: str | None, ctx: int | None) -> None:
@@ -169,11 +171,28 @@ class SensitivityView(QWidget):
                     item.setToolTip(html.escape(la.name))
                 self.table.setItem(row, col, item)
         self.table.setSortingEnabled(True)
-        self.bars.setOpts(x=np.arange(len(report.layers)), height=[la.stats.kl_mean for la in report.layers],
-                          width=0.8, brushes=None, brush=BAR)
+        self._give_table_its_width()
+        # bar k at x = k, the layer's rank, as the table's first column numbers it
+        ranks = np.arange(1, len(report.layers) + 1)
+        self.bars.setOpts(x=ranks, height=[la.stats.kl_mean for la in report.layers], width=0.8, brushes=None,
+                          brush=BAR)
         self.chart.getPlotItem().enableAutoRange()
         self._selected = None
         self._paint_bars()
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        self._give_table_its_width()  # a report that came while the tab was hidden had no width to share
+
+    def _give_table_its_width(self) -> None:
+        """Let the table show every column without a scroll bar, the chart taking the rest (but
+        keeping MIN_CHART_WIDTH)."""
+        need = (self.table.horizontalHeader().length() + 2 * self.table.frameWidth()
+                + self.table.verticalScrollBar().sizeHint().width())
+        total = sum(self.results.sizes())
+        if total > 0:
+            table = min(need, total - MIN_CHART_WIDTH)
+            self.results.setSizes([table, total - table])
 
     def select_layer(self, name: str | None) -> None:
         """Show ``name`` as the selected layer (row and bar) without announcing it."""
@@ -204,10 +223,10 @@ class SensitivityView(QWidget):
         if event.button() != Qt.MouseButton.LeftButton or not self._names:
             return
         x = self.chart.getPlotItem().getViewBox().mapSceneToView(event.scenePos()).x()
-        index = int(round(x))
-        if 0 <= index < len(self._names) and abs(x - index) <= 0.4:  # on a bar, not between two
-            self.select_layer(self._names[index])
-            self._choose(self._names[index])
+        rank = int(round(x))
+        if 1 <= rank <= len(self._names) and abs(x - rank) <= 0.4:  # on a bar, not between two
+            self.select_layer(self._names[rank - 1])
+            self._choose(self._names[rank - 1])
 
     def _choose(self, name: str) -> None:
         self._selected = name

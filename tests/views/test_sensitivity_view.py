@@ -185,7 +185,7 @@ def fake_report(names: list[str]) -> DriftReport:
 def click_bar(qtbot, view, index: int) -> None:
     vb = view.chart.getPlotItem().getViewBox()
     height = view.bars.opts["height"][index]
-    at = view.chart.mapFromScene(vb.mapViewToScene(QPointF(index, height / 2)))
+    at = view.chart.mapFromScene(vb.mapViewToScene(QPointF(index + 1, height / 2)))  # bar k at rank k
     qtbot.mouseClick(view.chart.viewport(), Qt.MouseButton.LeftButton, pos=at)
 
 
@@ -207,7 +207,7 @@ def test_clicking_a_row_or_a_bar_selects_that_layer_in_the_morph_table_and_annou
     qtbot.mouseClick(view.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert heard == [key_of[third]] and panel.selected_layer_key() == key_of[third]
 
-    qtbot.waitUntil(lambda: view.chart.getPlotItem().getViewBox().viewRange()[0][1] > len(names) - 1)
+    qtbot.waitUntil(lambda: view.chart.getPlotItem().getViewBox().viewRange()[0][1] > len(names))
     click_bar(qtbot, view, 0)
     worst = report.layers[0].name
     assert heard[-1] == key_of[worst] and panel.selected_layer_key() == key_of[worst]
@@ -273,6 +273,28 @@ def test_load_chooses_the_files_formats_and_morphs_nothing_until_apply(qtbot, pa
     assert combos(panel) == {n: {0: "int8", 2: "float16"}.get(k, "float32") for k, n in enumerate(names)}
     assert all(row.current == "float32" for row in panel._rows)  # nothing morphed
     assert panel.apply_button.isEnabled() and "2 layers chosen" in panel.status.text()
+
+
+def test_a_language_models_recipe_of_block_formats_saves_and_loads_back(qtbot, panel, smollm2, tmp_path,
+                                                                         monkeypatch):
+    panel.set_model(smollm2)
+    settle(qtbot, panel, 120000)
+    chosen = {"token_embd": "Q5_0", "blk.0.ffn_gate/up/down": "Q8_0", "blk.3.attn_q/k/v/output": "int8",
+              "blk.29.ffn_norm": "float16"}
+    assert panel.choose_recipe(chosen) == 4
+    path = tmp_path / "smollm2.json"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(path), ""))
+    qtbot.mouseClick(panel.save_recipe_button, Qt.MouseButton.LeftButton)
+    assert json.loads(path.read_text()) == chosen
+    names = [la.name for la in weighted_layers(smollm2.net)]
+    assert {names[i]: f for i, f in resolve_recipe(smollm2.net, str(path)).items()} == chosen
+
+    loaded_as = {row.name: row.current for row in panel._rows}
+    panel.set_all_dtype("Q4_0")  # pending choices the recipe replaces
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
+    qtbot.mouseClick(panel.load_recipe_button, Qt.MouseButton.LeftButton)
+    assert combos(panel) == {**loaded_as, **chosen}
+    assert {row.current for row in panel._rows} == {"Q4_1", "Q8_0", "F32"}  # nothing morphed
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"no.such.layer": "int8"}', '{"0": "int7"}', '["int8"]'])
