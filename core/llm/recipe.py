@@ -23,7 +23,9 @@ A recipe is one of:
 * a sequence of formats, one per weighted layer (the evolution's stored recipe);
 * the path of a JSON file holding a mapping or a sequence.
 
-Loom's dtypes apply to whole layers (one scale per layer): a layer's keys must then agree on one.
+Loom's dtypes apply to whole layers (one scale per layer): a tensor given one sets its layer, and
+a layer takes the dtype of its most specific keys (``{"*": "int8", "blk.3.ffn_up.weight": "int4"}``
+puts blk.3's MLP in int4), which must agree, and not mix with block formats.
 
 Rows that are not whole blocks. A format chosen for a matrix by name (1, 2, or a list) must fit its
 rows: a Q4_K (blocks of 256) for rows of 640 weights is refused, naming the tensor, the row and the
@@ -409,10 +411,11 @@ def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> R
         mine = {part: rules[la.position, part] for part in la.parts if (la.position, part) in rules}
         if not mine:
             continue
-        loom = {r.value for r in mine.values() if not r.preset and not is_block_format(r.value)}
-        if loom:
-            values = sorted({r.value for r in mine.values()})
-            if len(values) > 1:
+        if any(_is_loom(r) for r in mine.values()):  # a whole layer: its most specific keys decide
+            top = min(r.level for r in mine.values())
+            values = sorted({r.value for r in mine.values() if r.level == top})
+            if len(values) > 1 or not _is_loom(next(r for r in mine.values() if r.level == top)):
+                values = values if len(values) > 1 else sorted({r.value for r in mine.values()})
                 raise LoomConfigError(f"layer {la.name} is given two formats in the recipe "
                                       f"({' and '.join(values)}): Loom's dtypes apply to whole layers")
             plans.append(_dtype_plan(la, values[0]))
@@ -430,6 +433,10 @@ def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> R
             plans.append(_parts_plan(la, parts))
     size = _planned_bytes(layers, {lp.position: lp for lp in plans})
     return RecipePlan(tuple(plans), tuple(fallbacks), size)
+
+
+def _is_loom(rule: _Rule) -> bool:
+    return not rule.preset and not is_block_format(rule.value)
 
 
 def _use_more_bits(i: int, n: int) -> bool:

@@ -77,8 +77,29 @@ def test_json_per_layer_sorted_by_kl(files, capsys):
     assert kls == sorted(kls, reverse=True) and kls[0] > kls[-1]
 
 
+def test_a_llama_cpp_preset_with_its_fallbacks(files, capsys):
+    """Q4_K_M on SmolLM2 (rows of 576 weights): the plan's fallbacks are printed and in the JSON."""
+    from loomlab.core.llm.recipe import plan_recipe
+
+    argv = ["quant-report", "smollm2-135m", "--recipe", "Q4_K_M", "--probe", str(files / "probe.txt"),
+            "--ctx", CTX]
+    code, out, _ = run(argv + ["--json"], capsys)
+    assert code == 0
+    got = json.loads(out)
+    with load_model("smollm2-135m") as model:
+        plan = plan_recipe(model.net, "Q4_K_M")
+    assert got["fallbacks"] == [str(f) for f in plan.fallbacks] and got["bytes"] == plan.bytes
+    assert got["recipe"] == {lp.name: lp.format for lp in plan.changed}
+    # gate/up (rows of 576) fall back to Q5_0; blk.0's down is one of llama.cpp's "more bits" blocks
+    assert got["recipe"]["blk.0.ffn_gate/up/down"] == "Q5_0+Q6_K"
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and f"llama.cpp's fallbacks, {len(plan.fallbacks)} tensors" in out
+    assert "  blk.0.attn_q.weight: rows of 576 weights are not whole Q4_K blocks of 256, Q5_0 instead" in out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--recipe", "int9"], "recipe 'int9' is neither a format nor a recipe file"),
+    (["--recipe", "preset:Q2_K"], "unknown preset 'Q2_K'"),
     (["--recipe", "{dir}/unknown-layer.json"], "recipe layer 'blk.99.ffn_norm': no such weighted layer"),
     (["--recipe", "{dir}/bad-format.json"], "unknown format 'int9'"),
     (["--probe", "{dir}/missing.txt"], "cannot read the probe file"),
