@@ -208,9 +208,8 @@ def _layer_tensor(layer, part: str, name: str, source) -> _Tensor:
         m = store.current(dtype)[part]
         if m is store.blocks[part]:
             return _file_tensor(source.tensors[name])
-        # QuantMatrix keeps its block bytes in _q: what the kernels read, and what GGUF stores
-        return _Tensor(name, m.shape, GGMLQuantizationType(m.ggml_type), lambda: m._q, ("blocks", id(m)),
-                       False)
+        ggml = GGMLQuantizationType(m.ggml_type)
+        return _Tensor(name, m.shape, ggml, lambda: _encoded_bytes(m, ggml), ("blocks", id(m)), False)
     shape = store.blocks[part].shape
     ggml = LOOM_TO_GGML[dtype] if len(shape) == 2 else GGMLQuantizationType.F32
     # two stores of one file matrix agree while neither master was changed in place
@@ -218,10 +217,22 @@ def _layer_tensor(layer, part: str, name: str, source) -> _Tensor:
     return _Tensor(name, shape, ggml, lambda: _loom_values(store, dtype, part, ggml), holds, False)
 
 
+def _encoded_bytes(m, ggml: GGMLQuantizationType) -> np.ndarray:
+    """A morph's QuantMatrix as GGUF stores it. It keeps block bytes in ``_q`` (what the kernels
+    read), a plain type (F16, llama.cpp's fallback for rows that are not whole blocks) as its exact
+    float32 values."""
+    return m._q if m._q is not None else _as_ggml(m.dequantize(), ggml)
+
+
 def _loom_values(store, dtype: str, part: str, ggml: GGMLQuantizationType) -> np.ndarray:
     """The values forward multiplies with (float32, already rounded to ``dtype``) as ``ggml``:
-    each conversion is exact, as float16 and bfloat16 are unscaled in Loom."""
-    values = np.ascontiguousarray(store.current(dtype)[part], dtype=np.float32)
+    exact, as float16 and bfloat16 are unscaled in Loom."""
+    return _as_ggml(store.current(dtype)[part], ggml)
+
+
+def _as_ggml(values: np.ndarray, ggml: GGMLQuantizationType) -> np.ndarray:
+    """float32 ``values`` that ``ggml`` (F32, F16 or BF16) holds exactly, in that type."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
     if ggml == GGMLQuantizationType.F16:
         return values.astype(np.float16)
     if ggml == GGMLQuantizationType.BF16:

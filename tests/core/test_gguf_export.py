@@ -157,6 +157,26 @@ def test_a_model_morphed_to_q8_0_is_a_q8_0_file(smollm2, tmp_path):
         np.testing.assert_array_equal(logits(reopened), expected)
 
 
+def test_matrices_of_one_layer_in_formats_of_their_own_f16_included(smollm2, tmp_path):
+    """A recipe gives each matrix its own format (MatrixStore.morph_parts), F16 where rows are not
+    whole blocks (llama.cpp's last fallback): each is written as forward reads it."""
+    out = tmp_path / "parts.gguf"
+    cell, layer = weighted(smollm2.net)["blk.0.ffn_gate/up/down"]
+    layer.cfg.dtype = layer.weights.morph_parts({"gate": "Q8_0", "up": "F16", "down": "Q4_0"})
+    try:
+        expected = logits(smollm2)
+        up = layer.weights.current("float32")["up"].dequantize()
+        export_gguf(smollm2, out)
+    finally:
+        morph_sublayer(layer, cell, layer.weights.file_encoding())
+    written = tensors(out)
+    assert [GT(written[f"blk.0.ffn_{p}.weight"].tensor_type) for p in ("gate", "up", "down")] == [
+        GT.Q8_0, GT.F16, GT.Q4_0]
+    assert np.array_equal(np.asarray(written["blk.0.ffn_up.weight"].data), up.astype(np.float16))
+    with load_model(out) as reopened:
+        np.testing.assert_array_equal(logits(reopened), expected)
+
+
 def synthetic_llama(path) -> object:
     """A one-block llama whose rows are whole 256-weight blocks (neither built-in model's layers
     are), random float32 weights: what the K formats are exported from."""
