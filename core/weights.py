@@ -144,6 +144,11 @@ class WeightStore:
         """The layer's encoding in one word, as tables show it: here its dtype."""
         return layer_dtype
 
+    def block_encodings(self, layer_dtype: str) -> dict[str, str] | None:
+        """Each matrix's GGUF block encoding as forward reads it, or None when it reads a Loom
+        dtype: always here (a language model's store, which reads a file's blocks, says more)."""
+        return None
+
     def stored(self, layer_dtype: str) -> dict[tuple, tuple[str, int]]:
         """``{identity: (encoding, bytes)}`` of what forward reads; identities let a network count
         tensors two layers share (a tied LM head) once."""

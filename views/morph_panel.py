@@ -397,12 +397,13 @@ class MorphPanel(QWidget):
 
     def set_all_dtype(self, dtype: str) -> None:
         """Choose ``dtype`` in every row that takes it (a language model's norms take no block
-        format: they stay float32, as in llama.cpp's files); nothing changes until :meth:`apply`."""
+        format: they stay float32, as in llama.cpp's files; a matrix whose rows are not whole
+        blocks of it keeps its format); nothing changes until :meth:`apply`."""
         if dtype == NO_CHOICE:
             return
         with self._bulk_update():
             for k, row in enumerate(self._rows):
-                if dtype in row.layer.weights.targets():
+                if _takes(row, dtype):
                     self._choose(k, dtype)
         self._sync_controls()
 
@@ -414,14 +415,14 @@ class MorphPanel(QWidget):
         unknown = sorted(name for name in recipe if name not in rows)
         with self._bulk_update():
             for name, dtype in recipe.items():
-                if name in rows and dtype in self._rows[rows[name]].layer.weights.targets():
+                if name in rows and _takes(self._rows[rows[name]], dtype):
                     self._choose(rows[name], dtype)
         self._sync_controls()
         bad = sorted(name for name, dtype in recipe.items()
-                     if name in rows and dtype not in self._rows[rows[name]].layer.weights.targets())
+                     if name in rows and not _takes(self._rows[rows[name]], dtype))
         chosen = len(recipe) - len(unknown) - len(bad)
         problems = ([f"no layer named {', '.join(unknown)}"] if unknown else []) + \
-                   ([f"unknown dtype for {', '.join(bad)}"] if bad else [])
+                   ([f"a dtype they cannot take for {', '.join(bad)}"] if bad else [])
         self.status.setText(f"recipe: {chosen} layers chosen; press Apply to morph them"
                             + (f" ({'; '.join(problems)})" if problems else ""))
         return chosen
@@ -594,7 +595,13 @@ class MorphPanel(QWidget):
         self._set(k, LAYER, row.name).setToolTip(f"{where} · flat index {row.index}")
         self._set(k, TYPE, row.layer.type_name)
         combo = QComboBox()
-        combo.addItems(row.layer.weights.targets())
+        store = row.layer.weights
+        combo.addItems(store.targets())
+        for i, target in enumerate(store.targets()):  # e.g. Q4_K for rows of 576 weights: shown, not chosen
+            why = store.refusal(target)
+            if why:
+                combo.model().item(i).setEnabled(False)
+                combo.model().item(i).setToolTip(why)
         combo.setMinimumContentsLength(8)  # room for the longest name in bold (a pending choice)
         combo.currentTextChanged.connect(lambda _, r=k: self._on_user_choice(r))
         self.table.setCellWidget(k, DTYPE, combo)
@@ -897,3 +904,9 @@ def _human(n: float) -> str:
             return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def _takes(row: _Row, dtype: str) -> bool:
+    """Whether ``row``'s layer can be morphed to ``dtype`` now."""
+    store = row.layer.weights
+    return dtype in store.targets() and not store.refusal(dtype)

@@ -1,30 +1,33 @@
-"""``loomlab quant-report``: how far morphing a language model moves its outputs (no Qt).
+"""``loomlab quant-report`` and ``loomlab quantize``: language models in other formats (no Qt).
 
-The numbers of llama.cpp's ``llama-perplexity --kl-divergence`` (core/llm/drift.py): perplexity of
-the model as loaded and morphed, KL divergence statistics, RMS Δp and "same top p", and per layer
-on request (each layer morphed alone, ranked by KL).
+``quant-report`` gives the numbers of llama.cpp's ``llama-perplexity --kl-divergence``
+(core/llm/drift.py): perplexity of the model as loaded and morphed, KL divergence statistics, RMS
+Δp and "same top p", and per layer on request (each layer morphed alone, ranked by KL).
+``quantize`` morphs a model by a recipe and saves it as a GGUF file that llama.cpp runs
+(core/llm/gguf_export.py), as ``llama-quantize`` does.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..cli import CliError, print_table, progress, progress_bar
 
 DEFAULT_RECIPE = "int8"
+RECIPE_HELP = ("one format for every matrix (Q4_K, Q8_0 ... GGUF's block formats) or every weighted "
+               "layer (int8, float16 ... Loom's dtypes); a preset, llama.cpp's file type (Q4_K_M, "
+               "preset:Q4_0 ...); or a JSON file: {layer or tensor name, pattern "
+               "(blk.*.attn_v) or index: format} (\"*\" for the rest, a format or a preset) or a "
+               "list with one format per weighted layer")
 
 
 def register(sub) -> None:
     p = sub.add_parser("quant-report",
                        help="output drift of a morphed language model (llama.cpp's --kl-divergence numbers)")
     p.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
-    p.add_argument("--recipe", default=DEFAULT_RECIPE,
-                   help="one format for every matrix (Q4_K, Q8_0 ... GGUF's block formats) or every weighted "
-                        "layer (int8, float16 ... Loom's dtypes); a preset, llama.cpp's file type (Q4_K_M, "
-                        "Q4_K_S, preset:Q4_0 ...); or a JSON file: {layer or tensor name, pattern "
-                        "(blk.*.attn_v) or index: format} (\"*\" for the rest, a format or a preset) or a "
-                        f"list with one format per weighted layer (default {DEFAULT_RECIPE})")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"{RECIPE_HELP} (default {DEFAULT_RECIPE})")
     p.add_argument("--probe", metavar="FILE",
                    help="the text to measure on (default: an English text shipped with Loom Lab, ~1,300 "
                         "tokens); at least 512 tokens and two chunks")
@@ -38,6 +41,14 @@ def register(sub) -> None:
                    help="with --per-layer: print only the N most sensitive layers")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=cmd_quant_report)
+
+    q = sub.add_parser("quantize", help="morph a language model by a recipe and save it as GGUF "
+                                        "(llama-quantize)")
+    q.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m) or a .gguf file")
+    q.add_argument("output", help="the GGUF file to write (replaced only once it is complete)")
+    q.add_argument("--recipe", required=True, help=RECIPE_HELP)
+    q.add_argument("--json", action="store_true", help="print what was written as one JSON object")
+    q.set_defaults(handler=cmd_quantize)
 
 
 def cmd_quant_report(args) -> int:
@@ -54,6 +65,31 @@ def cmd_quant_report(args) -> int:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         _print_report(report, args.recipe, args.top)
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from loomlab.core.llm.gguf_export import export_gguf, export_refusal
+    from loomlab.core.llm.recipe import apply_recipe, plan_recipe
+    from loomlab.core.llm.textmodel import load_model
+
+    with load_model(args.model, progress=progress_bar) as model:
+        plan = plan_recipe(model.net, args.recipe)  # a bad recipe stops here, before any work
+        for line in plan.fallbacks:
+            print(f"fallback: {line}", file=sys.stderr)
+        apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"))
+        refusal = export_refusal(model)  # e.g. a layer in int8, which GGUF has no type for
+        if refusal:
+            raise CliError(refusal)
+        result = export_gguf(model, args.output, progress=progress_bar)
+    summary = {"path": str(result.path), "bytes": result.nbytes, "tensors": result.tensors,
+               "changed_tensors": result.changed, "file_type": result.file_type,
+               "weight_bytes": plan.bytes, "fallbacks": [str(f) for f in plan.fallbacks]}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{result.path}: {result.nbytes:,} bytes, {result.tensors} tensors "
+              f"({result.changed} in new encodings), file type {result.file_type}")
     return 0
 
 

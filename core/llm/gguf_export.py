@@ -162,21 +162,22 @@ def _plan(net, source) -> list[_Tensor]:
     from ..morph import weighted_cells
 
     by_name: dict[str, list[_Tensor]] = {}
-    refused = []
+    refused: dict[str, list[str]] = {}  # dtype -> the layers in it
     for cell, layer in weighted_cells(net):
         named = layer_name(net, (*net.coord(cell), layer.path))
         dtype = layer.cfg.dtype
         if not _reads_blocks(layer.weights, dtype) and dtype not in LOOM_TO_GGML:
-            refused.append(f"{named.label} is {dtype}")
+            refused.setdefault(dtype, []).append(named.label)
             continue
         for part, tensor_name in named.tensors.items():
             by_name.setdefault(tensor_name, []).append(_layer_tensor(layer, part, tensor_name, source))
     if refused:
-        raise LoomConfigError(f"cannot export as GGUF: {'; '.join(refused)}. GGUF stores Loom's float32, "
-                              f"float16 and bfloat16 and the block formats (Q8_0, Q4_K ...), not Loom's "
-                              f"other dtypes (their per-layer scale has no GGUF type): morph "
-                              f"{'that layer' if len(refused) == 1 else 'those layers'} to one of "
-                              f"those first")
+        count = sum(map(len, refused.values()))
+        which = "; ".join(_layers_in(dtype, names) for dtype, names in refused.items())
+        raise LoomConfigError(f"cannot export as GGUF: {which}. GGUF stores Loom's float32, float16 and "
+                              f"bfloat16 and the block formats (Q8_0, Q4_K ...), not Loom's other dtypes "
+                              f"(their per-layer scale has no GGUF type): morph "
+                              f"{'that layer' if count == 1 else 'those layers'} to one of those first")
     out = []
     for name, record in source.tensors.items():
         users = by_name.get(name) or [_file_tensor(record)]  # a tensor no layer names: as it is
@@ -189,6 +190,15 @@ def _plan(net, source) -> list[_Tensor]:
             head = apart[0]  # the tied head, morphed apart from the embedding: a head of its own
             out.append(_Tensor(OUTPUT, head.shape, head.ggml_type, head.data, head.holds, False))
     return out
+
+
+def _layers_in(dtype: str, names: list[str], shown: int = 4) -> str:
+    """``"blk.0.attn_norm is int8"``, or for many ``"123 layers are int8 (token_embd, ... and 119
+    more)"``: a whole model in int8 would otherwise be a message of 120 names."""
+    if len(names) == 1:
+        return f"{names[0]} is {dtype}"
+    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return f"{len(names)} layers are {dtype} ({listed})"
 
 
 def _file_tensor(record) -> _Tensor:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -73,7 +73,7 @@ from ..layer_names import layer_name
 from ..layers.base import Layer
 from ..morph import MorphReport, check_target, layer_report, morph_sublayer, weighted_cells
 from .block_morph import BLOCK_FORMATS, encoding_name, is_block_format, is_matrix, stored_nbytes
-from .llm_layers import PART_FORMATS, is_filler_bias
+from .llm_layers import PART_FORMATS, MatrixStore, is_filler_bias
 
 PRESET_PREFIX = "preset:"
 #: llama.cpp's file types whose formats Loom Lab encodes -> the type of the matrices no rule moves
@@ -83,6 +83,7 @@ PRESETS = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "
 FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 LAST_FALLBACK = "F16"  # when the fallback's blocks of 32 do not divide the rows either
 PATTERN_CHARS = "*?["
+LOOM_PART = "weights"  # the one part of a Loom layer (its flat weights) that recipes see
 KEY_KINDS = "a layer or tensor name, a pattern, \"*\" or a layer's position"
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 # precedence levels of a recipe's keys, most specific first
@@ -104,12 +105,24 @@ class WeightedLayer:
 
 
 def weighted_layers(net) -> list[WeightedLayer]:
-    """Every weighted layer of a language model's grid, in order, with its name."""
+    """Every weighted layer of a network's grid, in order, with its name. A language model's
+    layers list their GGUF tensors; a Loom network's layer has one part, its weights, named as
+    the layer (recipes then set whole layers, in Loom's dtypes)."""
     out = []
     for position, (cell, layer) in enumerate(weighted_cells(net)):
         named = layer_name(net, (*net.coord(cell), layer.path))
-        out.append(WeightedLayer(position, cell, layer, named.label, MappingProxyType(dict(named.tensors))))
+        parts = dict(named.tensors) if named.tensors else {LOOM_PART: named.label}
+        out.append(WeightedLayer(position, cell, layer, named.label, MappingProxyType(parts)))
     return out
+
+
+def _matrix(la: WeightedLayer, part: str, fmt: str):
+    """The matrix (or vector) a block format ``fmt`` would encode; a Loom layer has none."""
+    store = la.layer.weights
+    if not isinstance(store, MatrixStore):
+        raise LoomConfigError(f"layer {la.name}: {fmt} is one of GGUF's block formats, for a language "
+                              f"model's matrices; a Loom network's layers take Loom's dtypes (int8 ...)")
+    return store.blocks[part]
 
 
 def format_name(name: Any) -> str:
@@ -396,7 +409,7 @@ def _rules_from_mapping(layers: list[WeightedLayer], recipe: Mapping) -> dict[tu
 
 def _check_names_a_matrix(rule: _Rule, named: list[tuple[int, str]], layers: list[WeightedLayer]) -> None:
     """A block format given by name to vectors only is refused: vectors stay F32 in every format."""
-    if is_block_format(rule.value) and not any(is_matrix(layers[p].layer.weights.blocks[part])
+    if is_block_format(rule.value) and not any(is_matrix(_matrix(layers[p], part, rule.value))
                                                for p, part in named):
         raise LoomConfigError(f"recipe key {rule.key!r} names vectors only (norm gains, biases); they stay "
                               f"F32 in every block format, and {rule.value} applies to matrices")
@@ -420,10 +433,9 @@ def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> R
                                       f"({' and '.join(values)}): Loom's dtypes apply to whole layers")
             plans.append(_dtype_plan(la, values[0]))
             continue
-        store = la.layer.weights
         parts = {}
         for part, rule in mine.items():
-            m = store.blocks[part]
+            m = _matrix(la, part, rule.value)
             if not is_matrix(m):
                 continue
             wanted = _preset_format(rule.value, la.parts[part], m.shape[1], n_blocks, tied) if rule.preset \
@@ -518,7 +530,8 @@ def _planned_bytes(layers: list[WeightedLayer], plans: dict[int, LayerPlan]) -> 
         lp = plans.get(la.position)
         if lp is None:
             formats = store.block_encodings(dtype)
-        elif lp.dtype == "float32" and store.version == 0:  # a language model's float32: the file's blocks
+        elif lp.dtype == "float32" and store.block_encodings("float32") is not None:
+            # a language model's float32 reads the file's blocks
             formats, dtype = _file_encodings(store), lp.dtype
         else:
             formats, dtype = lp.parts if lp.dtype is None else None, lp.dtype
@@ -556,9 +569,11 @@ def _check_parts(layer: Layer, cell: int, plan: LayerPlan) -> None:
         raise LoomConfigError(f"layer {plan.name} at cell {cell} cannot morph to {plan.format}: {problem}")
 
 
-def apply_recipe(net, recipe) -> list[MorphReport]:
+def apply_recipe(net, recipe, progress: Callable[[int, int, str], None] | None = None) -> list[MorphReport]:
     """Morph ``net``'s weighted layers as ``recipe`` (a :class:`RecipePlan` made for this net, or
-    anything :func:`plan_recipe` reads) says; every layer is checked before any is changed."""
+    anything :func:`plan_recipe` reads) says; every layer is checked before any is changed.
+    ``progress(layers done, layers to morph, layer name)`` after each (encoding a model's
+    matrices takes seconds)."""
     plan = recipe if isinstance(recipe, RecipePlan) else plan_recipe(net, recipe)
     layers = weighted_layers(net)
     for lp in plan.changed:
@@ -570,7 +585,12 @@ def apply_recipe(net, recipe) -> list[MorphReport]:
             check_target(la.layer, la.cell, lp.dtype)
         else:
             _check_parts(la.layer, la.cell, lp)
-    return [morph_planned(layers[lp.position].layer, layers[lp.position].cell, lp) for lp in plan.changed]
+    reports = []
+    for done, lp in enumerate(plan.changed, 1):
+        reports.append(morph_planned(layers[lp.position].layer, layers[lp.position].cell, lp))
+        if progress is not None:
+            progress(done, len(plan.changed), lp.name)
+    return reports
 
 
 def save_recipe(path: str | os.PathLike, recipe: Mapping[str | int, str], net=None) -> None:

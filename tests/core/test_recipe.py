@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
-import os
+import re
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
 
 from loomlab.core.errors import LoomConfigError
+from loomlab.core.llm import registry
 from loomlab.core.llm.llm_layers import MatrixStore
 from loomlab.core.llm.recipe import (
     apply_recipe,
@@ -29,14 +30,13 @@ from loomlab.core.llm.recipe import (
 from loomlab.core.llm.textmodel import load_model
 from loomlab.core.morph import morph_sublayer, weighted_cells
 
-MODELS = os.path.expanduser("~/.cache/loomlab/models")
 GEMMA_ATTENTION = "blk.0.attn_q/k/v/output/q_norm/k_norm"  # a layer's name: the tensors it holds
 
 
 @functools.cache  # GGUFReader parses gemma's 262,144-token vocabulary: ~10 s a read
-def file_types(name: str) -> dict[str, tuple[str, int, int]]:
-    """Each tensor of a cached GGUF file: (type, weights per row, bytes)."""
-    reader = GGUFReader(os.path.join(MODELS, name))
+def file_types(alias: str) -> dict[str, tuple[str, int, int]]:
+    """Each tensor of a built-in model's GGUF file (fetched if need be): (type, weights per row, bytes)."""
+    reader = GGUFReader(registry.fetch(alias))
     return {t.name: (t.tensor_type.name, int(t.shape[0]), int(t.n_bytes)) for t in reader.tensors}
 
 
@@ -65,7 +65,7 @@ def gemma():
 
 # ----- llama.cpp's presets against the files llama-quantize wrote -----------------------------------
 def test_q4_k_m_planned_for_gemma3_is_the_files_own_mix(gemma):
-    tensors = file_types("gemma-3-270m-q4_k_m.gguf")
+    tensors = file_types("gemma3-270m")
     plan = plan_recipe(gemma.net, "Q4_K_M")
     got = planned_tensors(plan)
     matrices = {name for name in tensors if name.endswith("weight") and "_norm" not in name}
@@ -82,7 +82,7 @@ def test_q4_k_m_planned_for_gemma3_is_the_files_own_mix(gemma):
 
 
 def test_q4_1_planned_for_smollm2_is_the_files_own_mix(smollm2):
-    tensors = file_types("SmolLM2-135M-Instruct.Q4_1.gguf")
+    tensors = file_types("smollm2-135m")
     plan = plan_recipe(smollm2.net, "preset:Q4_1")
     matrices = {name for name in tensors if name.endswith("weight") and "_norm" not in name}
     assert planned_tensors(plan) == {name: tensors[name][0] for name in matrices}
@@ -147,7 +147,7 @@ def test_a_tensor_beats_its_layer_which_beats_patterns_the_first_pattern_wins_an
 
 
 def test_patterns_and_star_fall_back_as_llama_cpp_does(gemma):
-    tensors = file_types("gemma-3-270m-q4_k_m.gguf")
+    tensors = file_types("gemma3-270m")
     plan = plan_recipe(gemma.net, {"*.ffn_down.weight": "Q6_K", "blk.*.attn_v": "Q6_K", "*": "Q4_K"})
     got = planned_tensors(plan)
     for name, fmt in got.items():
@@ -239,3 +239,19 @@ def test_a_refused_recipe_is_not_saved(smollm2, tmp_path):
         with pytest.raises(LoomConfigError, match=message):
             save_recipe(path, bad, smollm2.net)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_loom_networks_layers_take_loom_dtypes_by_name_and_no_block_format():
+    from loomlab.core import VolumetricNetwork, make_layer
+
+    net = VolumetricNetwork(1, 1, 1, 2)
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        net[0, 0, 0, i] = make_layer("Dense", input_height=4, output_height=4, activation="Tanh", rng=rng)
+    names = [la.name for la in weighted_layers(net)]
+    assert resolve_recipe(net, {names[1]: "int8"}) == {1: "int8"}
+    assert resolve_recipe(net, {"Dense*": "float16"}) == {0: "float16", 1: "float16"}
+    for recipe in ({names[0]: "Q8_0"}, "Q4_0"):
+        with pytest.raises(LoomConfigError, match=f"layer {re.escape(names[0])}: Q._0 is one of GGUF's block "
+                                                  "formats, for a language model's matrices"):
+            plan_recipe(net, recipe)
