@@ -172,6 +172,10 @@ class MorphPanel(QWidget):
         self.revert_button.clicked.connect(self.revert)
         self.save_button = QPushButton("Save as .loom…")
         self.save_button.clicked.connect(self._ask_save_path)
+        self.export_button = QPushButton("Export GGUF…")
+        self.export_button.setToolTip("Save the language model in its current formats as a GGUF file that "
+                                      "llama.cpp runs (loomlab quantize)")
+        self.export_button.clicked.connect(self._ask_export_path)
         self.load_recipe_button = QPushButton("Load recipe…")
         self.load_recipe_button.setToolTip("Choose the formats a JSON recipe names (then Apply)")
         self.load_recipe_button.clicked.connect(self._ask_recipe_to_load)
@@ -187,6 +191,7 @@ class MorphPanel(QWidget):
             controls.addWidget(w)
         controls.addStretch(1)
         controls.addWidget(self.save_button)
+        controls.addWidget(self.export_button)
 
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
@@ -516,6 +521,25 @@ class MorphPanel(QWidget):
         net = self._net
         self._submit("save", lambda job: save_network(net, path), on_success=lambda _: self._saved(path))
 
+    def export_gguf(self, path: str) -> None:
+        """Write the language model shown, in its current formats, to ``path`` as GGUF in a job
+        (cancellable; a failure or cancel leaves no file); :attr:`saved` follows. Layers in a Loom
+        dtype GGUF has no type for are named in the status line and nothing is written."""
+        from loomlab.core.llm.gguf_export import export_gguf, export_refusal
+
+        model = self._model
+        refusal = export_refusal(model)  # reads names and dtypes only: no need for a job
+        if refusal:
+            self.status.setText(f"not exported: {refusal}")
+            return
+
+        def work(job: Job):
+            return export_gguf(model, path, progress=job.report, cancel=job.is_cancelled)
+
+        self._submit("export", work, on_success=lambda result: self._saved(
+            f"{result.path} ({_human(result.nbytes)}, {result.changed} of {result.tensors} tensors in new "
+            f"encodings)", str(result.path)))
+
     def is_busy(self) -> bool:
         return self._job is not None or bool(self._queue)
 
@@ -810,6 +834,11 @@ class MorphPanel(QWidget):
         if path:
             self.save_as(path if path.lower().endswith(".loom") else path + ".loom")
 
+    def _ask_export_path(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export as GGUF", "", "GGUF model (*.gguf)")
+        if path:
+            self.export_gguf(path if path.lower().endswith(".gguf") else path + ".gguf")
+
     def _ask_recipe_save_path(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save recipe as", "", "Recipe (*.json)")
         if path:
@@ -820,9 +849,9 @@ class MorphPanel(QWidget):
         if path:
             self.load_recipe(path)
 
-    def _saved(self, path: str) -> None:
-        self.status.setText(f"saved {path}")
-        self.saved.emit(path)
+    def _saved(self, what: str, path: str | None = None) -> None:
+        self.status.setText(f"saved {what}")
+        self.saved.emit(path or what)
 
     # ----- jobs: one at a time, so a morph never races the reference it is measured against ----------
     def _submit(self, name: str, fn: Callable[[Job], Any], **slots) -> None:
@@ -879,6 +908,7 @@ class MorphPanel(QWidget):
         self.apply_button.setEnabled(idle and pending)
         self.revert_button.setEnabled(idle and changed)
         self.save_button.setEnabled(idle and has)
+        self.export_button.setEnabled(idle and self._model is not None)
         self.load_recipe_button.setEnabled(idle and has)
         self.save_recipe_button.setEnabled(idle and has)
         self.sensitivity.set_available(idle and self._model is not None and pending,

@@ -237,7 +237,7 @@ def test_save_as_writes_a_loom_checkpoint_of_the_morphed_network(qtbot, panel, t
 
 
 # ----- a real language model ------------------------------------------------------------------------
-def test_morphing_one_mlp_of_smollm2_drifts_its_predictions_and_revert_undoes_it(qtbot, panel):
+def test_morphing_one_mlp_of_smollm2_drifts_its_predictions_and_revert_undoes_it(qtbot, panel, tmp_path):
     from loomlab.core.llm.textmodel import load_model
 
     text = "The quick brown fox jumps over the lazy dog while the cat sleeps."
@@ -251,6 +251,8 @@ def test_morphing_one_mlp_of_smollm2_drifts_its_predictions_and_revert_undoes_it
         assert panel.table.rowCount() == len(weighted_cells(model.net)) == 123
         row = next(i for i in range(123) if cell(panel, i, CELL) == (0, 0, 3, 0) and
                    panel.table.item(i, TYPE).text() == "SwiGLU")
+        block = panel.table.item(row, LAYER).text().removesuffix(".ffn_gate/up/down")  # blk.2
+        mine = {f"{block}.ffn_{p}.weight" for p in ("gate", "up", "down")}
         choose(qtbot, panel.table.cellWidget(row, DTYPE), "int8")
         with qtbot.waitSignal(panel.measured, timeout=60000) as measured:
             qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)
@@ -261,16 +263,34 @@ def test_morphing_one_mlp_of_smollm2_drifts_its_predictions_and_revert_undoes_it
         assert m["kl_mean"] > 0 and 0 < m["top1_agreement"] <= 1
         direct = compare(reference, llm_probe(model, text, max_tokens=16))
         assert {k: m[k] for k in direct} == pytest.approx(direct, rel=1e-9)
-        # the file's Q4_1 blocks of blk.3's MLP (gguf-py's reading) against one int8 byte a weight
-        q4_1 = sum(int(t.n_bytes) for t in GGUFReader(registry.fetch("smollm2-135m")).tensors
-                   if t.name in ("blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight"))
+        # the file's Q4_1 blocks of the MLP (gguf-py's reading) against one int8 byte a weight
+        file = GGUFReader(registry.fetch("smollm2-135m"))
+        q4_1 = sum(int(t.n_bytes) for t in file.tensors if t.name in mine)
         assert m["bytes_saved"] == q4_1 - mlp.weights.nbytes("int8") < 0  # int8 is larger than Q4_1
+        out = tmp_path / "out.gguf"
+        panel.export_gguf(str(out))  # GGUF has no int8 with Loom's per-layer scale
+        refused = f"not exported: cannot export as GGUF: {block}.ffn_gate/up/down is int8"
+        assert panel.status.text().startswith(refused) and not out.exists()
 
         with qtbot.waitSignal(panel.measured, timeout=60000) as measured:
             qtbot.mouseClick(panel.revert_button, Qt.MouseButton.LeftButton)
         m = measured.args[0]
         assert mlp.cfg.dtype == "float32"
         assert (m["kl_mean"], m["kl_max"], m["top1_agreement"]) == (0.0, 0.0, 1.0)
+
+        # Q8_0 for that MLP, then the model exported as llama.cpp would read it
+        choose(qtbot, panel.table.cellWidget(row, DTYPE), "Q8_0")
+        with qtbot.waitSignal(panel.measured, timeout=60000):
+            qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)
+        assert panel.export_button.isEnabled()
+        with qtbot.waitSignal(panel.saved, timeout=60000) as saved:
+            panel.export_gguf(str(out))
+        assert saved.args == [str(out)] and panel.status.text().startswith(f"saved {out} (")
+        types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
+        source = {t.name: t.tensor_type.name for t in file.tensors}
+        assert {name: types[name] for name in mine} == dict.fromkeys(mine, "Q8_0")
+        assert {k: v for k, v in types.items() if k not in mine} == \
+            {k: v for k, v in source.items() if k not in mine}
         panel.shutdown()
 
 
