@@ -30,7 +30,6 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QFileDialog,
@@ -42,7 +41,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -70,6 +68,7 @@ from loomlab.core.network import VolumetricNetwork
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
+from .sort_items import row_table
 from .workers import Job, JobRunner
 
 RECIPE_TASK = "quant-recipe"
@@ -245,12 +244,7 @@ class EvolutionPanel(QWidget):
         self.species_plot = pg.PlotWidget()
         self.species_plot.setLabel("bottom", "generation")
         self.species_plot.setLabel("left", "members per species")
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.verticalHeader().setVisible(False)
+        self.table = row_table(COLUMNS)
         self.table.setWordWrap(False)
         self.table.horizontalHeader().setStretchLastSection(True)
         for column, width in enumerate(COLUMN_WIDTHS):  # fixed: sizing to contents re-measures every row

@@ -34,7 +34,6 @@ from typing import Any
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QBoxLayout,
     QComboBox,
     QFileDialog,
@@ -45,7 +44,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QTableWidget,
     QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
@@ -62,7 +60,7 @@ from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
 
 from .sensitivity_view import SensitivityView
-from .sort_items import SORT_ROLE, SortItem
+from .sort_items import SORT_ROLE, SortItem, row_table
 from .workers import Job, JobRunner
 
 COLUMNS = ("Cell", "Layer", "Type", "dtype", "Parameters", "Bytes", "Rel. error", "Rel. MSE", "Cosine")
@@ -148,12 +146,7 @@ class MorphPanel(QWidget):
         self.title = QLabel("No network", wordWrap=True)
         self.probe_label = QLabel("", wordWrap=True)  # what drift is measured on
         self.probe_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
+        self.table = row_table(COLUMNS)
         # rows as tall as a dtype combo needs, no taller: a docked panel shows more of them
         self.table.verticalHeader().setDefaultSectionSize(QComboBox().sizeHint().height())
         self.table.horizontalHeader().setSortIndicator(CELL, Qt.SortOrder.AscendingOrder)

@@ -18,19 +18,17 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from .sort_items import SORT_ROLE, SortItem
+from .sort_items import SORT_ROLE, SortItem, row_table
 
 COLUMNS = ("Rank", "Layer", "Format", "KL mean", "KL 99%", "KL max", "Same top", "PPL(Q)/PPL(base)",
            "Δ PPL", "RMS Δp")
@@ -83,12 +81,7 @@ class SensitivityView(QWidget):
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.set_probe(None, None)
 
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
+        self.table = row_table(COLUMNS)
         self.table.setWordWrap(False)  # a long layer name is elided, not wrapped into a taller row
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)

@@ -1,9 +1,10 @@
-"""Table cells that sort by a value, not by their text: numbers as numbers ("10" after "9")."""
+"""Tables of rows: cells that sort by a value, not by their text (numbers as numbers: "10" after
+"9"), and the read-only table of rows the panels list things in."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QTableWidgetItem
+from PySide6.QtWidgets import QAbstractItemView, QTableWidget, QTableWidgetItem
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # what a column sorts by: numbers, not their text
 
@@ -16,3 +17,14 @@ class SortItem(QTableWidgetItem):
         if a is None or b is None:
             return a is not None and b is None
         return a < b
+
+
+def row_table(columns) -> QTableWidget:
+    """A read-only table with ``columns``, one row selected at a time, no row numbers."""
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(list(columns))
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table.verticalHeader().setVisible(False)
+    return table
