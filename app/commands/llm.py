@@ -20,6 +20,9 @@ def register(sub) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")
     _sampling_args(gen)
+    shape = gen.add_argument_group("constrained output").add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="output must be JSON valid against this schema")
+    shape.add_argument("--regex", metavar="PATTERN", help="output must match this regular expression")
     gen.set_defaults(handler=cmd_generate)
 
     chat = sub.add_parser("chat", help="talk with a language model (interactive, or one --message)")
@@ -74,6 +77,24 @@ def _sampling(args) -> dict:
                 max_tokens=args.max_tokens, logprobs=5 if args.json else 0)
 
 
+def _response_format(args) -> dict | None:
+    """``--json-schema`` / ``--regex`` as a response_format, checked before the model loads."""
+    from loomlab.core.llm.constrain import grammar_of
+
+    if args.regex is not None:
+        fmt = {"type": "regex", "pattern": args.regex}
+    elif args.json_schema is not None:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except (OSError, ValueError) as e:
+            raise CliError(f"--json-schema {args.json_schema}: {e}") from None
+        fmt = {"type": "json_schema", "json_schema": schema}
+    else:
+        return None
+    grammar_of(fmt)
+    return fmt
+
+
 def _load(name: str):
     from loomlab.core.llm.textmodel import load_model
 
@@ -107,7 +128,7 @@ def _metrics_dict(m) -> dict:
 
 
 def cmd_generate(args) -> int:
-    sampling = _sampling(args)
+    sampling = {**_sampling(args), "response_format": _response_format(args)}
     prompt = args.prompt if args.prompt is not None else _ids(args.ids)
     with _load(args.model) as model:
         records = _emit(model.generate(prompt, **sampling), args.json)

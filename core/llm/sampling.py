@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import LoomConfigError
+from .constrain import grammar_of
 
 Sampler = Callable[[np.ndarray, np.random.Generator], int]
 Processor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
@@ -39,6 +40,8 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
     logprobs: int = 0  # how many top alternatives to report per token (0 = none)
+    # output must match this JSON schema / regex / grammar (OpenAI's shapes: constrain.py)
+    response_format: Mapping | None = None
 
     def __post_init__(self):
         _check("temperature", self.temperature, lambda v: v >= 0, ">= 0")
@@ -55,6 +58,7 @@ class SamplingParams:
             raise LoomConfigError("stop must be a sequence of non-empty strings")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise LoomConfigError(f"seed must be an integer, got {self.seed!r}")
+        grammar_of(self.response_format)  # compiled here so a bad one fails before any work
 
     def sampler(self) -> Sampler:
         return make_sampler(self.temperature, self.top_k, self.top_p, self.min_p)

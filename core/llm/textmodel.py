@@ -24,6 +24,7 @@ from ..errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ..procinfo import peak_rss_bytes
 from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
+from .constrain import Constraint
 from .discovery import in_file, resolve
 from .loader import load_causal_lm
 from .quant import adaptive_threads, single_threaded_blas
@@ -277,6 +278,7 @@ class TextModel:
         self._metrics = metrics
         tok = self.tokenizer
         sampler, processor = params.sampler(), params.processor()
+        constraint = Constraint.for_model(self, params.response_format)
         rng = np.random.default_rng(params.seed)
         caches = [self.net.make_cache(len(ids) + params.max_tokens)]
         text = _StopFilter(params.stop)
@@ -293,15 +295,19 @@ class TextModel:
                 yield TokenRecord(index, -1, text.flush(), finish_reason="cancelled")
                 break
             processed = processor(logits, history)
+            if constraint is not None:  # before logprobs too: they are the masked distribution's
+                processed = constraint.mask(processed)
             token = sampler(processed, rng)
+            if constraint is not None:
+                constraint.consume(token)
             history.append(token)
             metrics.generated_tokens += 1
             if index == 0:
                 metrics.time_to_first_token_s = time.perf_counter() - start
             logprob, top = _logprobs(processed, token, params.logprobs, self.token_text)
             finish = None
-            if token in tok.eos_ids:
-                delta, finish = text.flush(), "eos"
+            if token in tok.eos_ids:  # under a constraint, allowed only once the format is complete
+                delta, finish = text.flush(), "eos" if constraint is None else "stop"
             else:
                 delta, stopped = text.push(decoder.push(token))
                 if stopped:

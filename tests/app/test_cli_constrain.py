@@ -1,0 +1,47 @@
+"""``loomlab generate --json-schema FILE | --regex PATTERN``: the printed output validates."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from loomlab.app.cli import main
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
+          "properties": {"city": {"type": "string", "maxLength": 30},
+                         "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}}
+
+
+def _summary(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_generate_json_schema(tmp_path, capsys):
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(SCHEMA))
+    assert main(["generate", "smollm2-135m", "--prompt", "The largest city in France, as JSON:",
+                 "--json-schema", str(path), "--max-tokens", "64", "--json"]) == 0
+    summary = _summary(capsys)
+    assert summary["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(summary["text"]), SCHEMA)
+
+
+def test_generate_regex(capsys):
+    pattern = r"\(\d{3}\) \d{3}-\d{4}"
+    assert main(["generate", "smollm2-135m", "--prompt", "Call us at", "--regex", pattern,
+                 "--temperature", "0.8", "--seed", "5", "--json"]) == 0
+    summary = _summary(capsys)
+    assert summary["finish_reason"] == "stop" and re.fullmatch(pattern, summary["text"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--regex", "[a-"], "regex"),
+    (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
+])
+def test_bad_constraint_is_a_one_line_error(args, words, capsys):
+    assert main(["generate", "smollm2-135m", "--prompt", "x", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("loomlab: error:") and words in err
