@@ -60,6 +60,12 @@ class Metrics:
     time_to_first_token_s: float = 0.0
     peak_rss_bytes: int = 0
     dropped_turns: int = 0  # chat turns removed by the "drop_oldest" context policy
+    drafted_tokens: int = 0  # speculative decoding: tokens a drafter proposed
+    accepted_tokens: int = 0  # ... and how many of them the target kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -152,28 +158,36 @@ class TextModel:
 
     # ----- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, cancel: Cancel = None,
-                 context_policy: str = "error", **sampling) -> Iterator[TokenRecord]:
+                 context_policy: str = "error", speculative=None, **sampling) -> Iterator[TokenRecord]:
         """Stream the continuation of ``prompt`` (text, or a list of token ids).
 
         Text prompts get the model's BOS when it wants one. ``sampling`` are the fields of
         :class:`SamplingParams` (temperature, top_k, top_p, min_p, penalties, seed, stop,
         max_tokens, logprobs). Invalid values raise before any work.
+
+        ``speculative`` turns on speculative decoding (greedy only, the same tokens as without):
+        ``"prompt-lookup"``, a draft :class:`TextModel` sharing the vocabulary, or a
+        :class:`~loomlab.core.llm.speculative.Drafter`; other settings raise LoomConfigError.
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
+        drafter = self._drafter(speculative, params)
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
-        return self._stream(ids, params, as_cancel_check(cancel), Metrics(prompt_tokens=len(ids)))
+        return self._stream(ids, params, as_cancel_check(cancel), Metrics(prompt_tokens=len(ids)),
+                            drafter)
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: Cancel = None,
-             context_policy: str = "error", **sampling) -> Iterator[TokenRecord]:
+             context_policy: str = "error", speculative=None, **sampling) -> Iterator[TokenRecord]:
         """Stream the assistant's reply to ``messages`` (``{"role", "content"}`` dicts).
 
         ``context_policy="drop_oldest"`` removes the oldest non-system turns until the prompt
         and ``max_tokens`` fit the context; how many were dropped is in :meth:`metrics`.
+        ``speculative`` as in :meth:`generate`.
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
+        drafter = self._drafter(speculative, params)
         messages = list(messages)
         dropped = 0
         while True:
@@ -187,7 +201,7 @@ class TextModel:
             dropped += 1
         self._check_fits(ids, params)
         return self._stream(ids, params, as_cancel_check(cancel),
-                            Metrics(prompt_tokens=len(ids), dropped_turns=dropped))
+                            Metrics(prompt_tokens=len(ids), dropped_turns=dropped), drafter)
 
     def batch_generate(self, prompts: Sequence[str | Sequence[int]], **sampling) -> list[str]:
         """Complete several prompts (one after another); returns the generated texts."""
@@ -252,10 +266,25 @@ class TextModel:
                                  f"context length {ctx} (use context_policy='drop_oldest' in chat, or fewer "
                                  f"tokens)")
 
+    def _drafter(self, speculative, params: SamplingParams):
+        if speculative is None:
+            return None
+        # imported here: the speculative loop reuses this module's records and helpers
+        from .speculative import drafter_for
+
+        return drafter_for(speculative, self, params)
+
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
-                metrics: Metrics) -> Iterator[TokenRecord]:
+                metrics: Metrics, drafter=None) -> Iterator[TokenRecord]:
         with self.busy():
-            yield from self._run(ids, params, cancel, metrics)
+            if drafter is None:
+                yield from self._run(ids, params, cancel, metrics)
+                return
+            from .speculative import run
+
+            self._metrics = metrics
+            with drafter.session():
+                yield from run(self, ids, params, cancel, metrics, drafter)
 
     @contextmanager
     def busy(self):
@@ -305,15 +334,9 @@ class TextModel:
             if index == 0:
                 metrics.time_to_first_token_s = time.perf_counter() - start
             logprob, top = _logprobs(processed, token, params.logprobs, self.token_text)
-            finish = None
-            if token in tok.eos_ids:  # under a constraint, allowed only once the format is complete
-                delta, finish = text.flush(), "eos" if constraint is None else "stop"
-            else:
-                delta, stopped = text.push(decoder.push(token))
-                if stopped:
-                    finish = "stop"
-                elif index == params.max_tokens - 1:
-                    delta, finish = delta + text.push(decoder.flush())[0] + text.flush(), "length"
+            delta, finish = _token_delta(tok, text, decoder, token, index == params.max_tokens - 1)
+            if constraint is not None and finish == "eos":  # allowed only once the format is complete
+                finish = "stop"
             yield TokenRecord(index, token, delta, logprob, top, finish)
             if finish is not None:
                 break
@@ -343,6 +366,19 @@ class _StopFilter:
     def flush(self) -> str:
         out, self.pending = self.pending, ""
         return out
+
+
+def _token_delta(tok, text: _StopFilter, decoder, token: int, last: bool) -> tuple[str, str | None]:
+    """The text ``token`` adds and the finish reason it brings: ``"eos"``, ``"stop"`` (a stop
+    string) or, on the ``last`` allowed token, ``"length"`` (which flushes what was held)."""
+    if token in tok.eos_ids:
+        return text.flush(), "eos"
+    delta, stopped = text.push(decoder.push(token))
+    if stopped:
+        return delta, "stop"
+    if last:
+        return delta + text.push(decoder.flush())[0] + text.flush(), "length"
+    return delta, None
 
 
 def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]):

@@ -1,0 +1,147 @@
+"""Speculative decoding on the real SmolLM2 model: every output is checked against plain greedy
+generation of the same prompt (the oracle), with both drafters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomlab.core.errors import LoomConfigError
+from loomlab.core.llm import load_model
+from loomlab.core.llm.recipe import apply_recipe
+from loomlab.core.llm.speculative import DraftModel, PromptLookup
+
+PARAGRAPH = ("The river Loom rises in the northern hills and runs for two hundred kilometres to the "
+             "sea. Its valley was settled by weavers in the twelfth century, who used the fast water "
+             "to drive their looms. By the nineteenth century the town of Loomford had forty mills, "
+             "and the river carried cloth to the port on flat-bottomed barges. The last mill closed "
+             "in 1968; today the valley is known for its walking trails and its museum of weaving.")
+SUMMARY = [{"role": "user", "content": PARAGRAPH + "\n\nSummarise the text above."}]
+CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
+SHORT_CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    with load_model("smollm2-135m") as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def draft():
+    with load_model("smollm2-135m") as d:
+        apply_recipe(d.net, "Q4_0")
+        yield d
+
+
+def _drafter(kind, draft):
+    # n-grams down to 1 draft the most, so rejections (cache trims) happen often
+    return PromptLookup(min_ngram=1) if kind == "prompt-lookup" else DraftModel(draft, num_draft=4)
+
+
+def _records(model, prompt, **kw):
+    if isinstance(prompt, list) and isinstance(prompt[0], dict):
+        return list(model.chat(prompt, **kw))
+    return list(model.generate(prompt, **kw))
+
+
+def _assert_same(plain, spec):
+    assert [r.id for r in spec] == [r.id for r in plain]
+    assert [r.text for r in spec] == [r.text for r in plain]
+    assert [r.finish_reason for r in spec] == [r.finish_reason for r in plain]
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+@pytest.mark.parametrize("prompt", [SUMMARY, CHAT, "def fibonacci(n):"], ids=["summary", "chat", "code"])
+def test_greedy_output_is_the_plain_output(model, draft, kind, prompt):
+    plain = _records(model, prompt, max_tokens=80, logprobs=3)
+    spec = _records(model, prompt, max_tokens=80, logprobs=3, speculative=_drafter(kind, draft))
+    _assert_same(plain, spec)
+    for p, s in zip(plain, spec, strict=True):
+        # the verify step's logits differ from a one-token step's in the last bits only
+        assert s.logprob == pytest.approx(p.logprob, abs=1e-3)
+        assert [t[0] for t in s.top] == [t[0] for t in p.top]
+    m = model.metrics()
+    assert m.generated_tokens == len(plain) and m.prompt_tokens > 0
+    assert 0 <= m.accepted_tokens <= m.drafted_tokens and m.drafted_tokens > 0
+    assert m.acceptance_rate == m.accepted_tokens / m.drafted_tokens
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 11, 23])
+def test_max_tokens_ends_mid_draft(model, draft, kind, max_tokens):
+    plain = _records(model, SUMMARY, max_tokens=max_tokens)
+    spec = _records(model, SUMMARY, max_tokens=max_tokens, speculative=_drafter(kind, draft))
+    _assert_same(plain, spec)
+    assert spec[-1].finish_reason == "length" and len(spec) == max_tokens
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+def test_stop_strings_end_mid_draft(model, draft, kind):
+    full = "".join(r.text for r in model.chat(SUMMARY, max_tokens=64))
+    for cut in (5, 17, 40):
+        stop = full[cut:cut + 4]
+        plain = _records(model, SUMMARY, max_tokens=64, stop=[stop])
+        spec = _records(model, SUMMARY, max_tokens=64, stop=[stop], speculative=_drafter(kind, draft))
+        _assert_same(plain, spec)
+        assert spec[-1].finish_reason == "stop"
+        assert "".join(r.text for r in spec) == full[:full.index(stop)]
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+def test_eos_ends_mid_draft(model, draft, kind):
+    plain = _records(model, SHORT_CHAT, max_tokens=64)
+    assert plain[-1].finish_reason == "eos"  # the oracle must end on eos for this test to mean it
+    spec = _records(model, SHORT_CHAT, max_tokens=64, speculative=_drafter(kind, draft))
+    _assert_same(plain, spec)
+
+
+def test_cancel_stops_speculation(model):
+    calls = iter(range(1000))
+    records = list(model.chat(SUMMARY, max_tokens=64, speculative="prompt-lookup",
+                                  cancel=lambda: next(calls) >= 6))
+    assert records[-1].finish_reason == "cancelled" and len(records) == 7
+
+
+def test_penalties_are_honoured_per_drafted_position(model):
+    kw = dict(max_tokens=48, repetition_penalty=1.3, presence_penalty=0.2)
+    _assert_same(_records(model, SUMMARY, **kw), _records(model, SUMMARY, speculative="prompt-lookup", **kw))
+
+
+def test_a_draft_model_keeps_its_cache_in_step_across_generations(model, draft):
+    drafter = DraftModel(draft, num_draft=3)
+    for prompt in (SUMMARY, CHAT, SUMMARY):
+        _assert_same(_records(model, prompt, max_tokens=24),
+                     _records(model, prompt, max_tokens=24, speculative=drafter))
+        assert drafter._tokens == [] or drafter._cache[0].offset == len(drafter._tokens)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(temperature=0.7), "greedy only"),
+    (dict(response_format={"type": "json_object"}), "do not work together yet"),
+    (dict(speculative="n-gram"), "speculative must be"),
+])
+def test_unsupported_settings_raise_before_any_work(model, kw, match):
+    kw = {"speculative": "prompt-lookup", **kw}
+    steps = model.net.step_count
+    with pytest.raises(LoomConfigError, match=match):
+        model.generate(PARAGRAPH, max_tokens=8, **kw)
+    with pytest.raises(LoomConfigError, match=match):
+        model.chat(CHAT, max_tokens=8, **kw)
+    assert model.net.step_count == steps
+
+
+def test_the_target_cannot_draft_for_itself(model):
+    with pytest.raises(LoomConfigError, match="second loaded model"):
+        model.generate(PARAGRAPH, speculative=DraftModel(model))
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match():
+    lookup = PromptLookup(num_draft=3, min_ngram=1)
+    assert lookup.propose([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 3) == [7, 8, 2]  # latest "2 3"
+    assert lookup.propose([5, 6, 7, 5], 3) == [6, 7, 5]  # a 1-gram when no 2- or 3-gram matches
+    assert lookup.propose([1, 2, 3], 3) == []
+    assert lookup.propose(list(np.arange(4)), 2) == []
+    assert PromptLookup().propose([1, 2, 3, 4, 2, 3], 3) == []  # 3-grams by default
+    with pytest.raises(LoomConfigError):
+        PromptLookup(num_draft=0)
