@@ -389,8 +389,10 @@ def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int]
     def logprob(i) -> float:
         return (float(logits[i]) - m) - log_total
 
-    # the logits' order is their log-probabilities' (one shift), so their top k are the same
-    return logprob(token), [(int(i), token_text(int(i)), logprob(i)) for i in top_k(logits, k)]
+    # the logits' order is their log-probabilities' (one shift), so their top k are the same;
+    # tokens a constraint forbids (-inf) are no alternatives (and -Infinity is not JSON)
+    return logprob(token), [(int(i), token_text(int(i)), logprob(i)) for i in top_k(logits, k)
+                            if np.isfinite(logits[i])]
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:

@@ -72,9 +72,11 @@ def test_logprobs_come_from_the_masked_distribution(smollm2):
     records = list(smollm2.generate("The year:", response_format={"type": "regex", "pattern": "[0-9]{4}"},
                                     max_tokens=8, logprobs=3))
     for r in records[:-1]:  # the digits; then EOS
-        alive = [lp for _, _, lp in r.top if np.isfinite(lp)]
         assert r.text.isdigit() and r.logprob <= 0
-        assert all(text.isdigit() for _, text, lp in r.top if np.isfinite(lp)) and alive
+        # forbidden tokens are no alternatives: every one listed is allowed, finite, and the
+        # allowed tokens' probabilities sum to at most 1
+        assert r.top and all(text.isdigit() and np.isfinite(lp) and lp <= 0 for _, text, lp in r.top)
+        assert sum(np.exp(lp) for _, _, lp in r.top) <= 1 + 1e-6
 
 
 def test_text_format_is_unconstrained(smollm2):
