@@ -612,9 +612,9 @@ class MorphPanel(QWidget):
         self._set(k, LAYER, row.name).setToolTip(f"{where} · flat index {row.index}")
         self._set(k, TYPE, row.layer.type_name)
         combo = QComboBox()
-        store = row.layer.weights
-        combo.addItems(store.targets())
-        for i, target in enumerate(store.targets()):  # e.g. Q4_K for rows of 576 weights: shown, not chosen
+        store, targets = row.layer.weights, row.layer.weights.targets()
+        combo.addItems(targets)
+        for i, target in enumerate(targets):  # e.g. Q4_K for rows of 576 weights: shown, not chosen
             why = store.refusal(target)
             if why:
                 combo.model().item(i).setEnabled(False)

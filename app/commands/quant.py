@@ -69,7 +69,7 @@ def cmd_quant_report(args) -> int:
 
 
 def cmd_quantize(args) -> int:
-    from loomlab.core.llm.gguf_export import export_gguf, export_refusal
+    from loomlab.core.llm.gguf_export import export_gguf
     from loomlab.core.llm.recipe import apply_recipe, plan_recipe
     from loomlab.core.llm.textmodel import load_model
 
@@ -78,9 +78,7 @@ def cmd_quantize(args) -> int:
         for line in plan.fallbacks:
             print(f"fallback: {line}", file=sys.stderr)
         apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"))
-        refusal = export_refusal(model)  # e.g. a layer in int8, which GGUF has no type for
-        if refusal:
-            raise CliError(refusal)
+        # refuses (LoomConfigError, one line) before writing what GGUF has no type for, e.g. int8
         result = export_gguf(model, args.output, progress=progress_bar)
     summary = {"path": str(result.path), "bytes": result.nbytes, "tensors": result.tensors,
                "changed_tensors": result.changed, "file_type": result.file_type,

@@ -228,10 +228,9 @@ def _layer_tensor(layer, part: str, name: str, source) -> _Tensor:
 
 
 def _encoded_bytes(m, ggml: GGMLQuantizationType) -> np.ndarray:
-    """A morph's QuantMatrix as GGUF stores it. It keeps block bytes in ``_q`` (what the kernels
-    read), a plain type (F16, llama.cpp's fallback for rows that are not whole blocks) as its exact
-    float32 values."""
-    return m._q if m._q is not None else _as_ggml(m.dequantize(), ggml)
+    """A morph's QuantMatrix as GGUF stores it: its blocks, or for a plain type (F16, llama.cpp's
+    fallback for rows that are not whole blocks) its exact float32 values converted back."""
+    return m.raw_blocks if m.raw_blocks is not None else _as_ggml(m.dequantize(), ggml)
 
 
 def _loom_values(store, dtype: str, part: str, ggml: GGMLQuantizationType) -> np.ndarray:

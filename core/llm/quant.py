@@ -597,6 +597,12 @@ class QuantMatrix:
         return _type_name(self.ggml_type)
 
     @property
+    def raw_blocks(self) -> np.ndarray | None:
+        """The blocks as a GGUF file stores them, uint8 ``[rows, bytes per row]`` (read-only), or
+        None for a plain type (F16, F32 ...), which is kept as float32 values."""
+        return self._q
+
+    @property
     def nbytes(self) -> int:
         """Bytes this matrix holds: the file's blocks plus the float32 scale arrays (or the
         float32 matrix for plain types)."""

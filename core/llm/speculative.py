@@ -16,7 +16,6 @@ SmolLM2's logits), which flips a choice only at a near tie.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -24,9 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import LoomConfigError
-from ..procinfo import peak_rss_bytes
 from .sampling import SamplingParams
-from .textmodel import Metrics, TokenRecord, _logprobs, _StopFilter, _token_delta
+from .textmodel import Decoding, Metrics, TokenRecord
 
 if TYPE_CHECKING:
     from .textmodel import TextModel
@@ -157,55 +155,40 @@ def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Calla
         metrics: Metrics, drafter: Drafter) -> Iterator[TokenRecord]:
     """What ``TextModel._run`` yields for greedy decoding, with drafted tokens verified in one
     target step each."""
-    net, tok = target.net, target.tokenizer
     processor = params.processor()
-    # a verify step never runs past the last allowed token, so this is the most the cache holds
-    caches = [net.make_cache(len(ids) + params.max_tokens)]
-    text = _StopFilter(params.stop)
-    decoder = tok.decode_stream(skip_special_tokens=True)
-    history = list(ids)
-    start = time.perf_counter()
+    run = Decoding(target, ids, params, metrics)
     if params.max_tokens == 0:
         return
-    rows = net.step(np.array([ids]), caches)  # target logits for each position to decide
-    metrics.prefill_s = time.perf_counter() - start
-    decode_start = time.perf_counter()
+    rows = run.prefill(ids)  # [1, vocab]: the prompt's last position decides the first token
     draft: list[int] = []
-    index = 0
     while True:
         finish = None
         for j, row in enumerate(rows):
             if cancel():
-                yield TokenRecord(index, -1, text.flush(), finish_reason="cancelled")
+                yield run.cancelled()
                 finish = "cancelled"
                 break
-            processed = processor(row, history)
+            processed = processor(row, run.history)
             token = int(np.argmax(processed))  # the greedy sampler's rule: the first maximum
-            history.append(token)
-            metrics.generated_tokens += 1
-            if index == 0:
-                metrics.time_to_first_token_s = time.perf_counter() - start
-            logprob, top = _logprobs(processed, token, params.logprobs, target.token_text)
-            delta, finish = _token_delta(tok, text, decoder, token, index == params.max_tokens - 1)
-            yield TokenRecord(index, token, delta, logprob, top, finish)
-            index += 1
+            record = run.record(processed, token)
+            yield record
+            finish = record.finish_reason
             if finish is not None:
                 break
             if j < len(draft) and token == draft[j]:
                 metrics.accepted_tokens += 1
                 continue
             # draft[j:] went into the cache after a token the target did not choose
-            for c in caches[0]:
+            for c in run.caches[0]:
                 c.trim(len(draft) - j)
             break
         if finish is not None:
             break
         # the last token chosen is not in the cache yet: it leads the next verify step
-        draft = drafter.propose(history, min(drafter.num_draft, params.max_tokens - index - 1))
+        draft = drafter.propose(run.history, min(drafter.num_draft, params.max_tokens - run.index - 1))
         metrics.drafted_tokens += len(draft)
-        rows = net.step(np.array([[token] + draft]), caches, last_only=False)[0]
-    metrics.decode_s = time.perf_counter() - decode_start
-    metrics.peak_rss_bytes = peak_rss_bytes()
+        rows = run.net.step(np.array([[token] + draft]), run.caches, last_only=False)[0]
+    run.end()
 
 
 def _check_num_draft(num_draft: int) -> None:

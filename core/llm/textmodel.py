@@ -277,12 +277,12 @@ class TextModel:
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
                 metrics: Metrics, drafter=None) -> Iterator[TokenRecord]:
         with self.busy():
+            self._metrics = metrics
             if drafter is None:
                 yield from self._run(ids, params, cancel, metrics)
                 return
             from .speculative import run
 
-            self._metrics = metrics
             with drafter.session():
                 yield from run(self, ids, params, cancel, metrics, drafter)
 
@@ -304,45 +304,76 @@ class TextModel:
             self._lock.release()
 
     def _run(self, ids, params, cancel, metrics) -> Iterator[TokenRecord]:
-        self._metrics = metrics
-        tok = self.tokenizer
         sampler, processor = params.sampler(), params.processor()
         constraint = Constraint.for_model(self, params.response_format)
         rng = np.random.default_rng(params.seed)
-        caches = [self.net.make_cache(len(ids) + params.max_tokens)]
-        text = _StopFilter(params.stop)
-        decoder = tok.decode_stream(skip_special_tokens=True)
-        history = list(ids)
-        start = time.perf_counter()
+        # a constraint allows end of text only once its format is complete: a stop, not an eos
+        run = Decoding(self, ids, params, metrics, eos_finish="eos" if constraint is None else "stop")
         if params.max_tokens == 0:
             return
-        logits = self.net.step(np.array([ids]), caches)[0]
-        metrics.prefill_s = time.perf_counter() - start
-        decode_start = time.perf_counter()
-        for index in range(params.max_tokens):
+        logits = run.prefill(ids)[0]
+        for _ in range(params.max_tokens):
             if cancel():
-                yield TokenRecord(index, -1, text.flush(), finish_reason="cancelled")
+                yield run.cancelled()
                 break
-            processed = processor(logits, history)
+            processed = processor(logits, run.history)
             if constraint is not None:  # before logprobs too: they are the masked distribution's
                 processed = constraint.mask(processed)
             token = sampler(processed, rng)
             if constraint is not None:
                 constraint.consume(token)
-            history.append(token)
-            metrics.generated_tokens += 1
-            if index == 0:
-                metrics.time_to_first_token_s = time.perf_counter() - start
-            logprob, top = _logprobs(processed, token, params.logprobs, self.token_text)
-            delta, finish = _token_delta(tok, text, decoder, token, index == params.max_tokens - 1)
-            if constraint is not None and finish == "eos":  # allowed only once the format is complete
-                finish = "stop"
-            yield TokenRecord(index, token, delta, logprob, top, finish)
-            if finish is not None:
+            record = run.record(processed, token)
+            yield record
+            if record.finish_reason is not None:
                 break
-            logits = self.net.step(np.array([[token]]), caches)[0]
-        metrics.decode_s = time.perf_counter() - decode_start
-        metrics.peak_rss_bytes = peak_rss_bytes()
+            logits = self.net.step(np.array([[token]]), run.caches)[0]
+        run.end()
+
+
+class Decoding:
+    """What one generation keeps, for the plain loop (:meth:`TextModel._run`) and the speculative
+    one (:func:`.speculative.run`) alike: the KV cache, the stop filter and detokenizer, the
+    token history, and the metrics' clocks; :meth:`record` turns a chosen token into its
+    :class:`TokenRecord`."""
+
+    def __init__(self, model: TextModel, ids: list[int], params: SamplingParams, metrics: Metrics, *,
+                 eos_finish: str = "eos"):
+        self.net, self.tok, self.token_text = model.net, model.tokenizer, model.token_text
+        self.params, self.metrics, self.eos_finish = params, metrics, eos_finish
+        # no step ever runs past the last allowed token, so this is the most the cache holds
+        self.caches = [model.net.make_cache(len(ids) + params.max_tokens)]
+        self.text = _StopFilter(params.stop)
+        self.decoder = self.tok.decode_stream(skip_special_tokens=True)
+        self.history = list(ids)
+        self.index = 0  # of the next record
+        self.start = self.decode_start = time.perf_counter()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """The prompt's step: the logits of its last position, ``[1, vocab]``."""
+        logits = self.net.step(np.array([ids]), self.caches)
+        self.metrics.prefill_s = time.perf_counter() - self.start
+        self.decode_start = time.perf_counter()
+        return logits
+
+    def record(self, processed: np.ndarray, token: int) -> TokenRecord:
+        """``token``, chosen from the ``processed`` logits, as the next record."""
+        index, metrics = self.index, self.metrics
+        self.history.append(token)
+        metrics.generated_tokens += 1
+        if index == 0:
+            metrics.time_to_first_token_s = time.perf_counter() - self.start
+        logprob, top = _logprobs(processed, token, self.params.logprobs, self.token_text)
+        last = index == self.params.max_tokens - 1
+        delta, finish = _token_delta(self.tok, self.text, self.decoder, token, last)
+        self.index += 1
+        return TokenRecord(index, token, delta, logprob, top, self.eos_finish if finish == "eos" else finish)
+
+    def cancelled(self) -> TokenRecord:
+        return TokenRecord(self.index, -1, self.text.flush(), finish_reason="cancelled")
+
+    def end(self) -> None:
+        self.metrics.decode_s = time.perf_counter() - self.decode_start
+        self.metrics.peak_rss_bytes = peak_rss_bytes()
 
 
 class _StopFilter:
