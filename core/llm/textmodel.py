@@ -26,6 +26,7 @@ from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
 from .constrain import Constraint
 from .discovery import in_file, resolve
+from .kv_cache import KVCache
 from .loader import load_causal_lm
 from .quant import adaptive_threads, single_threaded_blas
 from .sampling import SamplingParams, log_softmax_terms
@@ -62,6 +63,7 @@ class Metrics:
     dropped_turns: int = 0  # chat turns removed by the "drop_oldest" context policy
     drafted_tokens: int = 0  # speculative decoding: tokens a drafter proposed
     accepted_tokens: int = 0  # ... and how many of them the target kept
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
 
     @property
     def acceptance_rate(self) -> float:
@@ -203,15 +205,28 @@ class TextModel:
         return self._stream(ids, params, as_cancel_check(cancel),
                             Metrics(prompt_tokens=len(ids), dropped_turns=dropped), drafter)
 
-    def batch_generate(self, prompts: Sequence[str | Sequence[int]], **sampling) -> list[str]:
-        """Complete several prompts (one after another); returns the generated texts."""
+    def batch_generate(self, prompts: Sequence[str | Sequence[int]], *, max_batch: int = 16,
+                       **sampling) -> list[str]:
+        """Complete several prompts decoded together (one matmul per layer over the active
+        sequences, see :mod:`.batching`); returns the generated texts. Each text is what
+        :meth:`generate` gives for its prompt alone."""
+        from .batching import Batch, Request  # it builds on this module's Decoding
+
         params = SamplingParams(**_tuple_stop(sampling))
-        all_ids = [self._prompt_ids(p) for p in prompts]
-        for ids in all_ids:
-            self._check_fits(ids, params)
-        return ["".join(r.text for r in self._stream(ids, params, as_cancel_check(None),
-                                                      Metrics(prompt_tokens=len(ids))))
-                for ids in all_ids]
+        batch = Batch(self, max_batch)
+        requests = [Request(batch.check(self._prompt_ids(p), params), params) for p in prompts]
+        metrics = Metrics(prompt_tokens=sum(len(r.prompt_ids) for r in requests))
+        t0 = time.perf_counter()
+        with self.busy():
+            for request in requests:
+                batch.add(request)
+            while batch.busy:
+                batch.step()
+        metrics.generated_tokens = sum(r.metrics.generated_tokens for r in requests)
+        metrics.decode_s = time.perf_counter() - t0
+        metrics.peak_rss_bytes = peak_rss_bytes()
+        self._metrics = metrics
+        return [r.text() for r in requests]
 
     def classify(self, prompts: Sequence[str | Sequence[int]],
                  return_logits: bool = True) -> list[ClassifyResult]:
@@ -304,11 +319,7 @@ class TextModel:
             self._lock.release()
 
     def _run(self, ids, params, cancel, metrics) -> Iterator[TokenRecord]:
-        sampler, processor = params.sampler(), params.processor()
-        constraint = Constraint.for_model(self, params.response_format)
-        rng = np.random.default_rng(params.seed)
-        # a constraint allows end of text only once its format is complete: a stop, not an eos
-        run = Decoding(self, ids, params, metrics, eos_finish="eos" if constraint is None else "stop")
+        run = Decoding(self, ids, params, metrics)
         if params.max_tokens == 0:
             return
         logits = run.prefill(ids)[0]
@@ -316,17 +327,11 @@ class TextModel:
             if cancel():
                 yield run.cancelled()
                 break
-            processed = processor(logits, run.history)
-            if constraint is not None:  # before logprobs too: they are the masked distribution's
-                processed = constraint.mask(processed)
-            token = sampler(processed, rng)
-            if constraint is not None:
-                constraint.consume(token)
-            record = run.record(processed, token)
+            record = run.choose(logits)
             yield record
             if record.finish_reason is not None:
                 break
-            logits = self.net.step(np.array([[token]]), run.caches)[0]
+            logits = self.net.step(np.array([[record.id]]), run.caches)[0]
         run.end()
 
 
@@ -337,11 +342,19 @@ class Decoding:
     :class:`TokenRecord`."""
 
     def __init__(self, model: TextModel, ids: list[int], params: SamplingParams, metrics: Metrics, *,
-                 eos_finish: str = "eos"):
+                 prefix: tuple[list[KVCache], int] | None = None):
         self.net, self.tok, self.token_text = model.net, model.tokenizer, model.token_text
-        self.params, self.metrics, self.eos_finish = params, metrics, eos_finish
-        # no step ever runs past the last allowed token, so this is the most the cache holds
-        self.caches = [model.net.make_cache(len(ids) + params.max_tokens)]
+        self.params, self.metrics = params, metrics
+        self.sampler, self.processor = params.sampler(), params.processor()
+        self.constraint = Constraint.for_model(model, params.response_format)
+        self.rng = np.random.default_rng(params.seed)
+        # a constraint allows end of text only once its format is complete: a stop, not an eos
+        self.eos_finish = "eos" if self.constraint is None else "stop"
+        # ``prefix``: caches already holding the first n prompt positions (the prefix cache's);
+        # else fresh ones: no step ever runs past the last allowed token, so this is the most
+        # the cache holds
+        caches, self.cached = prefix if prefix is not None else (None, 0)
+        self.caches = [caches if caches is not None else model.net.make_cache(len(ids) + params.max_tokens)]
         self.text = _StopFilter(params.stop)
         self.decoder = self.tok.decode_stream(skip_special_tokens=True)
         self.history = list(ids)
@@ -349,11 +362,24 @@ class Decoding:
         self.start = self.decode_start = time.perf_counter()
 
     def prefill(self, ids: list[int]) -> np.ndarray:
-        """The prompt's step: the logits of its last position, ``[1, vocab]``."""
-        logits = self.net.step(np.array([ids]), self.caches)
+        """The prompt's step (its positions the prefix cache did not hold): the logits of its last
+        position, ``[1, vocab]``."""
+        logits = self.net.step(np.array([ids[self.cached:]]), self.caches)
+        self.metrics.cached_tokens = self.cached
         self.metrics.prefill_s = time.perf_counter() - self.start
         self.decode_start = time.perf_counter()
         return logits
+
+    def choose(self, logits: np.ndarray) -> TokenRecord:
+        """The next token from one position's ``logits``: penalties, the constraint's mask (before
+        logprobs too: they are the masked distribution's), the sampler; returns its record."""
+        processed = self.processor(logits, self.history)
+        if self.constraint is not None:
+            processed = self.constraint.mask(processed)
+        token = self.sampler(processed, self.rng)
+        if self.constraint is not None:
+            self.constraint.consume(token)
+        return self.record(processed, token)
 
     def record(self, processed: np.ndarray, token: int) -> TokenRecord:
         """``token``, chosen from the ``processed`` logits, as the next record."""

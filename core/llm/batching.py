@@ -1,0 +1,385 @@
+"""Many sequences decoded together: a continuous-batching scheduler and a prefix (prompt) cache.
+
+:class:`Batch` is the scheduler, driven by whoever calls :meth:`Batch.step`: each step admits
+waiting requests up to ``max_batch`` (each prefilled alone, from the longest prefix the
+:class:`PrefixCache` holds), then runs ONE decode step for every active sequence together
+(``CausalLM.step`` on ``[B, 1]`` ids, each row with its own KV cache and position), so each weight
+matrix is read once per step for all of them. Finished and cancelled sequences leave at once;
+their caches go to the prefix cache. :class:`BatchEngine` runs a Batch on its own thread and
+takes requests from any thread (the server's); ``TextModel.batch_generate`` drives one inline.
+
+Determinism: a sequence's rows are computed by row-invariant kernels (the quantized matmul and
+attention give a row the same bits whatever else is in the step), and its sampler has its own
+generator, so its output does not depend on its neighbours (tests compare every sequence with the
+same request run alone).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import LoomConfigError, LoomError
+from .kv_cache import KVCache
+from .sampling import SamplingParams
+from .textmodel import Decoding, Metrics, TextModel, TokenRecord
+
+_END = object()  # ends a Request's record queue (a request that failed before any record)
+_ids = itertools.count(1)
+
+
+class Request:
+    """One generation submitted to a :class:`Batch`: its records arrive through ``on_record``
+    (called on the scheduler's thread; must not block) or, without one, by iterating the request
+    (blocking). The last record carries the finish reason; ``metrics`` fills in as it runs."""
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 on_record: Callable[[TokenRecord], None] | None = None):
+        self.id = next(_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.metrics = Metrics(prompt_tokens=len(self.prompt_ids))
+        self.error: str | None = None  # why the engine failed it (finish reason "error")
+        self._on_record = on_record
+        self._records: queue.SimpleQueue | None = None if on_record is not None else queue.SimpleQueue()
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop this generation: it leaves the batch at the next step with a "cancelled" record."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request has finished (True) or ``timeout`` seconds passed (False)."""
+        return self._done.wait(timeout)
+
+    def __iter__(self) -> Iterator[TokenRecord]:
+        if self._records is None:
+            raise LoomConfigError("this request delivers its records to on_record; it cannot be iterated")
+        while True:
+            item = self._records.get()
+            if item is _END:
+                return
+            yield item
+            if item.finish_reason is not None:
+                return
+
+    def text(self) -> str:
+        """Iterate to the end and return the generated text."""
+        return "".join(r.text for r in self)
+
+    def _emit(self, record: TokenRecord) -> None:
+        if self._on_record is not None:
+            self._on_record(record)
+        else:
+            self._records.put(record)
+        if record.finish_reason is not None:
+            self._done.set()
+
+    def _fail(self, index: int, why: str) -> None:
+        self.error = why
+        self._emit(TokenRecord(index, -1, "", finish_reason="error"))
+
+
+@dataclass(eq=False)
+class _Active:
+    """A request in the batch: its decoding state and the token its next step feeds."""
+
+    request: Request
+    run: Decoding
+    token: int
+
+
+class PrefixCache:
+    """KV caches of finished sequences, keyed by their tokens, bounded in bytes, least recently
+    used evicted first. :meth:`lookup` serves any common prefix of a stored sequence: keys and
+    values at positions below ``n`` depend only on the first ``n`` tokens."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise LoomConfigError(f"the prefix cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], list[KVCache]] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, ids: Sequence[int]) -> tuple[list[KVCache], int] | None:
+        """Copies of the caches holding the longest stored prefix of ``ids`` (at most all but the
+        last token, whose logits the prefill must compute), and its length; None without one."""
+        limit = len(ids) - 1
+        best, best_n = None, 0
+        for key in self._entries:
+            n = _common_prefix(key, ids, limit)
+            if n > best_n:
+                best, best_n = key, n
+        if best is None:
+            return None
+        self._entries.move_to_end(best)
+        self.hits += 1
+        self.hit_tokens += best_n
+        return [c.fork(best_n) for c in self._entries[best]], best_n
+
+    def store(self, ids: Sequence[int], caches: list[KVCache]) -> None:
+        """Keep ``caches`` (taken over, not copied) as the KV of tokens ``ids``; an entry that is a
+        prefix of ``ids`` is dropped (the new one serves everything it did)."""
+        key = tuple(ids)
+        size = sum(c.nbytes for c in caches)
+        if not key or size > self.max_bytes:
+            return
+        for old in [k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k]:
+            self._drop(old)
+        self._entries[key] = caches
+        self.nbytes += size
+        while self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key) -> None:
+        self.nbytes -= sum(c.nbytes for c in self._entries.pop(key))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+class Batch:
+    """The continuous-batching scheduler over one model. Not thread-safe: one thread calls
+    :meth:`add` and :meth:`step` (:class:`BatchEngine` is the thread-safe front), holding the
+    model (``model.busy()``) while it steps."""
+
+    def __init__(self, model: TextModel, max_batch: int = 8, prefix_cache: PrefixCache | None = None):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise LoomConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.model = model
+        self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
+        self.waiting: deque[Request] = deque()
+        self.active: list[_Active] = []
+        self.steps = 0  # decode steps run (each over every active sequence)
+        self.tokens = 0  # records emitted
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt as a list of ids, or the typed error a generation of it would raise."""
+        ids = self.model._prompt_ids(list(prompt_ids))
+        if params.max_tokens < 1:
+            raise LoomConfigError("max_tokens must be >= 1 for a generation request")
+        self.model._check_fits(ids, params)
+        return ids
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def step(self) -> None:
+        """Admit what fits, then one decode step for every active sequence."""
+        self._drop_cancelled()
+        while self.waiting and len(self.active) < self.max_batch:
+            self._admit(self.waiting.popleft())
+        if not self.active:
+            return
+        tokens = np.array([[a.token] for a in self.active])
+        logits = self.model.net.step(tokens, [a.run.caches[0] for a in self.active])
+        self.steps += 1
+        for a, row in zip(list(self.active), logits, strict=True):
+            self._choose(a, row)
+
+    def cancel_all(self) -> None:
+        for request in self.waiting:
+            request.cancel()
+        for a in self.active:
+            a.request.cancel()
+        self._drop_cancelled()
+        while self.waiting:
+            self._emit_cancelled(self.waiting.popleft())
+
+    def fail_all(self, why: str) -> None:
+        """End every request with an "error" record (a step raised): the batch is empty after."""
+        for a in self.active:
+            a.request._fail(a.run.index, why)
+        for request in self.waiting:
+            request._fail(0, why)
+        self.active.clear()
+        self.waiting.clear()
+
+    # ----- internals -----------------------------------------------------------------------
+    def _admit(self, request: Request) -> None:
+        if request.cancelled:
+            self._emit_cancelled(request)
+            return
+        ids, params = request.prompt_ids, request.params
+        hit = self.prefix_cache.lookup(ids) if self.prefix_cache is not None else None
+        try:
+            run = Decoding(self.model, ids, params, request.metrics, prefix=hit)
+            logits = run.prefill(ids)[0]
+        except LoomError as e:  # a constraint the tokenizer cannot follow, say: this request only
+            request._fail(0, str(e))
+            return
+        a = _Active(request, run, -1)
+        self.active.append(a)
+        self._choose(a, logits)
+
+    def _choose(self, a: _Active, logits: np.ndarray) -> None:
+        if a.request.cancelled:
+            self._finish(a, a.run.cancelled())
+            return
+        record = a.run.choose(logits)
+        a.token = record.id
+        self.tokens += 1
+        if record.finish_reason is not None:
+            self._finish(a, record)
+        else:
+            a.request._emit(record)
+
+    def _finish(self, a: _Active, record: TokenRecord) -> None:
+        self.active.remove(a)
+        a.run.end()
+        if self.prefix_cache is not None:
+            caches = a.run.caches[0]
+            # positions stepped so far: the prompt and every output token but the last chosen
+            self.prefix_cache.store(a.run.history[:caches[0].offset], caches)
+        a.request._emit(record)
+
+    def _drop_cancelled(self) -> None:
+        for a in [a for a in self.active if a.request.cancelled]:
+            self._finish(a, a.run.cancelled())
+
+    def _emit_cancelled(self, request: Request) -> None:
+        request._emit(TokenRecord(0, -1, "", finish_reason="cancelled"))
+
+
+class BatchEngine:
+    """A :class:`Batch` on its own thread: :meth:`submit` from any thread; requests join the
+    running batch at the next step (continuous batching). The thread holds the model only while
+    there is work, so the model stays usable (``generate``) between bursts; while someone else
+    holds it, requests wait in the queue."""
+
+    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float = 256):
+        if not isinstance(prefix_cache_mb, int | float) or not prefix_cache_mb >= 0:
+            raise LoomConfigError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+        self.model = model
+        self._batch = Batch(model, max_batch, PrefixCache(int(prefix_cache_mb * (1 << 20))))
+        self._inbox: deque[Request] = deque()
+        self._calls: deque[tuple[Callable, Future]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="loomlab-batch-engine", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> BatchEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
+               on_record: Callable[[TokenRecord], None] | None = None) -> Request:
+        """Queue a generation of ``prompt_ids``; bad ids or a prompt that does not fit raise here
+        (LoomConfigError / LoomShapeError), before anything is queued."""
+        params = SamplingParams() if params is None else params
+        request = Request(self._batch.check(prompt_ids, params), params, on_record)
+        with self._cv:
+            if self._closed:
+                raise LoomConfigError("the batch engine is closed")
+            self._inbox.append(request)
+            self._cv.notify()
+        return request
+
+    def run(self, fn: Callable[[TextModel], object]) -> Future:
+        """Run ``fn(model)`` on the engine's thread between two steps (embeddings, say)."""
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise LoomConfigError("the batch engine is closed")
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return future
+
+    def stats(self) -> dict:
+        b, cache = self._batch, self._batch.prefix_cache
+        with self._cv:
+            queued = len(self._inbox) + len(b.waiting)
+        return {"active": len(b.active), "queued": queued, "max_batch": b.max_batch, "steps": b.steps,
+                "tokens": b.tokens, "prefix_cache_bytes": cache.nbytes, "prefix_cache_entries": len(cache),
+                "prefix_hits": cache.hits, "prefix_hit_tokens": cache.hit_tokens}
+
+    def close(self) -> None:
+        """Cancel every request (each gets its "cancelled" record) and join the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()
+
+    # ----- the engine thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._closed or self._inbox or self._calls or self._batch.busy):
+                    self._cv.wait()
+                if self._closed:
+                    break
+            try:
+                with self.model.busy():
+                    self._work()
+            except LoomConfigError:  # the model is generating for someone else: wait our turn
+                time.sleep(0.02)
+        self._shutdown()
+
+    def _work(self) -> None:
+        """Step while there is work (the model held throughout: one thread setting per burst)."""
+        while True:
+            with self._cv:
+                if self._closed:
+                    return
+                while self._inbox:
+                    self._batch.add(self._inbox.popleft())
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(self.model))
+                    except BaseException as e:  # the caller's to see, not the engine's end
+                        future.set_exception(e)
+            if not self._batch.busy:
+                return
+            try:
+                self._batch.step()
+            except Exception as e:  # never a dead engine: fail what was in the batch, go on
+                self._batch.fail_all(f"{type(e).__name__}: {e}")
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            while self._inbox:
+                self._batch.add(self._inbox.popleft())
+            calls = list(self._calls)
+            self._calls.clear()
+        self._batch.cancel_all()
+        for _, future in calls:
+            future.cancel()
