@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LoomConfigError, LoomError
-from .kv_cache import KVCache
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .textmodel import Decoding, Metrics, TextModel, TokenRecord
 
@@ -106,77 +106,19 @@ class _Active:
     token: int
 
 
-class PrefixCache:
-    """KV caches of finished sequences, keyed by their tokens, bounded in bytes, least recently
-    used evicted first. :meth:`lookup` serves any common prefix of a stored sequence: keys and
-    values at positions below ``n`` depend only on the first ``n`` tokens."""
-
-    def __init__(self, max_bytes: int):
-        if max_bytes < 0:
-            raise LoomConfigError(f"the prefix cache size must be >= 0 bytes, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], list[KVCache]] = OrderedDict()
-        self.nbytes = 0
-        self.hits = 0
-        self.hit_tokens = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def lookup(self, ids: Sequence[int]) -> tuple[list[KVCache], int] | None:
-        """Copies of the caches holding the longest stored prefix of ``ids`` (at most all but the
-        last token, whose logits the prefill must compute), and its length; None without one."""
-        limit = len(ids) - 1
-        best, best_n = None, 0
-        for key in self._entries:
-            n = _common_prefix(key, ids, limit)
-            if n > best_n:
-                best, best_n = key, n
-        if best is None:
-            return None
-        self._entries.move_to_end(best)
-        self.hits += 1
-        self.hit_tokens += best_n
-        return [c.fork(best_n) for c in self._entries[best]], best_n
-
-    def store(self, ids: Sequence[int], caches: list[KVCache]) -> None:
-        """Keep ``caches`` (taken over, not copied) as the KV of tokens ``ids``; an entry that is a
-        prefix of ``ids`` is dropped (the new one serves everything it did)."""
-        key = tuple(ids)
-        size = sum(c.nbytes for c in caches)
-        if not key or size > self.max_bytes:
-            return
-        for old in [k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k]:
-            self._drop(old)
-        self._entries[key] = caches
-        self.nbytes += size
-        while self.nbytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-
-    def _drop(self, key) -> None:
-        self.nbytes -= sum(c.nbytes for c in self._entries.pop(key))
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    if n <= 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n
-
-
 class Batch:
     """The continuous-batching scheduler over one model. Not thread-safe: one thread calls
     :meth:`add` and :meth:`step` (:class:`BatchEngine` is the thread-safe front), holding the
     model (``model.busy()``) while it steps."""
 
     def __init__(self, model: TextModel, max_batch: int = 8, prefix_cache: PrefixCache | None = None):
+        """``prefix_cache``: where prompts find earlier sequences' KV (the model's own when None);
+        pass ``PrefixCache(0)`` for none."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise LoomConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.model = model
         self.max_batch = max_batch
-        self.prefix_cache = prefix_cache
+        self.prefix_cache = model.prefix_cache if prefix_cache is None else prefix_cache
         self.waiting: deque[Request] = deque()
         self.active: list[_Active] = []
         self.steps = 0  # decode steps run (each over every active sequence)
@@ -234,9 +176,8 @@ class Batch:
             self._emit_cancelled(request)
             return
         ids, params = request.prompt_ids, request.params
-        hit = self.prefix_cache.lookup(ids) if self.prefix_cache is not None else None
         try:
-            run = Decoding(self.model, ids, params, request.metrics, prefix=hit)
+            run = Decoding(self.model, ids, params, request.metrics, prefix_cache=self.prefix_cache)
             logits = run.prefill(ids)[0]
         except LoomError as e:  # a constraint the tokenizer cannot follow, say: this request only
             request._fail(0, str(e))
@@ -260,10 +201,6 @@ class Batch:
     def _finish(self, a: _Active, record: TokenRecord) -> None:
         self.active.remove(a)
         a.run.end()
-        if self.prefix_cache is not None:
-            caches = a.run.caches[0]
-            # positions stepped so far: the prompt and every output token but the last chosen
-            self.prefix_cache.store(a.run.history[:caches[0].offset], caches)
         a.request._emit(record)
 
     def _drop_cancelled(self) -> None:
@@ -280,11 +217,17 @@ class BatchEngine:
     there is work, so the model stays usable (``generate``) between bursts; while someone else
     holds it, requests wait in the queue."""
 
-    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float = 256):
-        if not isinstance(prefix_cache_mb, int | float) or not prefix_cache_mb >= 0:
-            raise LoomConfigError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float | None = None):
+        """``prefix_cache_mb``: a prefix cache of its own of that size (0: none); None shares the
+        model's (``model.prefix_cache``)."""
+        cache = None
+        if prefix_cache_mb is not None:
+            if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int | float) \
+                    or not prefix_cache_mb >= 0:
+                raise LoomConfigError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+            cache = PrefixCache(int(prefix_cache_mb * (1 << 20)))
         self.model = model
-        self._batch = Batch(model, max_batch, PrefixCache(int(prefix_cache_mb * (1 << 20))))
+        self._batch = Batch(model, max_batch, cache)
         self._inbox: deque[Request] = deque()
         self._calls: deque[tuple[Callable, Future]] = deque()
         self._cv = threading.Condition()

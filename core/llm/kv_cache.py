@@ -46,6 +46,16 @@ class KVCache:
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys, self.values = keys, values
 
+    def fork(self, n: int) -> KVCache:
+        """A new cache holding copies of the first ``n`` positions (a prefix cache hands these
+        out: the stored sequence stays intact while the copy grows)."""
+        n = min(self.offset, max(int(n), 0))
+        clone = KVCache(self.keys.shape[0], self.keys.shape[2], self.max_size, n)
+        clone.keys[:, :n] = self.keys[:, :n]
+        clone.values[:, :n] = self.values[:, :n]
+        clone.offset = n
+        return clone
+
     def trim(self, n: int) -> int:
         """Forget the last ``n`` positions; returns how many were dropped."""
         n = min(self.offset, max(int(n), 0))

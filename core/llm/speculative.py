@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import LoomConfigError
+from .prefix_cache import common_prefix
 from .sampling import SamplingParams
 from .textmodel import Decoding, Metrics, TokenRecord
 
@@ -106,7 +107,7 @@ class DraftModel(Drafter):
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         if k == 0:
             return []
-        keep = _common_prefix(self._tokens, history)
+        keep = common_prefix(self._tokens, history)
         keep = min(keep, len(history) - 1)  # feed at least one token, to get logits
         self._trim(len(self._tokens) - keep)
         feed = list(history[keep:])
@@ -198,9 +199,3 @@ def _check_num_draft(num_draft: int) -> None:
 
 def _default(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    m = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:m]) != np.asarray(b[:m]))
-    return int(differ[0]) if differ.size else m

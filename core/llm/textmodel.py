@@ -26,8 +26,8 @@ from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
 from .constrain import Constraint
 from .discovery import in_file, resolve
-from .kv_cache import KVCache
 from .loader import load_causal_lm
+from .prefix_cache import DEFAULT_BYTES, PrefixCache
 from .quant import adaptive_threads, single_threaded_blas
 from .sampling import SamplingParams, log_softmax_terms
 from .tokenizer import Tokenizer
@@ -98,8 +98,12 @@ class TextModel:
         self.name = name
         self.vocab_size = net.cells[0].cfg.vocab_size  # the embedding table's rows
         self._metrics = Metrics()
-        self._lock = threading.Lock()  # one generation at a time per model
+        # one thread at a time per model; re-entrant, so work run on a batch engine's thread
+        # (embeddings between its steps) nests inside the engine's hold
+        self._lock = threading.RLock()
         self._token_texts: dict[int, str] = {}
+        # KV caches of recent sequences: a chat's next turn prefills only its new tokens
+        self.prefix_cache = PrefixCache(DEFAULT_BYTES)
 
     def __enter__(self) -> TextModel:
         return self
@@ -319,7 +323,7 @@ class TextModel:
             self._lock.release()
 
     def _run(self, ids, params, cancel, metrics) -> Iterator[TokenRecord]:
-        run = Decoding(self, ids, params, metrics)
+        run = Decoding(self, ids, params, metrics, prefix_cache=self.prefix_cache)
         if params.max_tokens == 0:
             return
         logits = run.prefill(ids)[0]
@@ -342,7 +346,7 @@ class Decoding:
     :class:`TokenRecord`."""
 
     def __init__(self, model: TextModel, ids: list[int], params: SamplingParams, metrics: Metrics, *,
-                 prefix: tuple[list[KVCache], int] | None = None):
+                 prefix_cache: PrefixCache | None = None):
         self.net, self.tok, self.token_text = model.net, model.tokenizer, model.token_text
         self.params, self.metrics = params, metrics
         self.sampler, self.processor = params.sampler(), params.processor()
@@ -350,10 +354,12 @@ class Decoding:
         self.rng = np.random.default_rng(params.seed)
         # a constraint allows end of text only once its format is complete: a stop, not an eos
         self.eos_finish = "eos" if self.constraint is None else "stop"
-        # ``prefix``: caches already holding the first n prompt positions (the prefix cache's);
-        # else fresh ones: no step ever runs past the last allowed token, so this is the most
-        # the cache holds
-        caches, self.cached = prefix if prefix is not None else (None, 0)
+        # the KV of the longest prompt prefix ``prefix_cache`` holds (a copy; the cache gets this
+        # sequence's at :meth:`end`), else fresh caches: no step ever runs past the last allowed
+        # token, so this is the most they hold
+        self.prefix_cache = prefix_cache
+        hit = prefix_cache.lookup(ids) if prefix_cache is not None else None
+        caches, self.cached = hit if hit is not None else (None, 0)
         self.caches = [caches if caches is not None else model.net.make_cache(len(ids) + params.max_tokens)]
         self.text = _StopFilter(params.stop)
         self.decoder = self.tok.decode_stream(skip_special_tokens=True)
@@ -400,6 +406,10 @@ class Decoding:
     def end(self) -> None:
         self.metrics.decode_s = time.perf_counter() - self.decode_start
         self.metrics.peak_rss_bytes = peak_rss_bytes()
+        if self.prefix_cache is not None:
+            caches = self.caches[0]
+            # the positions stepped: the prompt and every output token but the last chosen
+            self.prefix_cache.store(self.history[:caches[0].offset], caches)
 
 
 class _StopFilter:
