@@ -20,9 +20,7 @@ def register(sub) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")
     _sampling_args(gen)
-    shape = gen.add_argument_group("constrained output").add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", metavar="FILE", help="output must be JSON valid against this schema")
-    shape.add_argument("--regex", metavar="PATTERN", help="output must match this regular expression")
+    _constraint_args(gen)
     gen.set_defaults(handler=cmd_generate)
 
     chat = sub.add_parser("chat", help="talk with a language model (interactive, or one --message)")
@@ -34,6 +32,7 @@ def register(sub) -> None:
     chat.add_argument("--save", action="store_true",
                       help="keep the conversation in the workspace, where the window lists it")
     _sampling_args(chat)
+    _constraint_args(chat, "every reply")
     chat.set_defaults(handler=cmd_chat)
 
     tok = sub.add_parser("tokenize", help="show the token ids of a text")
@@ -68,6 +67,12 @@ def _sampling_args(p) -> None:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--json", action="store_true", help="print one JSON object per token, then a summary")
+
+
+def _constraint_args(p, what: str = "output") -> None:
+    shape = p.add_argument_group("constrained output").add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help=f"{what} must be JSON valid against this schema")
+    shape.add_argument("--regex", metavar="PATTERN", help=f"{what} must match this regular expression")
 
 
 def _sampling(args) -> dict:
@@ -145,6 +150,9 @@ def cmd_chat(args) -> int:
 
     sampling = _sampling(args)
     logprobs = sampling.pop("logprobs")
+    response_format = _response_format(args)
+    if response_format is not None:
+        sampling["response_format"] = response_format
     if args.drop_oldest:
         sampling["context_policy"] = "drop_oldest"
     with _load(args.model) as model, _chat_workspace(args.save) as workspace:

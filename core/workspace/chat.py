@@ -37,7 +37,7 @@ REGENERATE_SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 
 #: Generation settings a conversation stores and ``TextModel.chat`` takes.
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "max_tokens", "seed", "stop", "context_policy")
+                 "frequency_penalty", "max_tokens", "seed", "stop", "context_policy", "response_format")
 
 
 class ChatBusyError(LoomError):

@@ -1,4 +1,4 @@
-"""``loomlab generate --json-schema FILE | --regex PATTERN``: the printed output validates."""
+"""``loomlab generate|chat --json-schema FILE | --regex PATTERN``: the printed output validates."""
 
 from __future__ import annotations
 
@@ -37,11 +37,31 @@ def test_generate_regex(capsys):
     assert summary["finish_reason"] == "stop" and re.fullmatch(pattern, summary["text"])
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--regex", "[a-"], "regex"),
-    (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
+def test_chat_json_schema(tmp_path, capsys):
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(SCHEMA))
+    assert main(["chat", "smollm2-135m", "--message", "Give the largest city in France as JSON.",
+                 "--json-schema", str(path), "--max-tokens", "64", "--json"]) == 0
+    summary = _summary(capsys)
+    assert summary["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(summary["text"]), SCHEMA)
+
+
+def test_chat_regex(capsys):
+    pattern = r"(yes|no), because [a-z ]{5,40}\."
+    assert main(["chat", "smollm2-135m", "--message", "Is the sky blue? Answer yes or no and why.",
+                 "--regex", pattern, "--max-tokens", "48", "--json"]) == 0
+    summary = _summary(capsys)
+    assert summary["finish_reason"] == "stop" and re.fullmatch(pattern, summary["text"])
+
+
+@pytest.mark.parametrize("command, args, words", [
+    (["generate", "--prompt", "x"], ["--regex", "[a-"], "regex"),
+    (["generate", "--prompt", "x"], ["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
+    (["chat", "--message", "x"], ["--regex", "[a-"], "regex"),
+    (["chat", "--message", "x"], ["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
 ])
-def test_bad_constraint_is_a_one_line_error(args, words, capsys):
-    assert main(["generate", "smollm2-135m", "--prompt", "x", *args]) == 2
+def test_bad_constraint_is_a_one_line_error(command, args, words, capsys):
+    assert main([command[0], "smollm2-135m", *command[1:], *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("loomlab: error:") and words in err
