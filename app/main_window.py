@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core import save_network
 from loomlab.core.backend import get_backend
+from loomlab.core.errors import LoomConfigError
 from loomlab.core.procinfo import release_memory, rss_bytes
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import ChatPanel
@@ -33,6 +34,7 @@ from loomlab.views.evolution_panel import EvolutionPanel
 from loomlab.views.models_panel import ModelsPanel
 from loomlab.views.morph_panel import MorphPanel
 from loomlab.views.run_panel import RunPanel
+from loomlab.views.server_panel import ServerPanel
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.theme import THEMES, ThemeController
 from loomlab.views.topology_panel import TopologyPanel
@@ -45,7 +47,7 @@ MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
 STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
 RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _release_if_idle)
-PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution")
+PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution", "server")
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
@@ -80,6 +82,7 @@ class MainWindow(QMainWindow):
             "run": RunPanel(self.runner),
             "dna": DNAPanel(self.runner),
             "evolution": EvolutionPanel(self.runner, self.workspace),
+            "server": ServerPanel(self.runner, self._start_server),
         }
         self._model_choice: str | None = None  # the loaded model's entry in the DNA panel
         self._release_pending = False  # memory to give back once the unloaded model's jobs end
@@ -101,12 +104,13 @@ class MainWindow(QMainWindow):
     def _build_docks(self) -> dict[str, QDockWidget]:
         titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D",
                   "telemetry": "Telemetry", "morph": "Morph", "run": "Run", "dna": "DNA",
-                  "evolution": "Evolution"}
+                  "evolution": "Evolution", "server": "Server"}
         area = Qt.DockWidgetArea
         areas = {"models": area.LeftDockWidgetArea, "chat": area.RightDockWidgetArea,
                  "topology": area.RightDockWidgetArea, "telemetry": area.BottomDockWidgetArea,
                  "morph": area.BottomDockWidgetArea, "run": area.BottomDockWidgetArea,
-                 "dna": area.BottomDockWidgetArea, "evolution": area.BottomDockWidgetArea}
+                 "dna": area.BottomDockWidgetArea, "evolution": area.BottomDockWidgetArea,
+                 "server": area.RightDockWidgetArea}
         docks = {}
         for name in PANELS:
             dock = QDockWidget(titles[name], self)
@@ -115,6 +119,9 @@ class MainWindow(QMainWindow):
             self.addDockWidget(areas[name], dock)
             docks[name] = dock
         self.tabifyDockWidget(docks["chat"], docks["topology"])
+        # a tab beside Chat, not in the bottom row: docks side by side there until showEvent
+        # tabifies them, and the window grew on show to the sum of their minimum widths
+        self.tabifyDockWidget(docks["topology"], docks["server"])
         docks["chat"].raise_()
         return docks
 
@@ -265,7 +272,20 @@ class MainWindow(QMainWindow):
         self._offer_model(model)
         self._chain(lambda: self.model is model, [
             lambda: self.panels["chat"].set_model(model), lambda: self.panels["morph"].set_model(model),
-            lambda: self.panels["evolution"].set_model(model), lambda: self._show_network(model.net, label)])
+            lambda: self.panels["evolution"].set_model(model), lambda: self.panels["server"].set_model(model),
+            lambda: self._show_network(model.net, label)])
+
+    def _start_server(self, host: str, port: int, api_key: str | None, max_batch: int, on_log):
+        """The Server panel's starter (called on its job's thread): serve the loaded model."""
+        from loomlab.app.serve.server import Server  # the web stack is imported once a server starts
+
+        model = self.model
+        if model is None:
+            raise LoomConfigError("no model is loaded: load one in the Models panel first")
+        server = Server(model, host=host, port=port, api_key=api_key, max_batch=max_batch,
+                        model_name=model.name or None, on_log=on_log)
+        server.start()
+        return server
 
     def _offer_model(self, model) -> None:
         """The DNA panel offers the loaded model (compare it, as morphed, with its file or another
@@ -305,6 +325,7 @@ class MainWindow(QMainWindow):
         the memory it used goes back to the system once its last job has ended."""
         self.panels["chat"].clear_model()
         self.panels["evolution"].set_model(None)
+        self.panels["server"].set_model(None)
         self._offer_model(None)
         if self.model is not None and self.network is self.model.net:
             self.panels["morph"].clear()
@@ -446,7 +467,9 @@ class MainWindow(QMainWindow):
         self._release_timer.stop()
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("state", self.saveState())
-        for name in PANELS:  # panels first: a finishing reply still writes to the workspace
+        # panels first: a finishing reply still writes to the workspace; the server before the
+        # Models panel, which closes the model the server answers with
+        for name in ("server", *(n for n in PANELS if n != "server")):
             self.panels[name].shutdown()
         self.runner.shutdown()
         if self.model is not None:

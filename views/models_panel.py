@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSortFilterProxyModel, Qt, Signal
-from PySide6.QtGui import QColor, QPalette, QStandardItem, QStandardItemModel
+from PySide6.QtGui import QPalette, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -48,6 +48,7 @@ from loomlab.core.llm.discovery import ModelEntry
 from loomlab.core.llm.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.textmodel import TextModel, load_model
 
+from .theme import ERROR_ON_DARK, ERROR_ON_LIGHT
 from .workers import Job, JobRunner
 
 ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -57,8 +58,6 @@ PROGRESS_STEPS = 1000  # the bar counts permille, so multi-GB byte counts never 
 MAX_PREVIEW_TOKENS = 400  # chips beyond this are summarised: a pasted book should not freeze the GUI
 CHIP_COLOURS = ("#ffd8a8", "#b2f2bb", "#a5d8ff", "#eebefa", "#ffec99", "#c3fae8", "#ffc9c9", "#d0bfff")
 CHIP_TEXT, CHIP_ID = "#1a1a1a", "#495057"  # on the light chips, in either theme: >= 4.5:1 on each
-# Error text by the window's lightness: the light theme's red is unreadable on a dark window.
-ERROR_ON_LIGHT, ERROR_ON_DARK = QColor("#c92a2a"), QColor("#ff8787")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ _DARK = {
     QPalette.ColorRole.LinkVisited: "#b197fc",
 }
 _DARK_DISABLED_TEXT = "#6d717a"
+# Error text by the window's lightness: the light theme's red is unreadable on a dark window.
+ERROR_ON_LIGHT, ERROR_ON_DARK = QColor("#c92a2a"), QColor("#ff8787")
 
 
 def dark_palette() -> QPalette:
@@ -49,6 +51,11 @@ def dark_palette() -> QPalette:
     for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText):
         palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(_DARK_DISABLED_TEXT))
     return palette
+
+
+def error_colour(palette: QPalette) -> QColor:
+    """The red for error text on ``palette``'s window (:data:`ERROR_ON_DARK` on a dark one)."""
+    return ERROR_ON_DARK if palette.color(QPalette.ColorRole.Window).lightness() < 128 else ERROR_ON_LIGHT
 
 
 def resolve(choice: str, system: Qt.ColorScheme) -> str:

@@ -54,14 +54,15 @@ def test_menus_and_docks(window):
     menus = menu_actions(window)
     assert menus["File"] == ["Open model...", "Open network...", "Save network as...", "Open recent", "Quit"]
     assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Run", "DNA", "Evolution",
-                             "Theme"]
+                             "Server", "Theme"]
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
     # two tabbed pairs, one tab bar each (Qt drew a stale second copy of a pair tabified too early)
     bars = [tuple(b.tabText(i) for i in range(b.count()))
             for b in window.findChildren(QTabBar) if b.isVisible() and b.parent() is window]
-    assert sorted(bars) == [("Chat", "Topology 3D"), ("Telemetry", "Morph", "Run", "DNA", "Evolution")]
+    assert sorted(bars) == [("Chat", "Topology 3D", "Server"),
+                            ("Telemetry", "Morph", "Run", "DNA", "Evolution")]
 
 
 def test_about_and_status_bar(window, monkeypatch):
