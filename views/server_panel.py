@@ -69,11 +69,9 @@ Starter = Callable[[str, int, "str | None", int, Callable[[Any], None]], ServerH
 class ServerPanel(QWidget):
     """Start and stop a server for the loaded model, and list its requests as they come.
 
-    ``state`` is "stopped", "starting", "running" or "stopping"; :attr:`state_changed` follows
-    each change.
+    ``state`` is "stopped", "starting", "running" or "stopping".
     """
 
-    state_changed = Signal(str)
     _entry_arrived = Signal(object)  # emitted on server threads, delivered on the GUI thread
 
     def __init__(self, runner: JobRunner, starter: Starter, parent: QWidget | None = None, *,
@@ -294,7 +292,6 @@ class ServerPanel(QWidget):
         self.state = state
         self._set_status(status, error=error)
         self._sync()
-        self.state_changed.emit(state)
 
     def _set_status(self, text: str, *, error: bool = False) -> None:
         self._error = error
