@@ -288,7 +288,7 @@ class BatchEngine:
                 if self._closed:
                     break
             try:
-                with self.model.busy():
+                with self.model.busy(nestable=True):
                     self._work()
             except LoomConfigError:  # the model is generating for someone else: wait our turn
                 time.sleep(0.02)

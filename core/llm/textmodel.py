@@ -98,9 +98,8 @@ class TextModel:
         self.name = name
         self.vocab_size = net.cells[0].cfg.vocab_size  # the embedding table's rows
         self._metrics = Metrics()
-        # one thread at a time per model; re-entrant, so work run on a batch engine's thread
-        # (embeddings between its steps) nests inside the engine's hold
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # one user at a time per model (busy())
+        self._nestable_by: int | None = None  # the thread whose hold lets its own work nest
         self._token_texts: dict[int, str] = {}
         # KV caches of recent sequences: a chat's next turn prefills only its new tokens
         self.prefix_cache = PrefixCache(DEFAULT_BYTES)
@@ -306,20 +305,30 @@ class TextModel:
                 yield from run(self, ids, params, cancel, metrics, drafter)
 
     @contextmanager
-    def busy(self):
+    def busy(self, *, nestable: bool = False):
         """Hold the model for work of your own on its network (a recipe's probes, say): refuses,
         rather than waits for, a second user (:class:`LoomConfigError`), as a model holds one KV
         state at a time; inside, the kernels use the thread settings generation uses (one BLAS
         thread, numba's threads from the CPUs other processes leave free: a 5-token prefill took
-        0.5-0.7 s without them instead of 0.12 s)."""
+        0.5-0.7 s without them instead of 0.12 s).
+
+        A ``nestable`` hold (a batch engine's) lets work on the same thread take the model again
+        inside it (``embed`` run between the engine's steps); a plain hold refuses even its own
+        thread (a second generation started while one streams)."""
+        me = threading.get_ident()
+        if self._nestable_by == me:
+            yield
+            return
         if not self._lock.acquire(blocking=False):
             raise LoomConfigError("the model is busy with another generation (cancel or finish it first)")
+        self._nestable_by = me if nestable else None
         try:
             # held for the whole call so the per-step limit in CausalLM.step never switches; the
             # kernels' thread count follows the CPUs other processes leave free (issue 11)
             with single_threaded_blas(), adaptive_threads():
                 yield
         finally:
+            self._nestable_by = None
             self._lock.release()
 
     def _run(self, ids, params, cancel, metrics) -> Iterator[TokenRecord]:
