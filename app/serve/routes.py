@@ -201,6 +201,12 @@ def _failure(sub: Submission) -> ApiError | None:
     return None
 
 
+def _error_event(sub: Submission, choice) -> str:
+    """An engine failure mid-stream, as the error event OpenAI's clients raise on."""
+    why = sub.requests[choice.index].error or "the engine failed this request"
+    return _sse(ApiError(500, why, kind="server_error").body())
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
@@ -253,6 +259,8 @@ async def _chat_events(request: Request, sub: Submission, reply: Reply, gen: Gen
                 yield _sse(replies.chat_chunk(reply, choice.index, {"content": record.text},
                                               records=[record], top=gen.top_logprobs))
             if record.finish_reason is not None:
+                if choice.finish_reason == "error":
+                    yield _error_event(sub, choice)
                 yield _sse(_finish_chunk(replies.chat_chunk(reply, choice.index, {},
                                                             finish_reason=choice.finish_reason), sub))
         if gen.include_usage:
@@ -307,6 +315,8 @@ async def _completion_events(request: Request, sub: Submission, reply: Reply, ge
                 yield _sse(replies.completion_chunk(reply, choice.index, record.text, records=[record],
                                                     top=gen.top_logprobs))
             if record.finish_reason is not None:
+                if choice.finish_reason == "error":
+                    yield _error_event(sub, choice)
                 yield _sse(_finish_chunk(replies.completion_chunk(reply, choice.index, "",
                                                                   finish_reason=choice.finish_reason), sub))
         if gen.include_usage:

@@ -317,3 +317,22 @@ def test_request_log_reports_start_and_end(smollm2, http, served):
     prompt = len(smollm2.tokenizer.encode("Hello", add_special_tokens=True))
     assert (end.prompt_tokens, end.completion_tokens, end.finish_reason) == (prompt, 2, "length")
     assert end.duration_s > 0 and end.model == "smollm2-135m"
+
+
+def test_an_engine_failure_is_a_server_error_and_the_server_goes_on(smollm2, client, http, monkeypatch):
+    step = smollm2.net.step
+
+    def broken_decode(ids, caches):  # prefills (several ids) work, decode steps (one id) raise
+        if ids.shape[1] == 1:
+            raise RuntimeError("kernel exploded")
+        return step(ids, caches)
+
+    monkeypatch.setattr(smollm2.net, "step", broken_decode)
+    body = {"model": "smollm2-135m", "max_tokens": 3}
+    whole = http.post("/completions", json={**body, "prompt": "A failing whole reply"})
+    assert whole.status_code == 500 and "kernel exploded" in whole.json()["error"]["message"]
+    with pytest.raises(openai.APIError, match="kernel exploded"):
+        list(client.completions.create(**body, prompt="A failing stream", stream=True))
+    monkeypatch.undo()
+    again = client.completions.create(**body, prompt="A failing stream", temperature=0)
+    assert again.choices[0].text == alone(smollm2.generate, "A failing stream", max_tokens=3)
