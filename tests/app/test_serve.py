@@ -292,6 +292,10 @@ def test_api_key_and_a_taken_port(smollm2, served):
         assert httpx.get(base.replace("/v1", "/health"), timeout=TIMEOUT).status_code == 200
     assert not server.running
     server.stop()  # idempotent
+    server.start()  # and it starts again, on a fresh port and engine
+    health = httpx.get(server.url.replace("/v1", "/health"), timeout=TIMEOUT)
+    assert server.running and health.status_code == 200
+    server.stop()
 
 
 # ----- observability --------------------------------------------------------------------------------
