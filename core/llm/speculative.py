@@ -5,8 +5,9 @@ choices, plus its own next token.
 Two drafters: :class:`PromptLookup` (n-gram copy from the prompt and output so far; no second
 model) and :class:`DraftModel` (a model sharing the vocabulary, e.g. a low-bit morph of the
 target, with its own KV cache kept in step with the accepted tokens). Only greedy decoding
-(temperature 0); logit penalties work, as each drafted position is processed with the history
-it would have had.
+(temperature 0); logit penalties and a response_format constraint work, as each drafted position
+is processed (and masked) with the history it would have had; top-k/p and min-p do not change an
+argmax.
 
 The output equals plain greedy generation as long as the target's multi-token step picks the
 same argmax as its one-token steps; the two differ in the last float bits (about 3e-5 on
@@ -15,7 +16,6 @@ SmolLM2's logits), which flips a choice only at a near tie.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -29,13 +29,6 @@ from .textmodel import Decoding, Metrics, TokenRecord
 
 if TYPE_CHECKING:
     from .textmodel import TextModel
-
-# SamplingParams fields whose setting speculation honours (penalties are applied per drafted
-# position; top-k/p and min-p do not change an argmax; the seed is unused by greedy decoding).
-# A field outside this set that is not at its default (a logits constraint, say) is refused
-# rather than silently ignored.
-_SUPPORTED = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-              "frequency_penalty", "penalty_window", "max_tokens", "stop", "seed", "logprobs"}
 
 
 class Drafter:
@@ -135,10 +128,6 @@ def drafter_for(spec, target: TextModel, params: SamplingParams) -> Drafter:
     if params.temperature != 0:
         raise LoomConfigError(f"speculative decoding is greedy only (temperature 0), got temperature "
                               f"{params.temperature}")
-    others = [f.name for f in dataclasses.fields(params) if f.name not in _SUPPORTED
-              and getattr(params, f.name) != _default(f)]
-    if others:
-        raise LoomConfigError(f"speculative decoding and {', '.join(others)} do not work together yet")
     if spec == "prompt-lookup":
         drafter: Drafter = PromptLookup()
     elif isinstance(spec, Drafter):
@@ -152,50 +141,68 @@ def drafter_for(spec, target: TextModel, params: SamplingParams) -> Drafter:
     return drafter
 
 
-def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
-        metrics: Metrics, drafter: Drafter) -> Iterator[TokenRecord]:
-    """What ``TextModel._run`` yields for greedy decoding, with drafted tokens verified in one
-    target step each."""
-    processor = params.processor()
-    run = Decoding(target, ids, params, metrics)
-    if params.max_tokens == 0:
-        return
-    rows = run.prefill(ids)  # [1, vocab]: the prompt's last position decides the first token
-    draft: list[int] = []
-    while True:
-        finish = None
+class Speculation:
+    """One sequence's speculative decoding: the drafter, and the draft its next target step
+    verifies. Shared by the one-sequence loop (:func:`run`) and the batch scheduler, which puts
+    several sequences' verify rows into one step."""
+
+    def __init__(self, drafter: Drafter, run: Decoding):
+        self.drafter, self.run = drafter, run
+        self.draft: list[int] = []
+
+    def feed(self, token: int, limit: int | None = None) -> list[int]:
+        """The tokens the next target step takes: ``token`` (the last chosen, not yet in the
+        cache) and a fresh draft of at most ``limit`` tokens, none past the sequence's last
+        allowed token."""
+        run = self.run
+        k = min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
+        if limit is not None:
+            k = min(k, limit)
+        self.draft = self.drafter.propose(run.history, k) if k > 0 else []
+        run.metrics.drafted_tokens += len(self.draft)
+        return [token, *self.draft]
+
+    def verify(self, rows: np.ndarray, cancel: Callable[[], bool]) -> Iterator[TokenRecord]:
+        """The records of one step's ``rows`` (logits of the fed token and each drafted one): the
+        target's own choice at each position (penalties and a constraint applied as in plain
+        decoding), kept while it equals the draft; the first disagreement ends the step and the
+        rejected positions leave the cache."""
+        run, draft = self.run, self.draft
         for j, row in enumerate(rows):
             if cancel():
                 yield run.cancelled()
-                finish = "cancelled"
-                break
-            processed = processor(row, run.history)
-            token = int(np.argmax(processed))  # the greedy sampler's rule: the first maximum
-            record = run.record(processed, token)
+                return
+            record = run.choose(row)  # greedy: the first maximum, as the plain loop picks
             yield record
-            finish = record.finish_reason
-            if finish is not None:
-                break
-            if j < len(draft) and token == draft[j]:
-                metrics.accepted_tokens += 1
+            if record.finish_reason is not None:
+                return
+            if j < len(draft) and record.id == draft[j]:
+                run.metrics.accepted_tokens += 1
                 continue
             # draft[j:] went into the cache after a token the target did not choose
             for c in run.caches[0]:
                 c.trim(len(draft) - j)
+            return
+
+
+def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
+        metrics: Metrics, drafter: Drafter) -> Iterator[TokenRecord]:
+    """What ``TextModel._run`` yields for greedy decoding, with drafted tokens verified in one
+    target step each."""
+    run = Decoding(target, ids, params, metrics, prefix_cache=target.prefix_cache)
+    if params.max_tokens == 0:
+        return
+    spec = Speculation(drafter, run)
+    rows = run.prefill(ids)  # [1, vocab]: the prompt's last position decides the first token
+    while True:
+        for record in spec.verify(rows, cancel):  # always one record at least
+            yield record
+        if record.finish_reason is not None:
             break
-        if finish is not None:
-            break
-        # the last token chosen is not in the cache yet: it leads the next verify step
-        draft = drafter.propose(run.history, min(drafter.num_draft, params.max_tokens - run.index - 1))
-        metrics.drafted_tokens += len(draft)
-        rows = run.net.step(np.array([[token] + draft]), run.caches, last_only=False)[0]
+        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0]
     run.end()
 
 
 def _check_num_draft(num_draft: int) -> None:
     if isinstance(num_draft, bool) or not isinstance(num_draft, int) or num_draft < 1:
         raise LoomConfigError(f"num_draft must be an integer >= 1, got {num_draft!r}")
-
-
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -416,9 +416,10 @@ class Decoding:
         self.metrics.decode_s = time.perf_counter() - self.decode_start
         self.metrics.peak_rss_bytes = peak_rss_bytes()
         if self.prefix_cache is not None:
-            caches = self.caches[0]
-            # the positions stepped: the prompt and every output token but the last chosen
-            self.prefix_cache.store(self.history[:caches[0].offset], caches)
+            # positions below the last chosen token's hold the history's tokens (a speculative
+            # step that ended on a finish may also hold a rejected draft token at and past it)
+            n = min(self.caches[0][0].offset, len(self.history) - 1)
+            self.prefix_cache.store(self.history[:n], self.caches[0])
 
 
 class _StopFilter:

@@ -3,6 +3,9 @@ generation of the same prompt (the oracle), with both drafters."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import numpy as np
 import pytest
 
@@ -108,6 +111,21 @@ def test_penalties_are_honoured_per_drafted_position(model):
     _assert_same(_records(model, SUMMARY, **kw), _records(model, SUMMARY, speculative="prompt-lookup", **kw))
 
 
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+def test_a_constraint_masks_every_drafted_position(model, draft, kind):
+    """Constrained output with speculation is the constrained plain output, and it validates."""
+    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 30},
+                                               "mills": {"type": "integer"}},
+              "required": ["river", "mills"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "facts", "schema": schema}}
+    messages = [{"role": "user", "content": PARAGRAPH + "\n\nThe river and its mills as JSON."}]
+    plain = _records(model, messages, max_tokens=60, response_format=fmt)
+    spec = _records(model, messages, max_tokens=60, response_format=fmt, speculative=_drafter(kind, draft))
+    _assert_same(plain, spec)
+    assert spec[-1].finish_reason == "stop"
+    jsonschema.validate(json.loads("".join(r.text for r in spec)), schema)
+
+
 def test_a_draft_model_keeps_its_cache_in_step_across_generations(model, draft):
     drafter = DraftModel(draft, num_draft=3)
     for prompt in (SUMMARY, CHAT, SUMMARY):
@@ -118,7 +136,6 @@ def test_a_draft_model_keeps_its_cache_in_step_across_generations(model, draft):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(temperature=0.7), "greedy only"),
-    (dict(response_format={"type": "json_object"}), "do not work together yet"),
     (dict(speculative="n-gram"), "speculative must be"),
 ])
 def test_unsupported_settings_raise_before_any_work(model, kw, match):
