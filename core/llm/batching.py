@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import LoomConfigError, LoomError
+from ..errors import LoomConfigError
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
+from .speculative import Drafter, DraftModel, Speculation, drafter_for
 from .textmodel import Decoding, Metrics, TextModel, TokenRecord
 
 _END = object()  # ends a Request's record queue (a request that failed before any record)
@@ -42,10 +43,11 @@ class Request:
     (blocking). The last record carries the finish reason; ``metrics`` fills in as it runs."""
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 on_record: Callable[[TokenRecord], None] | None = None):
+                 on_record: Callable[[TokenRecord], None] | None = None, drafter: Drafter | None = None):
         self.id = next(_ids)
         self.prompt_ids = list(prompt_ids)
         self.params = params
+        self.drafter = drafter  # speculative decoding's, or None
         self.metrics = Metrics(prompt_tokens=len(self.prompt_ids))
         self.error: str | None = None  # why the engine failed it (finish reason "error")
         self._on_record = on_record
@@ -99,11 +101,13 @@ class Request:
 
 @dataclass(eq=False)
 class _Active:
-    """A request in the batch: its decoding state and the token its next step feeds."""
+    """A request in the batch: its decoding state, its speculation (a drafter, or none: then
+    each step feeds one token) and the token its next step feeds."""
 
     request: Request
     run: Decoding
-    token: int
+    spec: Speculation
+    token: int = -1
 
 
 class Batch:
@@ -136,21 +140,41 @@ class Batch:
         self.model._check_fits(ids, params)
         return ids
 
+    def drafter(self, speculative, params: SamplingParams) -> Drafter | None:
+        """The drafter of ``speculative`` (None, "prompt-lookup" or a stateless Drafter) for a
+        request with ``params``; LoomConfigError when speculation cannot serve it. A draft model
+        is refused: it keeps one sequence's KV cache, and a batch holds many."""
+        if speculative is None:
+            return None
+        if isinstance(speculative, TextModel | DraftModel):
+            raise LoomConfigError("a draft model drafts for one sequence at a time; batched requests "
+                                  "speculate with 'prompt-lookup'")
+        return drafter_for(speculative, self.model, params)
+
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
     def step(self) -> None:
-        """Admit what fits, then one decode step for every active sequence."""
+        """Admit what fits, then one decode step for every active sequence: one token each, or
+        the token and its draft for a speculating sequence (shorter rows padded, the padding's
+        positions trimmed from their caches after the step)."""
         self._drop_cancelled()
         while self.waiting and len(self.active) < self.max_batch:
             self._admit(self.waiting.popleft())
         if not self.active:
             return
-        tokens = np.array([[a.token] for a in self.active])
-        logits = self.model.net.step(tokens, [a.run.caches[0] for a in self.active])
+        # every row's positions must fit its context, padding included
+        room = min(self.model.context_length - a.run.caches[0][0].offset for a in self.active)
+        feeds = [a.spec.feed(a.token, room - 1) for a in self.active]
+        T = max(map(len, feeds))
+        ids = np.array([f + [f[-1]] * (T - len(f)) for f in feeds])
+        logits = self.model.net.step(ids, [a.run.caches[0] for a in self.active], last_only=False)
         self.steps += 1
-        for a, row in zip(list(self.active), logits, strict=True):
-            self._choose(a, row)
+        for a, feed, rows in zip(list(self.active), feeds, logits, strict=True):
+            if T > len(feed):
+                for c in a.run.caches[0]:
+                    c.trim(T - len(feed))
+            self._deliver(a, rows[:len(feed)])
 
     def cancel_all(self) -> None:
         for request in self.waiting:
@@ -178,27 +202,29 @@ class Batch:
         ids, params = request.prompt_ids, request.params
         try:
             run = Decoding(self.model, ids, params, request.metrics, prefix_cache=self.prefix_cache)
-            logits = run.prefill(ids)[0]
-        except LoomError as e:  # a constraint the tokenizer cannot follow, say: this request only
-            request._fail(0, str(e))
+            a = _Active(request, run, Speculation(request.drafter, run))
+            logits = run.prefill(ids)
+        except Exception as e:  # this request's failure (a constraint the tokenizer cannot follow,
+            request._fail(0, f"{type(e).__name__}: {e}")  # a failing kernel): the batch goes on
             return
-        a = _Active(request, run, -1)
         self.active.append(a)
-        self._choose(a, logits)
+        self._deliver(a, logits)
 
-    def _choose(self, a: _Active, logits: np.ndarray) -> None:
-        if a.request.cancelled:
-            self._finish(a, a.run.cancelled())
-            return
-        record = a.run.choose(logits)
-        a.token = record.id
-        self.tokens += 1
-        if record.finish_reason is not None:
-            self._finish(a, record)
-        else:
+    def _deliver(self, a: _Active, rows: np.ndarray) -> None:
+        """Choose from one step's ``rows`` of ``a`` (one, or the fed token's and its draft's) and
+        emit the records; a finish takes ``a`` out of the batch."""
+        record = None
+        for record in a.spec.verify(rows, lambda: a.request.cancelled):
+            if record.finish_reason is not None:
+                self._finish(a, record)
+                return
+            self.tokens += 1
             a.request._emit(record)
+        a.token = record.id
 
     def _finish(self, a: _Active, record: TokenRecord) -> None:
+        if record.finish_reason != "cancelled":
+            self.tokens += 1
         self.active.remove(a)
         a.run.end()
         a.request._emit(record)
@@ -242,11 +268,13 @@ class BatchEngine:
         self.close()
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-               on_record: Callable[[TokenRecord], None] | None = None) -> Request:
-        """Queue a generation of ``prompt_ids``; bad ids or a prompt that does not fit raise here
-        (LoomConfigError / LoomShapeError), before anything is queued."""
+               on_record: Callable[[TokenRecord], None] | None = None, speculative=None) -> Request:
+        """Queue a generation of ``prompt_ids``; bad ids, a prompt that does not fit or a
+        speculation that cannot serve ``params`` raise here (LoomConfigError / LoomShapeError),
+        before anything is queued. ``speculative``: None or "prompt-lookup" (greedy requests)."""
         params = SamplingParams() if params is None else params
-        request = Request(self._batch.check(prompt_ids, params), params, on_record)
+        ids = self._batch.check(prompt_ids, params)
+        request = Request(ids, params, on_record, self._batch.drafter(speculative, params))
         with self._cv:
             if self._closed:
                 raise LoomConfigError("the batch engine is closed")

@@ -146,7 +146,9 @@ class Speculation:
     verifies. Shared by the one-sequence loop (:func:`run`) and the batch scheduler, which puts
     several sequences' verify rows into one step."""
 
-    def __init__(self, drafter: Drafter, run: Decoding):
+    def __init__(self, drafter: Drafter | None, run: Decoding):
+        """``drafter`` None: plain decoding, one token a step (the batch treats every sequence
+        alike)."""
         self.drafter, self.run = drafter, run
         self.draft: list[int] = []
 
@@ -155,7 +157,7 @@ class Speculation:
         cache) and a fresh draft of at most ``limit`` tokens, none past the sequence's last
         allowed token."""
         run = self.run
-        k = min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
+        k = 0 if self.drafter is None else min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
         if limit is not None:
             k = min(k, limit)
         self.draft = self.drafter.propose(run.history, k) if k > 0 else []

@@ -277,3 +277,57 @@ def test_prefix_cache_bounds_bytes_and_evicts_least_recently_used():
                                      ([1, 2, 3], [1, 5, 3], 1), ([9], [1], 0)])
 def test_common_prefix(a, b, n):
     assert common_prefix(a, b) == n
+
+
+# ----- speculation in the batch -----------------------------------------------------------------
+
+PARAGRAPH = ("The river Loom rises in the northern hills and runs for two hundred kilometres to the sea. "
+             "Its valley was settled by weavers in the twelfth century, who used the fast water to drive "
+             "their looms. The last mill closed in 1968; today the valley is known for its museum.")
+
+
+def test_speculating_and_plain_sequences_share_steps_and_each_gives_its_alone_output(smollm2, monkeypatch):
+    """Prompt-lookup requests (greedy) verify their drafts in the same steps as plain requests;
+    shorter rows are padded and the padding trimmed: every output is its prompt's alone."""
+    summary = smollm2.tokenizer.encode(PARAGRAPH + " In short, the river Loom", add_special_tokens=True)
+    plain = [ids_of(smollm2, p) for p in PROMPTS[:2]]
+    want = [alone(smollm2, ids, max_tokens=24)[1] for ids in (summary, *plain)]
+    widths = []
+    real = smollm2.net.step
+
+    def spy(ids, caches=None, **kw):
+        widths.append(np.asarray(ids).shape)
+        return real(ids, caches, **kw)
+
+    monkeypatch.setattr(smollm2.net, "step", spy)
+    with BatchEngine(smollm2, prefix_cache_mb=0) as engine:
+        spec = engine.submit(summary, SamplingParams(max_tokens=24), speculative="prompt-lookup")
+        others = [engine.submit(ids, SamplingParams(max_tokens=24)) for ids in plain]
+        got = [[r.id for r in req] for req in (spec, *others)]
+    assert got == want
+    assert spec.metrics.accepted_tokens > 0
+    assert any(b > 1 and t > 1 for b, t in widths)  # drafts and plain rows in one step
+
+
+def test_batched_speculation_refuses_what_it_cannot_serve(smollm2):
+    with BatchEngine(smollm2) as engine:
+        with pytest.raises(LoomConfigError, match="greedy only"):
+            engine.submit([1, 2, 3], SamplingParams(temperature=0.5), speculative="prompt-lookup")
+        with pytest.raises(LoomConfigError, match="one sequence at a time"):
+            engine.submit([1, 2, 3], SamplingParams(), speculative=smollm2)
+
+
+def test_a_failing_prefill_fails_only_its_request(smollm2, monkeypatch):
+    real = smollm2.net.step
+
+    def broken_prefill(ids, caches=None, **kw):
+        if np.asarray(ids).shape[1] > 1:
+            raise MemoryError("simulated allocation failure")
+        return real(ids, caches, **kw)
+
+    with BatchEngine(smollm2, prefix_cache_mb=0) as engine:
+        monkeypatch.setattr(smollm2.net, "step", broken_prefill)
+        req = engine.submit(ids_of(smollm2, PROMPTS[0]), SamplingParams(max_tokens=4))
+        assert [r.finish_reason for r in req] == ["error"] and "MemoryError" in req.error
+        monkeypatch.setattr(smollm2.net, "step", real)
+        assert len(list(engine.submit(ids_of(smollm2, PROMPTS[0]), SamplingParams(max_tokens=4)))) == 4
