@@ -19,6 +19,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (default 8)")
+    p.add_argument("--speculative", choices=["prompt-lookup"],
+                   help="greedy requests speculate with prompt lookup (the same output, faster where the "
+                        "reply repeats the prompt)")
     p.add_argument("--name", help="the model name clients use (default: the model's own)")
     p.add_argument("--log", action="store_true", help="print one line per finished request on stderr")
     p.set_defaults(handler=cmd_serve)
@@ -34,7 +37,8 @@ def cmd_serve(args) -> int:
         raise CliError(f"--max-batch must be >= 1, got {args.max_batch}")
     with load_model(args.model, progress=progress_bar) as model:
         server = Server(model, host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
-                        model_name=args.name, on_log=_log_line if args.log else None)
+                        model_name=args.name, on_log=_log_line if args.log else None,
+                        speculative=args.speculative)
         url = server.start()
         try:
             print(f"serving {server.model_name} at {url} (Ctrl-C stops)", file=sys.stderr, flush=True)

@@ -39,17 +39,20 @@ class Server:
 
     def __init__(self, model: TextModel, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, max_batch: int = 8, model_name: str | None = None,
-                 on_log: Callable[[RequestLog], None] | None = None):
+                 on_log: Callable[[RequestLog], None] | None = None, speculative: str | None = None):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise LoomConfigError(f"port must be an integer in 0..65535, got {port!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
             raise LoomConfigError("api_key must be a non-empty string (or None for no key)")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise LoomConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if speculative not in (None, "prompt-lookup"):
+            raise LoomConfigError(f"speculative must be None or 'prompt-lookup', got {speculative!r}")
         self.model, self.host, self.port = model, host, port
         self.api_key, self.max_batch = api_key, max_batch
         self.model_name = model_name or model.name or "model"
         self.on_log = on_log
+        self.speculative = speculative  # "prompt-lookup": greedy requests speculate (same output)
         self.url = ""
         self._engine: BatchEngine | None = None
         self._uvicorn: uvicorn.Server | None = None
@@ -61,6 +64,10 @@ class Server:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
+    def stats(self) -> dict:
+        """The batch engine's figures (``BatchEngine.stats``); empty while stopped."""
+        return self._engine.stats() if self._engine is not None else {}
+
     def start(self) -> str:
         """Listen and serve; returns the base URL (``http://host:port/v1``) once connections are
         accepted. Raises :class:`ServeError` if the address cannot be bound."""
@@ -70,7 +77,7 @@ class Server:
         port = sock.getsockname()[1]
         self._stopping = False
         self._socket = sock
-        self._engine = BatchEngine(self.model, max_batch=self.max_batch)
+        self._engine = BatchEngine(self.model, max_batch=self.max_batch, speculate_greedy=self.speculative)
         metrics = ServerMetrics(self._engine.stats)
         ctx = Context(self.model, self._engine, self.model_name, metrics, int(time.time()),
                       lambda: self._stopping)

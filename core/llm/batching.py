@@ -127,6 +127,7 @@ class Batch:
         self.active: list[_Active] = []
         self.steps = 0  # decode steps run (each over every active sequence)
         self.tokens = 0  # records emitted
+        self.drafted = self.accepted = 0  # speculation's totals over finished requests
 
     @property
     def busy(self) -> bool:
@@ -225,6 +226,8 @@ class Batch:
     def _finish(self, a: _Active, record: TokenRecord) -> None:
         if record.finish_reason != "cancelled":
             self.tokens += 1
+        self.drafted += a.run.metrics.drafted_tokens
+        self.accepted += a.run.metrics.accepted_tokens
         self.active.remove(a)
         a.run.end()
         a.request._emit(record)
@@ -243,9 +246,15 @@ class BatchEngine:
     there is work, so the model stays usable (``generate``) between bursts; while someone else
     holds it, requests wait in the queue."""
 
-    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float | None = None):
+    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float | None = None,
+                 speculate_greedy: str | None = None):
         """``prefix_cache_mb``: a prefix cache of its own of that size (0: none); None shares the
-        model's (``model.prefix_cache``)."""
+        model's (``model.prefix_cache``). ``speculate_greedy`` ("prompt-lookup" or None): the
+        speculation of every greedy request submitted without one of its own."""
+        if speculate_greedy not in (None, "prompt-lookup"):
+            raise LoomConfigError(f"speculate_greedy must be None or 'prompt-lookup', got "
+                                  f"{speculate_greedy!r}")
+        self.speculate_greedy = speculate_greedy
         cache = None
         if prefix_cache_mb is not None:
             if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int | float) \
@@ -273,6 +282,8 @@ class BatchEngine:
         speculation that cannot serve ``params`` raise here (LoomConfigError / LoomShapeError),
         before anything is queued. ``speculative``: None or "prompt-lookup" (greedy requests)."""
         params = SamplingParams() if params is None else params
+        if speculative is None and params.temperature == 0:
+            speculative = self.speculate_greedy
         ids = self._batch.check(prompt_ids, params)
         request = Request(ids, params, on_record, self._batch.drafter(speculative, params))
         with self._cv:
@@ -297,7 +308,8 @@ class BatchEngine:
         with self._cv:
             queued = len(self._inbox) + len(b.waiting)
         return {"active": len(b.active), "queued": queued, "max_batch": b.max_batch, "steps": b.steps,
-                "tokens": b.tokens, "prefix_cache_bytes": cache.nbytes, "prefix_cache_entries": len(cache),
+                "tokens": b.tokens, "drafted_tokens": b.drafted, "accepted_tokens": b.accepted,
+                "prefix_cache_bytes": cache.nbytes, "prefix_cache_entries": len(cache),
                 "prefix_hits": cache.hits, "prefix_hit_tokens": cache.hit_tokens}
 
     def close(self) -> None:

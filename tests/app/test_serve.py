@@ -326,10 +326,10 @@ def test_request_log_reports_start_and_end(smollm2, http, served):
 def test_an_engine_failure_is_a_server_error_and_the_server_goes_on(smollm2, client, http, monkeypatch):
     step = smollm2.net.step
 
-    def broken_decode(ids, caches):  # prefills (several ids) work, decode steps (one id) raise
+    def broken_decode(ids, caches, **kw):  # prefills (several ids) work, decode steps (one id) raise
         if ids.shape[1] == 1:
             raise RuntimeError("kernel exploded")
-        return step(ids, caches)
+        return step(ids, caches, **kw)
 
     monkeypatch.setattr(smollm2.net, "step", broken_decode)
     body = {"model": "smollm2-135m", "max_tokens": 3}
@@ -340,3 +340,19 @@ def test_an_engine_failure_is_a_server_error_and_the_server_goes_on(smollm2, cli
     monkeypatch.undo()
     again = client.completions.create(**body, prompt="A failing stream", temperature=0)
     assert again.choices[0].text == alone(smollm2.generate, "A failing stream", max_tokens=3)
+
+
+def test_a_speculating_server_gives_the_plain_greedy_text(smollm2):
+    """--speculative prompt-lookup: greedy requests verify drafts, the text is generate()'s."""
+    prompt = ("The river Loom rises in the northern hills. The river Loom runs to the sea. "
+              "In one sentence: the river Loom")
+    want = alone(smollm2.generate, prompt, max_tokens=24)
+    with Server(smollm2, port=0, speculative="prompt-lookup") as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+        reply = client.completions.create(model=server.model_name, prompt=prompt, max_tokens=24,
+                                          temperature=0)
+        stats = server.stats()
+    assert reply.choices[0].text == want
+    assert stats["accepted_tokens"] > 0  # it did speculate, and drafts were kept
+    with pytest.raises(LoomConfigError, match="speculative"):
+        Server(smollm2, port=0, speculative="draft")
