@@ -35,9 +35,10 @@ class CausalLM(VolumetricNetwork):
         if self.source is not None:
             self.source.close()
 
-    def make_cache(self, capacity: int = 0) -> list[KVCache]:
-        """One sequence's KV caches (one per attention layer), preallocated for ``capacity`` positions."""
-        return [KVCache(a.spec.n_kv_heads, a.spec.head_dim, self.args.context_length, capacity)
+    def make_cache(self, capacity: int = 0, dtype: str = "float32") -> list[KVCache]:
+        """One sequence's KV caches (one per attention layer), preallocated for ``capacity`` positions;
+        ``dtype`` "float16" halves their memory (see :class:`KVCache`)."""
+        return [KVCache(a.spec.n_kv_heads, a.spec.head_dim, self.args.context_length, capacity, dtype)
                 for a in self.attention_layers]
 
     def step(self, ids, caches: list[list[KVCache]] | None = None, *, last_only: bool = True) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LoomShapeError
+from ..errors import LoomConfigError, LoomShapeError
 from ..network import Run, VolumetricNetwork
 
 
@@ -14,34 +14,51 @@ class KVCache:
 
     The buffers are allocated for ``capacity`` positions up front and grow in steps of
     :attr:`step` up to ``max_size`` (the model's context); more raises :class:`LoomShapeError`.
+    ``dtype`` "float16" halves the memory and the attention kernel's reads; :attr:`keys` and
+    :attr:`values` then hold the float16 bits as ``uint16`` (what the numba kernel reads).
+    :attr:`keys` is a transposed view of a ``[n_kv_heads, head_dim, capacity]`` buffer: the kernel
+    then computes the scores of all positions as one vector loop per dimension.
     """
 
     step = 256
+    dtypes = ("float32", "float16")
 
-    def __init__(self, n_kv_heads: int, head_dim: int, max_size: int, capacity: int = 0):
-        capacity = min(max(capacity, 0), max_size)
-        self.keys = np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32)
-        self.values = np.zeros_like(self.keys)
+    def __init__(self, n_kv_heads: int, head_dim: int, max_size: int, capacity: int = 0,
+                 dtype: str = "float32"):
+        if dtype not in self.dtypes:
+            raise LoomConfigError(f"KV cache dtype must be one of {', '.join(self.dtypes)}; got {dtype!r}")
+        self.dtype = dtype
         self.max_size = max_size
         self.offset = 0
+        self.keys, self.values = self._buffers(n_kv_heads, min(max(capacity, 0), max_size), head_dim)
+
+    def _buffers(self, n_kv_heads: int, capacity: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+        storage = np.float32 if self.dtype == "float32" else np.uint16
+        keys = np.zeros((n_kv_heads, head_dim, capacity), storage).transpose(0, 2, 1)
+        return keys, np.zeros((n_kv_heads, capacity, head_dim), storage)
+
+    def _stored(self, a: np.ndarray) -> np.ndarray:
+        return a if self.dtype == "float32" else np.asarray(a, np.float16).view(np.uint16)
+
+    def _fetched(self, a: np.ndarray) -> np.ndarray:
+        return a if self.dtype == "float32" else a.view(np.float16)
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append ``k``/``v`` ``[n_kv_heads, T, head_dim]``; return every position's keys and values
-        so far (views, valid until the next update)."""
+        so far (float32 or float16 views, valid until the next update)."""
         end = self.offset + k.shape[1]
         if end > self.max_size:
             raise LoomShapeError(f"{end} positions exceed the context length {self.max_size}")
         if end > self.keys.shape[1]:
             self._grow(end)
-        self.keys[:, self.offset:end] = k
-        self.values[:, self.offset:end] = v
+        self.keys[:, self.offset:end] = self._stored(k)
+        self.values[:, self.offset:end] = self._stored(v)
         self.offset = end
-        return self.keys[:, :end], self.values[:, :end]
+        return self._fetched(self.keys[:, :end]), self._fetched(self.values[:, :end])
 
     def _grow(self, needed: int) -> None:
         capacity = min(self.max_size, -(-needed // self.step) * self.step)
-        keys = np.zeros((self.keys.shape[0], capacity, self.keys.shape[2]), dtype=np.float32)
-        values = np.zeros_like(keys)
+        keys, values = self._buffers(self.keys.shape[0], capacity, self.keys.shape[2])
         keys[:, :self.offset] = self.keys[:, :self.offset]
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys, self.values = keys, values
@@ -50,7 +67,7 @@ class KVCache:
         """A new cache holding copies of the first ``n`` positions (a prefix cache hands these
         out: the stored sequence stays intact while the copy grows)."""
         n = min(self.offset, max(int(n), 0))
-        clone = KVCache(self.keys.shape[0], self.keys.shape[2], self.max_size, n)
+        clone = KVCache(self.keys.shape[0], self.keys.shape[2], self.max_size, n, self.dtype)
         clone.keys[:, :n] = self.keys[:, :n]
         clone.values[:, :n] = self.values[:, :n]
         clone.offset = n

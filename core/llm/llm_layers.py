@@ -34,6 +34,7 @@ from ..layers.embedding import Embedding
 from ..layers.norms import RMSNorm
 from ..layers.swiglu import SwiGLU
 from ..weights import WeightStore, error_from_sums, error_sums
+from .attention_kernel import attend
 from .block_morph import (
     BLOCK_FORMATS,
     block_elems,
@@ -373,33 +374,20 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
         for b in range(B):
             kb, vb = k[b].transpose(1, 0, 2), v[b].transpose(1, 0, 2)
-            if caches:
-                kb, vb = caches[b].update_and_fetch(kb, vb)
+            if caches:  # the kernel reads the whole buffers (contiguous; float16 as its bits)
+                caches[b].update_and_fetch(kb, vb)
+                kb, vb = caches[b].keys, caches[b].values
             out[b] = self._attend(q[b], kb, vb, int(starts[b]))
         y = linear(out, w["wo"]) + w["bo"]
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
 
     def _attend(self, q, keys, values, start: int) -> np.ndarray:
         """Queries ``q[T, H, hd]`` at positions ``start..start+T-1`` over ``keys/values[Hkv, S, hd]``
-        at positions ``0..S-1``; returns ``[T, H*hd]``."""
+        at positions ``0..S-1`` (float32, or a float16 cache's bits); returns ``[T, H*hd]``, each
+        query's row the same bits whatever T is (see :mod:`.attention_kernel`)."""
         s = self.spec
-        T = q.shape[0]
-        lo = 0 if s.window is None else max(0, start - s.window + 1)  # oldest key any query sees
-        keys, values = keys[:, lo:], values[:, lo:]
-        qg = q.reshape(T, s.n_kv_heads, -1, s.head_dim).transpose(1, 2, 0, 3)  # [Hkv, g, T, hd]
-        scale = np.float32(s.scale if s.scale is not None else s.head_dim ** -0.5)
-        scores = (qg @ keys.transpose(0, 2, 1)[:, None]) * scale  # [Hkv, g, T, S]
-        if T > 1:
-            q_pos = np.arange(start, start + T)[:, None]
-            k_pos = np.arange(lo, lo + keys.shape[1])[None, :]
-            seen = k_pos <= q_pos
-            if s.window is not None:
-                seen &= q_pos - k_pos < s.window
-            scores = np.where(seen, scores, -np.inf)
-        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        probs = e / e.sum(axis=-1, keepdims=True)
-        att = probs @ values[:, None]  # [Hkv, g, T, hd]
-        return att.transpose(2, 0, 1, 3).reshape(T, -1)
+        scale = s.scale if s.scale is not None else s.head_dim ** -0.5
+        return attend(q, keys, values, start, s.window, scale)
 
 
 class LLMGatedMLP(InferenceOnly, SwiGLU):

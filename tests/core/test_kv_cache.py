@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import VolumetricNetwork
-from loomlab.core.errors import LoomShapeError
+from loomlab.core.errors import LoomConfigError, LoomShapeError
 from loomlab.core.llm.kv_cache import CachedRun, KVCache
 from loomlab.core.llm.layer_builders import attention_layer
 from loomlab.core.llm.model_args import ModelArgs
@@ -55,6 +55,43 @@ def test_kv_cache_preallocates_up_to_the_context_and_grows_in_steps():
     cache.update_and_fetch(k, k)
     assert cache.keys.shape[1] == KVCache.step  # the next multiple of the step, not 11
     assert cache.nbytes == 2 * heads * KVCache.step * hd * 4
+
+
+def test_a_float16_cache_stores_rounded_values_in_half_the_memory():
+    rng = np.random.default_rng(1)
+    k, v = rng.standard_normal((2, 2, 5, 8)).astype(np.float32)
+    half, full = KVCache(2, 8, 64, 6, dtype="float16"), KVCache(2, 8, 64, 6)
+    keys, values = half.update_and_fetch(k, v)
+    assert keys.dtype == np.float16 and np.array_equal(keys, k.astype(np.float16))
+    assert np.array_equal(values, v.astype(np.float16))
+    assert half.keys.dtype == np.uint16  # the bits the attention kernel converts
+    full.update_and_fetch(k, v)
+    assert half.nbytes * 2 == full.nbytes
+    half.update_and_fetch(k, v)  # grows: the first positions survive the copy
+    assert np.array_equal(half.update_and_fetch(k[:, :0], v[:, :0])[0][:, :5], k.astype(np.float16))
+    with pytest.raises(LoomConfigError, match="'bfloat16'"):
+        KVCache(2, 8, 64, dtype="bfloat16")
+
+
+def test_keys_are_head_dim_major_so_the_kernel_reads_them_without_a_copy():
+    cache = KVCache(3, 8, 64, 10)
+    buffer = cache.keys.transpose(0, 2, 1)
+    assert buffer.shape == (3, 8, 10) and buffer.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fork_copies_the_first_positions_and_keeps_the_dtype(dtype):
+    rng = np.random.default_rng(2)
+    k, v = rng.standard_normal((2, 2, 6, 4)).astype(np.float32)
+    cache = KVCache(2, 4, 32, dtype=dtype)
+    keys, values = (a.copy() for a in cache.update_and_fetch(k, v))
+    clone = cache.fork(4)
+    assert clone.dtype == dtype and clone.offset == 4
+    clone_keys, clone_values = clone.update_and_fetch(k[:, :0], v[:, :0])
+    assert np.array_equal(clone_keys, keys[:, :4]) and np.array_equal(clone_values, values[:, :4])
+    clone.update_and_fetch(-k[:, :1], -v[:, :1])  # the copy grows; the original stays as it was
+    assert np.array_equal(cache.update_and_fetch(k[:, :0], v[:, :0])[0], keys)
+    assert cache.fork(100).offset == 6
 
 
 def test_cached_run_hands_each_attention_layer_its_slot_of_every_row():

@@ -1,0 +1,167 @@
+"""Causal GQA attention as one numba kernel whose result for a query does not depend on the others.
+
+``attend`` computes, for the query at position ``p = start + t`` and head ``h`` (KV head
+``h // (H / Hkv)``), ``softmax(scale * q . k_s) @ v_s`` over the keys it sees (``lo..p``, ``lo`` set
+by the sliding window). Every (query, head) pair runs the same float operations in the same order
+whatever T is: each score a sum over d in order (the keys are read head_dim-major, so LLVM
+vectorizes across keys without fastmath and no lanes are ever summed), the max, the
+exponentials (a polynomial, vectorized) and their sum in ``LANES`` float32 lanes summed in order
+(as the matmul kernels in :mod:`.quant` do), then the weighted sum of the value rows. numpy's
+version (``qg @ keys.T``, a masked softmax, ``@ values``) summed differently by shape: a
+position's output changed in the last bits with the number of queries sharing the step, and
+greedy output then differed with and without prefix caching or speculative decoding. One kernel
+call also replaces ~10 small numpy calls per layer and token.
+
+Keys and values are float32, or float16 stored as their ``uint16`` bits (numba cannot type
+float16): :func:`_half_to_float` converts each element with integer operations as it is read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from ..errors import LoomShapeError
+from .quantize import _bits, _from_bits
+
+F32 = np.float32
+LANES = 16  # float32 lanes of the exponentials' sum: one AVX-512 register
+KV_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16))  # float16 travels as its bits
+
+# nogil: the GUI thread keeps running while a worker decodes; parallel over (query, head) pairs
+_KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
+
+
+@njit(inline="always")
+def _half_to_float(h):
+    """float16 bits ``h`` as float32, bit for bit what numpy's ``astype`` gives (NaN payloads
+    included): the exponent is rebased from 15 to 127 (twice for inf/NaN, giving 255) and the
+    mantissa widened; a subnormal m * 2**-24 is built as (1 + m/1024) * 2**-14 - 2**-14, exact.
+    Selects, no branches, so the loops that read float16 stay vectorized."""
+    h = np.int64(h)
+    exponent = h & 0x7C00
+    bits = ((h & 0x7FFF) << 13) + (112 << 23) + ((112 << 23) if exponent == 0x7C00 else 0)
+    normal = _from_bits(bits)
+    subnormal = _from_bits(bits + (1 << 23)) - F32(2.0**-14)
+    magnitude = subnormal if exponent == 0 else normal
+    return _from_bits(_bits(magnitude) | ((h & 0x8000) << 16))
+
+
+def _element(a, i):
+    """``a[i]`` as float32 (a float16's bits converted); compiled by the overload below."""
+
+
+@overload(_element)
+def _element_typed(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: _half_to_float(a[i])
+    return lambda a, i: a[i]
+
+
+@njit(inline="always")
+def _u(i):
+    """An unsigned index: numba skips its negative-index wraparound, which hides from LLVM that
+    consecutive ``i`` read consecutive addresses (and keeps the loop scalar)."""
+    return np.uint64(i)
+
+
+@njit(inline="always")
+def _exp(x):
+    """e**x for x <= 0 (cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, times 2**n built
+    from bits), within 2 ulp; numba's exp calls libm once per element, this one vectorizes."""
+    x = max(x, F32(-87.0))  # e**-87 is ~1e-38: a weight that vanishes beside the max's 1
+    n = np.floor(x * F32(1.44269504088896341) + F32(0.5))
+    r = x - n * F32(0.693359375) + n * F32(2.12194440e-4)
+    y = F32(1.9875691500e-4) * r + F32(1.3981999507e-3)
+    y = y * r + F32(8.3334519073e-3)
+    y = y * r + F32(4.1665795894e-2)
+    y = y * r + F32(1.6666665459e-1)
+    y = y * r + F32(5.0000001201e-1)
+    y = y * (r * r) + r + F32(1)
+    return y * _from_bits((np.int64(n) + 127) << 23)
+
+
+@njit(**_KERNEL)
+def _attend(q, keys_t, values, start, window, scale, out):
+    """``keys_t[Hkv, hd, S]`` (head_dim-major): a score is then a sum over d in order, and the
+    scores of all visible keys are one vector loop per d, with no reduction across lanes."""
+    T, H, hd = q.shape
+    group = H // keys_t.shape[0]
+    for item in prange(T * H):
+        t, h = item // H, item % H
+        kv = h // group
+        p = start + t
+        lo = max(0, p - window + 1) if window > 0 else 0
+        n = p + 1 - lo
+        w = np.zeros(n, F32)
+        for d in range(hd):
+            qd = q[t, h, d]
+            row = keys_t[kv, d]
+            for i in range(n):
+                w[i] += qd * _element(row, _u(lo + i))
+        top = F32(-np.inf)
+        for i in range(n):
+            w[i] *= scale
+            top = max(top, w[i])
+        lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes i = j, j + L, ...
+        for c in range(0, n - n % LANES, LANES):
+            for j in range(LANES):
+                e = _exp(w[_u(c + j)] - top)
+                w[_u(c + j)] = e
+                lanes[j] += e
+        for i in range(n - n % LANES, n):
+            w[i] = _exp(w[i] - top)
+            lanes[i % LANES] += w[i]
+        total = F32(0)
+        for j in range(LANES):
+            total += lanes[j]
+        acc = np.zeros(hd, F32)
+        for i in range(n):
+            vr = values[kv, lo + i]
+            for d in range(hd):
+                acc[d] += w[i] * _element(vr, _u(d))
+        for d in range(hd):
+            out[t, h * hd + d] = acc[d] / total
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, window: int | None,
+           scale: float) -> np.ndarray:
+    """Causal attention of queries ``q[T, H, hd]`` at positions ``start..start+T-1``.
+
+    Args:
+        q: float32 queries, ``H`` a multiple of the KV heads.
+        keys, values: ``[Hkv, S, hd]`` float32, or float16 as ``uint16`` bits; positions
+            ``0..start+T-1`` are read (``S`` may be a cache's larger capacity).
+        start: position of the first query.
+        window: positions a query sees, itself included (sliding-window layers); None: all before it.
+        scale: the score scale (``head_dim ** -0.5`` for most models).
+
+    Returns:
+        float32 ``[T, H * hd]``; row t has the same bits as ``attend(q[t:t+1], ..., start + t, ...)``.
+
+    Raises:
+        LoomShapeError: shapes, dtypes, heads or positions do not fit together.
+    """
+    q = np.ascontiguousarray(q, dtype=F32)
+    if q.ndim != 3 or keys.ndim != 3 or keys.shape != values.shape:
+        raise LoomShapeError(f"attend needs q [T, H, hd] and keys/values [Hkv, S, hd] alike; got "
+                             f"{q.shape}, {keys.shape}, {values.shape}")
+    T, H, hd = q.shape
+    Hkv, S, khd = keys.shape
+    if khd != hd or Hkv == 0 or H % Hkv:
+        raise LoomShapeError(f"attend: {H} query heads of {hd} need a divisor of them as KV heads "
+                             f"of the same size; got {Hkv} of {khd}")
+    if keys.dtype not in KV_DTYPES or values.dtype != keys.dtype:
+        raise LoomShapeError(f"attend: keys/values must both be float32 or float16 bits (uint16); got "
+                             f"{keys.dtype} and {values.dtype}")
+    if start < 0 or start + T > S:
+        raise LoomShapeError(f"attend: queries at {start}..{start + T - 1} need keys up to there; "
+                             f"{S} positions given")
+    if window is not None and window < 1:
+        raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
+    out = np.empty((T, H * hd), F32)
+    # a KVCache's keys are a transposed view of a head_dim-major buffer: no copy here
+    _attend(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values), int(start),
+            0 if window is None else int(window), F32(scale), out)
+    return out
