@@ -245,16 +245,17 @@ def _nibble_dot(n, fields):
 
 
 @intrinsic
-def _dot_q5(typingctx, q, qi, high, xq, xi):
-    """A Q5 block: nibbles of the 16 bytes at q[qi:] (low ones first) with fifth bits, bit j of
-    the 32-bit ``high`` for weight j, times the 32 quants at xq[xi:]."""
+def _dot_q5(typingctx, q, qi, xq, xi):
+    """A Q5 block at q[qi:]: 4 bytes of fifth bits (bit j, little-endian, for weight j), then 16
+    bytes of nibbles (low ones first), times the 32 quants at xq[xi:]."""
     def codegen(context, builder, sig, args):
-        v = _load_bytes(context, builder, sig.args[0], args[0], args[1], 16)
+        high = _load_bytes(context, builder, sig.args[0], args[0], args[1], 4)
+        v = _load_bytes(context, builder, sig.args[0], args[0], builder.add(args[1], args[1].type(4)), 16)
         w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
-        bits = builder.bitcast(builder.trunc(args[2], _I32), ir.VectorType(ir.IntType(1), 32))
+        bits = builder.bitcast(high, ir.VectorType(ir.IntType(1), 32))  # x86 is little-endian
         fifth = builder.shl(builder.zext(bits, w.type), ir.Constant(w.type, [4] * 32))
         return _dot_with(context, builder, sig, args, builder.or_(w, fifth))
-    return types.int32(q, qi, high, xq, xi), codegen
+    return types.int32(q, qi, xq, xi), codegen
 
 
 def _q6_dot(nib_shift, hi_shift):
@@ -300,12 +301,6 @@ def _i(v):
 
 
 @njit(inline="always")
-def _le32(q, at):
-    return (np.int64(q[at]) | (np.int64(q[at + 1]) << 8) | (np.int64(q[at + 2]) << 16)
-            | (np.int64(q[at + 3]) << 24))
-
-
-@njit(inline="always")
 def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
     """Weight row r (``q`` is the flat blocks) times one quantized activation row: llama.cpp's
     ``ggml_vec_dot_<w>_<x>``, with the same integer sums per block."""
@@ -323,8 +318,7 @@ def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
     elif kind == WQ5_0 or kind == WQ5_1:
         bb, qo = (22, 2) if kind == WQ5_0 else (24, 4)
         for b in range(nb):
-            at = row + b * bb + qo
-            si = _dot_q5(q, at + 4, _le32(q, at), xq, b * 32)
+            si = _dot_q5(q, row + b * bb + qo, xq, b * 32)
             if kind == WQ5_0:  # quants are n - 16
                 acc += F32(si - 16 * xsum[b]) * (wd[r, b] * xd[b])
             else:

@@ -15,6 +15,11 @@ terms' magnitudes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import llvmlite.binding as llvm
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
@@ -271,3 +276,29 @@ def test_int8_activations_is_a_per_thread_switch():
             assert not int8_enabled()
         assert int8_enabled()
     assert not int8_enabled()
+
+
+VNNI_PROBE = """
+import re
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm import quant_int8
+m = QuantMatrix(np.zeros((1, 20), np.uint8), GT.Q4_1, (1, 32))
+quant_int8.int8_matvec(m, np.zeros(32, np.float32))
+kernel = quant_int8._int8_matmul
+asm = "".join(kernel.inspect_asm(sig) for sig in kernel.signatures)
+print(len(re.findall(r"vpdpbusd", asm)))
+"""
+
+
+def test_llvm_emits_vnni(tmp_path):
+    """The point of writing the block dots as LLVM IR: on a CPU with VNNI the kernel multiplies
+    with vpdpbusd (numba shows no machine code for a cached kernel, hence a fresh cache)."""
+    features = llvm.get_host_cpu_features()
+    if not (features.get("avxvnni") or features.get("avx512vnni")):
+        pytest.skip("this CPU has no AVX-VNNI / AVX512-VNNI")
+    done = subprocess.run([sys.executable, "-c", VNNI_PROBE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=True)
+    # one per block dot in the compiled kernel: Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K's two, Q6_K's four
+    assert int(done.stdout.split()[-1]) >= 9
