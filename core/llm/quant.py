@@ -2,28 +2,42 @@
 
 A :class:`QuantMatrix` holds the file's block bytes as they are (a zero-copy ``uint8`` view of the
 memory map, one row of blocks per output feature) and multiplies them without ever building the
-float32 matrix: ``matvec`` (decode) runs a fused dequantize-and-dot kernel over output rows in
-parallel, ``matmul`` (prefill) dequantizes row tiles into one reused float32 buffer and lets BLAS
-do ``X @ tile.T``. Block scales are float16 in the file and numba cannot type float16, so each
+float32 matrix. Block scales are float16 in the file and numba cannot type float16, so each
 matrix converts its scales to float32 side arrays once, at construction; nibbles and bytes stay
 in the file's layout (see gguf-py's ``gguf/quants.py``, which the tests use as the oracle).
 
-Kernel shape, measured on a 2-core Zen 5 (``tests/bench/bench_quant.py``): numba leaves the SLP
-vectorizer off and we keep ``fastmath=False``, so a float reduction never vectorizes. Each row
-therefore keeps one float32 accumulator per position inside a block ("lanes", summed once at
-the end of the row); the per-block inner loop has a run-time trip count so LLVM's loop
-vectorizer turns it into straight SIMD code, and two rows share each pass (same ``x`` loads, half
-the loop overhead, two independent dependency chains).
+Row invariance: for ``T < MATMUL_MIN_T`` (= 65) rows of X, and for plain types (F32 / F16 /
+BF16, :func:`float_matmul`) at every T, row t of ``matmul(X)`` has the same bits as
+``matvec(X[t])`` whatever the other rows are, so a sequence decodes the same alone or in any
+slot of a batch (and a prompt of up to 64 tokens prefills the same as token by token). Every
+kernel computes each weight with one expression (``_decode``'s) and adds it to the same float32
+lanes in the same order; numba runs with ``fastmath=False`` (no FMA contraction, no
+reassociation), so equal operations give equal bits. Three kernels share that arithmetic:
+  * T = 1 (``FUSED_MAX_T``): fused decode kernels, each weight computed in registers.
+  * 2 <= T < 65: ``_block_matmul``: each pair of weight rows dequantized once into a small
+    buffer, then dotted with every row of X (reads the weights once for all rows).
+  * T >= 65: row tiles dequantized on one thread, BLAS ``X @ tile.T``. Not row-invariant (BLAS
+    blocks by shape), but 1.5-3x faster than the batch kernel from T = 64 on: BLAS uses FMA and
+    AVX-512, which the invariant kernels give up (an FMA rounds differently).
+Measured (``tests/bench/bench_quant_batch.py``, 2-core Xeon, shared): per matmul, the batch kernel
+beats the fused kernel per row from T = 2-3 and the tiled path up to T = 16-32; a SmolLM2 decode
+step of 8 sequences took 66 ms, 3.2 single-sequence steps (5.3 before: 123 ms).
 
-Threads: the decode kernels (``matvec``, ``rows``) run on numba's OpenMP pool. Inside
-:func:`adaptive_threads` (held by a generating model) they use as many threads as the CPUs other
-processes leave free (``cpu_threads``), re-chosen while they run; elsewhere, numba's count as the
-caller set it. Each kernel ends at a barrier, so a thread that another process deschedules
-stalls it for a whole time slice: with one busy competitor on 2 cores, decode fell from ~45 to
-0.8-10 tokens/s on 2 threads. Prefill's ``matmul`` dequantizes its tiles on the calling thread
-only and multiplies them with BLAS, which the model limits to one thread
-(:func:`single_threaded_blas`): OpenBLAS's workers keep spinning after each call, and alternating
-its pool with numba's call after call made SmolLM2's 37-token prefill take 6 s instead of 0.1 s.
+Kernel shape: numba leaves the SLP vectorizer off, so a float reduction never vectorizes. Each
+(output row, row of X) therefore keeps one float32 accumulator per position inside a chunk
+("lanes", summed once at the end); the per-chunk inner loops have a run-time trip count so
+LLVM's loop vectorizer turns them into straight SIMD code, and two weight rows share each pass
+(same x loads, two independent dependency chains).
+
+Threads: the kernels run on numba's OpenMP pool. Inside :func:`adaptive_threads` (held by a
+generating model) they use as many threads as the CPUs other processes leave free
+(``cpu_threads``), re-chosen while they run; elsewhere, numba's count as the caller set it. Each
+kernel ends at a barrier, so a thread that another process deschedules stalls it for a whole
+time slice: with one busy competitor on 2 cores, decode fell from ~45 to 0.8-10 tokens/s on 2
+threads. The tiled path dequantizes on the calling thread only and multiplies with BLAS, which
+the model limits to one thread (:func:`single_threaded_blas`): OpenBLAS's workers keep spinning
+after each call, and alternating its pool with numba's call after call made SmolLM2's 37-token
+prefill take 6 s instead of 0.1 s.
 """
 
 from __future__ import annotations
@@ -43,7 +57,8 @@ from .cpu_threads import ThreadChooser
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
 TILE_BYTES = 1 << 20  # prefill dequantizes this much of the matrix at a time (stays in L2)
-MATMUL_MIN_T = 8  # below this many rows of X, per-row kernels beat dequantize + BLAS (measured)
+FUSED_MAX_T = 1  # up to this many rows of X, the fused decode kernel per row (measured, module doc)
+MATMUL_MIN_T = 65  # from this many rows on, dequantize + BLAS: faster, but not row-invariant
 
 # nogil: a GUI thread (or any other) keeps running while a worker thread multiplies
 _KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
@@ -83,86 +98,46 @@ def _lane_sum(lanes):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4-bit nibbles: Q4_0, Q4_1 and Q4_K share one layout. A block of ``bbytes`` bytes holds
-# ``1 << gshift`` groups of ``G`` bytes from ``qoff`` on; a group's low nibbles are G consecutive
-# weights and its high nibbles the next G. Weight = s * (nibble - zero) + m, computed as gguf-py
-# does, with one s and m per half-group (``shift`` 0) or per group (``shift`` 1); ``m`` has no
-# columns for a type without offsets. Blocks and groups are walked as one flat loop: a nested
-# group loop kept LLVM from hoisting the vector loop's alias checks (1.5x slower).
+# One kernel pair serves every block format: ``kind`` picks the format's chunk decoder, a branch
+# taken the same way for a whole call (the CPU predicts it; LLVM keeps each branch's loop
+# vectorized). A chunk is ``P * L`` consecutive weights of a row. Every product kernel adds a
+# chunk to ``L`` float32 lanes per (weight row, row of X), lane j getting the P products at j,
+# j + L, ... summed left to right, chunks in order; the fused kernels compute the weights in
+# registers, the batch kernel decodes them into a small buffer first. The chunk of each format is
+# the run its scales cover, so the decode is a few vector loops per chunk:
+#   NIB4 (Q4_0, Q4_1, Q4_K): a group of G bytes, low nibbles then high nibbles: L = G, P = 2
+#   FIVE (Q5_0, Q5_1): a 32-weight block: L = 16, P = 2
+#   INT8 (Q8_0): a 32-weight block: L = 32, P = 1
+#   Q6K: half a super-block (128 weights): L = 32, P = 4
+# ``lay`` = (block bytes, first quant byte, log2 groups per block, G, nibble shift, zero) is one
+# tuple type for every format, so all formats share a compiled kernel (two, with and without
+# offsets ``m``: None compiles the add of -0.0 away, which LLVM drops from ``w + m``).
+
+NIB4, FIVE, INT8, Q6K = 0, 1, 2, 3
 
 
 @njit(inline="always")
-def _offsets(m, r0, r1, lo, hi):
-    if m.shape[1] == 0:
-        return F32(0), F32(0), F32(0), F32(0)
-    return m[r0, lo], m[r0, hi], m[r1, lo], m[r1, hi]
+def _geometry(kind, G):
+    """Lanes and products per lane of one chunk of ``kind``."""
+    if kind == INT8:
+        return G, 1
+    if kind == Q6K:
+        return 2 * G, 4
+    return G, 2
 
 
-@njit(**_KERNEL)
-def _nib4_matvec(q, bbytes, qoff, gshift, G, zero, shift, s, m, x, out):
-    rows = q.shape[0]
-    n_groups = (q.shape[1] // bbytes) << gshift
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        la = np.empty(G, F32)
-        lb = np.empty(G, F32)
-        for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
-            r1 = min(r0 + 1, rows - 1)
-            la[:] = 0
-            lb[:] = 0
-            for gi in range(n_groups):
-                base = (gi >> gshift) * bbytes + qoff + (gi & ((1 << gshift) - 1)) * G
-                lo, hi = (2 * gi) >> shift, (2 * gi + 1) >> shift
-                sl0, sh0, sl1, sh1 = s[r0, lo], s[r0, hi], s[r1, lo], s[r1, hi]
-                ml0, mh0, ml1, mh1 = _offsets(m, r0, r1, lo, hi)
-                x0 = 2 * gi * G
-                for j in range(G):
-                    xl = x[_u(x0 + j)]
-                    xh = x[_u(x0 + G + j)]
-                    v = _byte(q, r0, base + j)
-                    w = _byte(q, r1, base + j)
-                    la[j] += (sl0 * (_f(v & 15) - zero) + ml0) * xl + (sh0 * (_f(v >> 4) - zero) + mh0) * xh
-                    lb[j] += (sl1 * (_f(w & 15) - zero) + ml1) * xl + (sh1 * (_f(w >> 4) - zero) + mh1) * xh
-            out[r0] = _lane_sum(la)
-            out[r1] = _lane_sum(lb)
-
-
-@njit(**_KERNEL)
-def _nib4_rows(q, bbytes, qoff, gshift, G, zero, shift, s, m, ids, out):
-    n_groups = (q.shape[1] // bbytes) << gshift
-    for i in prange(ids.shape[0]):
-        r = ids[i]
-        for gi in range(n_groups):
-            base = (gi >> gshift) * bbytes + qoff + (gi & ((1 << gshift) - 1)) * G
-            lo, hi = (2 * gi) >> shift, (2 * gi + 1) >> shift
-            sl, sh = s[r, lo], s[r, hi]
-            ml, mh, _, _ = _offsets(m, r, r, lo, hi)
-            o = 2 * gi * G
-            for j in range(G):
-                v = _byte(q, r, base + j)
-                out[i, _u(o + j)] = sl * (_f(v & 15) - zero) + ml
-                out[i, _u(o + G + j)] = sh * (_f(v >> 4) - zero) + mh
-
-
-# ---------------------------------------------------------------------------------------------
-# Q5_0 / Q5_1: blocks of 32 weights: the f16 scale d (and for Q5_1 the f16 offset m), 4 bytes
-# of fifth bits at ``hoff`` (little-endian uint32, bit j for weight j), then 16 bytes of nibbles
-# laid out as in Q4_0. Weight = d * (q5 - zero) + m: Q5_0 has zero 16 and no offsets (``m`` is
-# None), Q5_1 zero 0 and m per block.
+@njit(inline="always")
+def _offset(m, r, i):
+    """Row r's offset i; -0.0 when the format has none (``m`` None), so ``w + m`` is exactly w."""
+    if m is None:
+        return F32(-0.0)
+    return m[r, i]
 
 
 @njit(inline="always")
 def _q5_high_bits(q, r, at):
     return (_byte(q, r, at) | (_byte(q, r, at + 1) << 8) | (_byte(q, r, at + 2) << 16)
             | (_byte(q, r, at + 3) << 24))
-
-
-@njit(inline="always")
-def _block_offsets(m, r0, r1, blk):
-    """Rows r0's and r1's offsets of block blk; -0.0 (which LLVM drops from ``w + m``) when
-    ``m`` is None, so Q5_0's kernels compile without the add (it cost them 10%)."""
-    if m is None:
-        return F32(-0.0), F32(-0.0)
-    return m[r0, blk], m[r1, blk]
 
 
 @njit(inline="always")
@@ -179,8 +154,178 @@ def _q5(nibble, high, bit, zero):
     return _f((nibble | (((high >> bit) & 1) << 4)) - zero)
 
 
+@njit(inline="always")
+def _q6(lo_byte, hi_byte, nib_shift, hi_shift):
+    return _f(((lo_byte >> nib_shift) & 15) | (((hi_byte >> hi_shift) & 3) << 4)) - F32(32)
+
+
+@njit(inline="always")
+def _q6_place(t):
+    """Q6K step t (a quarter super-block: a half's low or high 16 lanes): byte offsets of the
+    low and high runs, first weight and first sub-scale."""
+    blk, half = t >> 2, (t >> 1) & 1
+    return blk * 210 + 64 * half, blk * 210 + 128 + 32 * half, blk * 256 + 128 * half, blk * 16 + 8 * half
+
+
+@njit(inline="always")
+def _decode(kind, q, r, k, lay, s, m, dst, o):
+    """Chunk k of row r, dequantized into ``dst[o : o + P * L]`` with gguf-py's float32 ops.
+
+    NIB4: weight = s * (nibble - zero) + m, one s and m per half-group (nibble shift 0) or per
+    group (shift 1). FIVE: blocks of f16 d (Q5_1: and m), 4 bytes of fifth bits (bit j for
+    weight j) at ``qoff``, 16 nibble bytes. INT8: f16 d then 32 int8. Q6K: 210-byte super-blocks
+    of 128 low-nibble bytes, 64 bytes of 2-bit high parts, 16 int8 sub-scales, f16 d (``s`` holds
+    d * sub-scale); a half reads byte l of its low and high runs for weights l, l+32, l+64, l+96.
+    """
+    bbytes, qoff, gshift, G, shift, zero = lay
+    if kind == NIB4:
+        base = (k >> gshift) * bbytes + qoff + (k & ((1 << gshift) - 1)) * G
+        lo, hi = (2 * k) >> shift, (2 * k + 1) >> shift
+        sl, sh, ml, mh = s[r, lo], s[r, hi], _offset(m, r, lo), _offset(m, r, hi)
+        for j in range(G):
+            v = _byte(q, r, base + j)
+            dst[_u(o + j)] = sl * (_f(v & 15) - zero) + ml
+            dst[_u(o + G + j)] = sh * (_f(v >> 4) - zero) + mh
+    elif kind == FIVE:
+        base = k * bbytes + qoff
+        h, d, mb, z = _q5_high_bits(q, r, base), s[r, k], _offset(m, r, k), _q5_zero(m)
+        for j in range(G):
+            v = _byte(q, r, base + 4 + j)
+            dst[_u(o + j)] = d * _q5(v & 15, h, j, z) + mb
+            dst[_u(o + G + j)] = d * _q5(v >> 4, h, j + G, z) + mb
+    elif kind == INT8:
+        base, d = k * bbytes + qoff, s[r, k]
+        for j in range(G):
+            dst[_u(o + j)] = _f(((_byte(q, r, base + j) + 128) & 255) - 128) * d
+    else:
+        ql, qh, _, sc = _q6_place(2 * k)
+        for kk in range(2):  # a sub-scale covers 16 weights of each run
+            a, b, c, e = s[r, sc + kk], s[r, sc + 2 + kk], s[r, sc + 4 + kk], s[r, sc + 6 + kk]
+            for n in range(G):
+                j = kk * G + n
+                u, v, h = _byte(q, r, ql + j), _byte(q, r, ql + 32 + j), _byte(q, r, qh + j)
+                dst[_u(o + j)] = a * _q6(u, h, 0, 0)
+                dst[_u(o + 32 + j)] = b * _q6(v, h, 0, 2)
+                dst[_u(o + 64 + j)] = c * _q6(u, h, 4, 4)
+                dst[_u(o + 96 + j)] = e * _q6(v, h, 4, 6)
+
+
+@njit(inline="always")
+def _pair_dots(w, ra, rb, wo, x, n, L, P, lanes):
+    """Rows ra and rb of the float32 weights ``w`` (from column wo on) times ``x``, over n chunks
+    of P * L, into ``lanes[0]`` and ``lanes[1]``: ``lanes[0, j] += sum_p w[ra, wo + c + p*L + j]
+    * x[c + p*L + j]`` (p ascending) for chunk offsets c in order: the fused kernels' operations.
+
+    Each operand is one array (two rows of one buffer, two lane rows of one array): with five
+    separate ones, LLVM gave up on the alias checks and left the loops scalar (3x slower). The P
+    branch stays outside the loops for the same reason, and every index is wrapped in ``_u``
+    whole (``_u(i) + L`` mixes unsigned and signed and turned the loads into gathers). A variant
+    with two rows of X per pass (four chains) measured slower, but had such mixed indices: worth
+    measuring again."""
+    if P == 1:
+        for k in range(n):
+            o = k * L
+            for j in range(L):
+                xj = x[_u(o + j)]
+                lanes[0, _u(j)] += w[ra, _u(wo + o + j)] * xj
+                lanes[1, _u(j)] += w[rb, _u(wo + o + j)] * xj
+    elif P == 2:
+        for k in range(n):
+            o = k * 2 * L
+            for j in range(L):
+                x0, x1 = x[_u(o + j)], x[_u(o + L + j)]
+                lanes[0, _u(j)] += w[ra, _u(wo + o + j)] * x0 + w[ra, _u(wo + o + L + j)] * x1
+                lanes[1, _u(j)] += w[rb, _u(wo + o + j)] * x0 + w[rb, _u(wo + o + L + j)] * x1
+    else:
+        for k in range(n):
+            o = k * 4 * L
+            for j in range(L):
+                x0, x1, x2, x3 = x[_u(o + j)], x[_u(o + L + j)], x[_u(o + 2 * L + j)], x[_u(o + 3 * L + j)]
+                lanes[0, _u(j)] += (w[ra, _u(wo + o + j)] * x0 + w[ra, _u(wo + o + L + j)] * x1
+                                    + w[ra, _u(wo + o + 2 * L + j)] * x2 + w[ra, _u(wo + o + 3 * L + j)] * x3)
+                lanes[1, _u(j)] += (w[rb, _u(wo + o + j)] * x0 + w[rb, _u(wo + o + L + j)] * x1
+                                    + w[rb, _u(wo + o + 2 * L + j)] * x2 + w[rb, _u(wo + o + 3 * L + j)] * x3)
+
+
+@njit(inline="always")
+def _pair_sums(lanes, out, t, r0, r1):
+    out[t, r0] = _lane_sum(lanes[0])
+    out[t, r1] = _lane_sum(lanes[1])
+
+
 @njit(**_KERNEL)
-def _q5_matvec(q, bbytes, hoff, G, s, m, x, out):
+def _block_matmul(kind, q, lay, s, m, X, out):
+    """``out[t, r] = W[r] . X[t]`` for the block matrix ``q``: each pair of weight rows is
+    dequantized once into a small buffer, then dotted with every row of X. Each (r, t) result
+    is the same float operations in the same order for any T and any other rows, and the same
+    as the fused kernels'."""
+    rows, cols = q.shape[0], X.shape[1]
+    L, P = _geometry(kind, lay[3])
+    n = cols // (L * P)
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        w = np.empty((2, cols), F32)
+        lanes = np.empty((2, L), F32)
+        for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            r1 = min(r0 + 1, rows - 1)
+            for k in range(n):
+                _decode(kind, q, r0, k, lay, s, m, w[0], k * L * P)
+                _decode(kind, q, r1, k, lay, s, m, w[1], k * L * P)
+            for t in range(X.shape[0]):
+                lanes[:] = 0
+                _pair_dots(w, 0, 1, 0, X[t], n, L, P, lanes)
+                _pair_sums(lanes, out, t, r0, r1)
+
+
+@njit(**_KERNEL)
+def _block_rows(kind, q, lay, s, m, ids, out):
+    L, P = _geometry(kind, lay[3])
+    for i in prange(ids.shape[0]):
+        for k in range(out.shape[1] // (L * P)):
+            _decode(kind, q, ids[i], k, lay, s, m, out[i], k * L * P)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode (one row of X): fused kernels that compute each weight in registers with ``_decode``'s
+# exact expression and add it to the same lanes in the same order as ``_block_matmul``, so a row
+# gets the same bits from either; they skip the buffer store and reload, which at T = 1 made the
+# two-phase kernel 1.0-1.9x slower (bench_quant_batch.py). Two rows share each pass (same x
+# loads, two independent dependency chains); the per-block inner loop has a run-time trip count
+# so LLVM's loop vectorizer turns it into straight SIMD code.
+
+
+@njit(**_KERNEL)
+def _nib4_matvec(q, lay, s, m, x, out):
+    bbytes, qoff, gshift, G, shift, zero = lay
+    rows = q.shape[0]
+    n_groups = (q.shape[1] // bbytes) << gshift
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        la = np.empty(G, F32)
+        lb = np.empty(G, F32)
+        for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            r1 = min(r0 + 1, rows - 1)
+            la[:] = 0
+            lb[:] = 0
+            for gi in range(n_groups):
+                base = (gi >> gshift) * bbytes + qoff + (gi & ((1 << gshift) - 1)) * G
+                lo, hi = (2 * gi) >> shift, (2 * gi + 1) >> shift
+                sl0, sh0, sl1, sh1 = s[r0, lo], s[r0, hi], s[r1, lo], s[r1, hi]
+                ml0, mh0 = _offset(m, r0, lo), _offset(m, r0, hi)
+                ml1, mh1 = _offset(m, r1, lo), _offset(m, r1, hi)
+                x0 = 2 * gi * G
+                for j in range(G):
+                    xl = x[_u(x0 + j)]
+                    xh = x[_u(x0 + G + j)]
+                    v = _byte(q, r0, base + j)
+                    w = _byte(q, r1, base + j)
+                    la[j] += (sl0 * (_f(v & 15) - zero) + ml0) * xl + (sh0 * (_f(v >> 4) - zero) + mh0) * xh
+                    lb[j] += (sl1 * (_f(w & 15) - zero) + ml1) * xl + (sh1 * (_f(w >> 4) - zero) + mh1) * xh
+            out[r0] = _lane_sum(la)
+            out[r1] = _lane_sum(lb)
+
+
+@njit(**_KERNEL)
+def _q5_matvec(q, lay, s, m, x, out):
+    bbytes, hoff, _, G, _, _ = lay
     rows = q.shape[0]
     zero = _q5_zero(m)
     nb = q.shape[1] // bbytes
@@ -196,7 +341,7 @@ def _q5_matvec(q, bbytes, hoff, G, s, m, x, out):
                 h0 = _q5_high_bits(q, r0, base)
                 h1 = _q5_high_bits(q, r1, base)
                 d0, d1 = s[r0, blk], s[r1, blk]
-                m0, m1 = _block_offsets(m, r0, r1, blk)
+                m0, m1 = _offset(m, r0, blk), _offset(m, r1, blk)
                 x0 = blk * 32
                 for j in range(G):
                     xl = x[_u(x0 + j)]
@@ -212,28 +357,8 @@ def _q5_matvec(q, bbytes, hoff, G, s, m, x, out):
 
 
 @njit(**_KERNEL)
-def _q5_rows(q, bbytes, hoff, G, s, m, ids, out):
-    zero = _q5_zero(m)
-    nb = q.shape[1] // bbytes
-    for i in prange(ids.shape[0]):
-        r = ids[i]
-        for blk in range(nb):
-            base = blk * bbytes + hoff
-            h = _q5_high_bits(q, r, base)
-            d = s[r, blk]
-            mb, _ = _block_offsets(m, r, r, blk)
-            for j in range(G):
-                v = _byte(q, r, base + 4 + j)
-                out[i, _u(blk * 32 + j)] = d * _q5(v & 15, h, j, zero) + mb
-                out[i, _u(blk * 32 + G + j)] = d * _q5(v >> 4, h, j + G, zero) + mb
-
-
-# ---------------------------------------------------------------------------------------------
-# Q8_0: 34-byte blocks of 32 weights: f16 d, 32 int8. ``q`` is the int8 view of the blocks.
-
-
-@njit(**_KERNEL)
-def _q8_0_matvec(q, G, s, x, out):
+def _q8_0_matvec(q, lay, s, m, x, out):
+    G = lay[3]
     rows = q.shape[0]
     nb = q.shape[1] // 34
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
@@ -249,44 +374,15 @@ def _q8_0_matvec(q, G, s, x, out):
                 x0 = blk * 32
                 for j in range(G):
                     xj = x[_u(x0 + j)]
-                    la[j] += (F32(q[r0, _u(base + j)]) * d0) * xj
+                    la[j] += (F32(q[r0, _u(base + j)]) * d0) * xj  # q: the int8 view
                     lb[j] += (F32(q[r1, _u(base + j)]) * d1) * xj
             out[r0] = _lane_sum(la)
             out[r1] = _lane_sum(lb)
 
 
 @njit(**_KERNEL)
-def _q8_0_rows(q, G, s, ids, out):
-    nb = q.shape[1] // 34
-    for i in prange(ids.shape[0]):
-        r = ids[i]
-        for blk in range(nb):
-            d = s[r, blk]
-            for j in range(G):
-                out[i, _u(blk * 32 + j)] = F32(q[r, _u(blk * 34 + 2 + j)]) * d
-
-
-# ---------------------------------------------------------------------------------------------
-# Q6_K: 210-byte super-blocks of 256 weights: 128 bytes of low nibbles, 64 bytes of 2-bit high
-# parts, 16 int8 sub-scales (one per 16 weights), f16 d; ``s`` holds d * sub-scale. Each half
-# (128 weights) reads byte l of its low and high runs for weights l, l+32, l+64, l+96 (l < 32).
-# The kernels walk (super-block, half, 16-weight quarter) as one flat loop over t.
-
-
-@njit(inline="always")
-def _q6(lo_byte, hi_byte, nib_shift, hi_shift):
-    return _f(((lo_byte >> nib_shift) & 15) | (((hi_byte >> hi_shift) & 3) << 4)) - F32(32)
-
-
-@njit(inline="always")
-def _q6_place(t):
-    """Byte offsets of the low and high runs, first weight and first sub-scale of step t."""
-    blk, half = t >> 2, (t >> 1) & 1
-    return blk * 210 + 64 * half, blk * 210 + 128 + 32 * half, blk * 256 + 128 * half, blk * 16 + 8 * half
-
-
-@njit(**_KERNEL)
-def _q6_k_matvec(q, H, s, x, out):
+def _q6_k_matvec(q, lay, s, m, x, out):
+    H = lay[3]
     rows = q.shape[0]
     n_steps = q.shape[1] // 210 * 4
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
@@ -315,22 +411,26 @@ def _q6_k_matvec(q, H, s, x, out):
             out[r1] = _lane_sum(lb)
 
 
+_FUSED = {NIB4: _nib4_matvec, FIVE: _q5_matvec, INT8: _q8_0_matvec, Q6K: _q6_k_matvec}
+
+
+FLOAT_LANES = 32
+
+
 @njit(**_KERNEL)
-def _q6_k_rows(q, H, s, ids, out):
-    n_steps = q.shape[1] // 210 * 4
-    for i in prange(ids.shape[0]):
-        r = ids[i]
-        for t in range(n_steps):
-            ql, qh, o, sc = _q6_place(t)
-            k = t & 1
-            a, b, c, e = s[r, sc + k], s[r, sc + 2 + k], s[r, sc + 4 + k], s[r, sc + 6 + k]
-            for n in range(H):
-                j = k * H + n
-                u, v, h = _byte(q, r, ql + j), _byte(q, r, ql + 32 + j), _byte(q, r, qh + j)
-                out[i, _u(o + j)] = a * _q6(u, h, 0, 0)
-                out[i, _u(o + 32 + j)] = b * _q6(v, h, 0, 2)
-                out[i, _u(o + 64 + j)] = c * _q6(u, h, 4, 4)
-                out[i, _u(o + 96 + j)] = e * _q6(v, h, 4, 6)
+def _float_matmul(W, X, out):
+    rows, cols = W.shape
+    L = FLOAT_LANES
+    n = cols // L
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        lanes = np.empty((2, L), F32)
+        for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            r1 = min(r0 + 1, rows - 1)
+            for t in range(X.shape[0]):
+                lanes[:] = 0
+                _pair_dots(W, r0, r1, 0, X[t], n, L, 1, lanes)
+                _pair_dots(W, r0, r1, n * L, X[t, n * L:], 1, cols - n * L, 1, lanes)  # the tail
+                _pair_sums(lanes, out, t, r0, r1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,58 +493,44 @@ def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
 
 
 class _Blocks(GgmlFormat):
-    """A quantized block format: the float32 side arrays it needs and the two kernels that read it."""
+    """A quantized block format: the float32 side arrays it needs and its decoder's layout."""
 
-    def side(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Float32 scale arrays from blocks viewed as [rows, n_blocks, block_bytes]."""
+    kind: ClassVar[int]  # the decoder branch in ``_decode``
+    qoff: ClassVar[int] = 0  # first byte of the quants (FIVE: of the fifth bits) in a block
+    group: ClassVar[int] = 16  # G: NIB4 bytes per group; lanes (Q6K: half the lanes) otherwise
+    shift: ClassVar[int] = 0  # NIB4: 1 when one scale covers a whole group
+    zero: ClassVar[int] = 0  # NIB4: subtracted from each nibble
+
+    def side(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Float32 scale and offset arrays (offsets None when the format has none) from blocks
+        viewed as [rows, n_blocks, block_bytes]."""
         raise NotImplementedError
 
-    def matvec(self, q: np.ndarray, side: tuple, x: np.ndarray, out: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def rows(self, q: np.ndarray, side: tuple, ids: np.ndarray, out: np.ndarray) -> None:
-        raise NotImplementedError
-
-
-class _Nibble4(_Blocks):
-    """Q4_0 / Q4_1 / Q4_K: see the comment above ``_nib4_matvec`` for the layout parameters."""
-
-    qoff: ClassVar[int]
-    group: ClassVar[int]
-    zero: ClassVar[int]
-    shift: ClassVar[int]
-
-    def _layout(self):
-        gshift = (self.block_elems // (2 * self.group)).bit_length() - 1  # log2(groups per block)
-        return self.block_bytes, self.qoff, gshift, self.group, F32(self.zero), self.shift
-
-    def matvec(self, q, side, x, out):
-        _nib4_matvec(q, *self._layout(), *side, x, out)
-
-    def rows(self, q, side, ids, out):
-        _nib4_rows(q, *self._layout(), *side, ids, out)
+    def layout(self) -> tuple:
+        """``_decode``'s ``lay`` tuple: the same types for every format (one compiled kernel)."""
+        gshift = max(0, (self.block_elems // (2 * self.group)).bit_length() - 1) if self.kind == NIB4 else 0
+        return self.block_bytes, self.qoff, gshift, self.group, self.shift, F32(self.zero)
 
 
-class _Q4_0(_Nibble4):
+class _Q4_0(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q4_0, 32, 18
-    qoff, group, zero, shift = 2, 16, 8, 1
+    kind, qoff, shift, zero = NIB4, 2, 1, 8
 
     def side(self, blocks):
-        d = _f16_field(blocks, 0)
-        return d, np.zeros((d.shape[0], 0), F32)  # no offsets
+        return _f16_field(blocks, 0), None
 
 
-class _Q4_1(_Nibble4):
+class _Q4_1(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q4_1, 32, 20
-    qoff, group, zero, shift = 4, 16, 0, 1
+    kind, qoff, shift = NIB4, 4, 1
 
     def side(self, blocks):
         return _f16_field(blocks, 0), _f16_field(blocks, 2)
 
 
-class _Q4_K(_Nibble4):
+class _Q4_K(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q4_K, 256, 144
-    qoff, group, zero, shift = 16, 32, 0, 0
+    kind, qoff, group = NIB4, 16, 32
 
     def side(self, blocks):
         """Per 32-weight sub-block: ``d * scale`` and ``-dmin * min`` from the 12 packed 6-bit bytes."""
@@ -456,41 +542,20 @@ class _Q4_K(_Nibble4):
         mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1).astype(F32)
         scale = (d[:, :, None] * sc).reshape(rows, nb * 8)
         offset = -(dmin[:, :, None] * mn).reshape(rows, nb * 8)
-        return np.ascontiguousarray(scale), np.ascontiguousarray(offset)
+        return scale, offset
 
 
-class _FiveBit(_Blocks):
-    """Q5_0 / Q5_1: see the comment above ``_q5_matvec`` for the layout parameters."""
-
-    hoff: ClassVar[int]
-
-    def _layout(self):
-        return self.block_bytes, self.hoff, 16
-
-    def matvec(self, q, side, x, out):
-        _q5_matvec(q, *self._layout(), *side, x, out)
-
-    def rows(self, q, side, ids, out):
-        _q5_rows(q, *self._layout(), *side, ids, out)
-
-
-class _Q5_0(_FiveBit):
+class _Q5_0(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q5_0, 32, 22
-    hoff = 2
+    kind, qoff = FIVE, 2
 
     def side(self, blocks):
-        return (_f16_field(blocks, 0),)
-
-    def matvec(self, q, side, x, out):
-        super().matvec(q, (*side, None), x, out)  # no offsets
-
-    def rows(self, q, side, ids, out):
-        super().rows(q, (*side, None), ids, out)
+        return _f16_field(blocks, 0), None
 
 
-class _Q5_1(_FiveBit):
+class _Q5_1(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q5_1, 32, 24
-    hoff = 4
+    kind, qoff = FIVE, 4
 
     def side(self, blocks):
         return _f16_field(blocks, 0), _f16_field(blocks, 2)
@@ -498,30 +563,20 @@ class _Q5_1(_FiveBit):
 
 class _Q8_0(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q8_0, 32, 34
+    kind, qoff, group = INT8, 2, 32
 
     def side(self, blocks):
-        return (_f16_field(blocks, 0),)
-
-    def matvec(self, q, side, x, out):
-        _q8_0_matvec(q.view(np.int8), 32, *side, x, out)
-
-    def rows(self, q, side, ids, out):
-        _q8_0_rows(q.view(np.int8), 32, *side, ids, out)
+        return _f16_field(blocks, 0), None
 
 
 class _Q6_K(_Blocks):
     ggml_type, block_elems, block_bytes = GT.Q6_K, 256, 210
+    kind = Q6K
 
     def side(self, blocks):
         d = _f16_field(blocks, 208)
         sub = blocks[:, :, 192:208].view(np.int8).astype(F32)
-        return (np.ascontiguousarray((d[:, :, None] * sub).reshape(d.shape[0], -1)),)
-
-    def matvec(self, q, side, x, out):
-        _q6_k_matvec(q, 16, *side, x, out)
-
-    def rows(self, q, side, ids, out):
-        _q6_k_rows(q, 16, *side, ids, out)
+        return (d[:, :, None] * sub).reshape(d.shape[0], -1), None
 
 
 SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
@@ -567,13 +622,17 @@ class QuantMatrix:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
         raw = _read_only(self._raw_bytes(data, fmt, name))
-        self._q, self._side, self._dense, self._format = None, (), None, None
+        self._q, self._side, self._dense, self._args = None, (), None, ()
         if isinstance(fmt, _Plain):
-            self._dense = fmt.to_f32(raw)
+            self._dense = _read_only(np.ascontiguousarray(fmt.to_f32(raw)))
         else:
-            self._q, self._format = raw, fmt
+            self._q = raw
             blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
-            self._side = tuple(np.ascontiguousarray(a, dtype=F32) for a in fmt.side(blocks))
+            self._side = tuple(None if a is None else _read_only(np.ascontiguousarray(a, dtype=F32))
+                               for a in fmt.side(blocks))
+            self._args = (fmt.kind, raw, fmt.layout(), *self._side)  # the kernels' leading arguments
+            self._fused = _FUSED[fmt.kind]
+            self._fused_args = (raw.view(np.int8) if fmt.kind == INT8 else raw, *self._args[2:])
 
     def _raw_bytes(self, data: np.ndarray, fmt: GgmlFormat, name: str) -> np.ndarray:
         """Check ``data`` against the type and shape; return it as uint8 [rows, bytes_per_row]."""
@@ -608,7 +667,7 @@ class QuantMatrix:
         float32 matrix for plain types)."""
         if self._dense is not None:
             return int(self._dense.nbytes)
-        return int(self._q.nbytes + sum(a.nbytes for a in self._side))
+        return int(self._q.nbytes + sum(a.nbytes for a in self._side if a is not None))
 
     def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``W @ x`` for one input vector ``x[in_features]`` -> float32 ``[out_features]``.
@@ -622,27 +681,21 @@ class QuantMatrix:
               or not out.flags.writeable):
             raise LoomShapeError(f"out must be a writable contiguous float32 array of shape "
                                  f"({self.shape[0]},); got {out.dtype} {out.shape}")
-        if self._dense is not None:
-            np.matmul(self._dense, x, out=out)
-        else:
-            _pace()
-            self._format.matvec(self._q, self._side, x, out)
+        self._products(x.reshape(1, -1), out.reshape(1, -1))
         return out
 
     def matmul(self, X: np.ndarray) -> np.ndarray:
         """``X @ W.T`` for ``X[T, in_features]`` -> float32 ``[T, out_features]``.
 
-        Small ``T`` runs the matvec kernel per row; larger ``T`` dequantizes row tiles of ``W``
-        into a reused buffer and multiplies them with BLAS.
+        Below ``MATMUL_MIN_T`` rows (and for plain types always), row t of the result has the same
+        bits as ``matvec(X[t])``; beyond it, row tiles of ``W`` are dequantized into a reused
+        buffer and multiplied with BLAS.
         """
         X = self._input(X, 2)
         T = X.shape[0]
         out = np.empty((T, self.shape[0]), F32)
-        if self._dense is not None:
-            np.matmul(X, self._dense.T, out=out)
-        elif T < MATMUL_MIN_T:
-            for t in range(T):
-                self.matvec(X[t], out[t])
+        if self._dense is not None or T < MATMUL_MIN_T:
+            self._products(X, out)
         else:
             threads = numba.get_num_threads()
             numba.set_num_threads(1)  # never alternate numba's and BLAS's thread pools (module doc)
@@ -659,7 +712,7 @@ class QuantMatrix:
         for r0 in range(0, rows, tile_rows):
             ids = np.arange(r0, min(rows, r0 + tile_rows), dtype=np.int64)
             tile = buf[:ids.size * cols].reshape(ids.size, cols)
-            self._format.rows(self._q, self._side, ids, tile)
+            _block_rows(*self._args, ids, tile)
             np.matmul(X, tile.T, out=out[:, r0:r0 + ids.size])
 
     def rows(self, ids) -> np.ndarray:
@@ -675,8 +728,19 @@ class QuantMatrix:
             return self._dense[ids]
         out = np.empty((ids.size, self.shape[1]), F32)
         _pace()
-        self._format.rows(self._q, self._side, ids, out)
+        _block_rows(*self._args, ids, out)
         return out
+
+    def _products(self, X: np.ndarray, out: np.ndarray) -> None:
+        """``out = X @ W.T`` by the row-invariant kernels."""
+        _pace()
+        if self._dense is not None:
+            _float_matmul(self._dense, X, out)
+        elif X.shape[0] <= FUSED_MAX_T:
+            for t in range(X.shape[0]):
+                self._fused(*self._fused_args, X[t], out[t])
+        else:
+            _block_matmul(*self._args, X, out)
 
     def dequantize(self) -> np.ndarray:
         """The whole matrix as a new float32 ``[out_features, in_features]`` array."""
@@ -716,7 +780,9 @@ def warm_up() -> None:
             m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type,
                             shape=(1, fmt.block_elems), name="warm-up")
             m.matvec(np.zeros(fmt.block_elems, F32))
+            m.matmul(np.zeros((2, fmt.block_elems), F32))  # the batch kernel
             m.rows(np.zeros(1, np.int64))
+        float_matmul(np.zeros((1, 1), F32), np.zeros((1, 1), F32))
         for name in QUANTIZE_FORMATS:
             quantize(np.zeros((1, 256), F32), name)
         error_sums(np.zeros(1, F32), np.zeros(1, F32))
@@ -724,6 +790,28 @@ def warm_up() -> None:
     worker = threading.Thread(target=run, name="loomlab-warm-up")
     worker.start()
     worker.join()
+
+
+def float_matmul(W: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """``X @ W.T`` for a float32 matrix ``W[out_features, in_features]`` and ``X[T, in_features]``
+    -> float32 ``[T, out_features]``, row-invariant: row t has the same bits as
+    ``float_matmul(W, X[t:t+1])[0]`` whatever the other rows are (BLAS picks its blocking, and so
+    its summation order, by shape). ``FLOAT_LANES`` float32 lanes per output, summed in order.
+
+    Raises:
+        LoomShapeError: ``W`` is not a 2-D float32 array or ``X`` not ``(T, in_features)``.
+    """
+    if not isinstance(W, np.ndarray) or W.dtype != F32 or W.ndim != 2:
+        raise LoomShapeError(f"float_matmul needs a 2-D float32 weight matrix; got "
+                             f"{getattr(W, 'dtype', type(W).__name__)} {getattr(W, 'shape', '')}")
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[1] != W.shape[1]:
+        raise LoomShapeError(f"float_matmul with a {W.shape} matrix needs input (T, {W.shape[1]}); "
+                             f"got {X.shape}")
+    out = np.empty((X.shape[0], W.shape[0]), F32)
+    _pace()
+    _float_matmul(_read_only(np.ascontiguousarray(W)), _read_only(np.ascontiguousarray(X, dtype=F32)), out)
+    return out
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
