@@ -24,7 +24,6 @@ from .test_quant import QUANTIZED, assert_product_close, random_blocks
 ROW_COUNTS = (1, 2, 3, 7, 8, 9, 16, 33, 64)
 
 
-
 def per_row(m: QuantMatrix, X: np.ndarray) -> np.ndarray:
     return np.stack([m.matvec(x) for x in X])
 
