@@ -36,16 +36,14 @@ _KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
 @njit(inline="always")
 def _half_to_float(h):
     """float16 bits ``h`` as float32, bit for bit what numpy's ``astype`` gives (NaN payloads
-    included): the exponent is rebased from 15 to 127 (twice for inf/NaN, giving 255) and the
-    mantissa widened; a subnormal m * 2**-24 is built as (1 + m/1024) * 2**-14 - 2**-14, exact.
-    Selects, no branches, so the loops that read float16 stay vectorized."""
+    included). The magnitude's bits, shifted into float32's places, are a float32 2**112 times too
+    small, exactly, for normals and subnormals alike (a float16 subnormal lands on a float32
+    subnormal), so one multiply converts both; inf/NaN keep their payload by integer ops.
+    No branches: the loops that read float16 stay vectorized."""
     h = np.int64(h)
-    exponent = h & 0x7C00
-    bits = ((h & 0x7FFF) << 13) + (112 << 23) + ((112 << 23) if exponent == 0x7C00 else 0)
-    normal = _from_bits(bits)
-    subnormal = _from_bits(bits + (1 << 23)) - F32(2.0**-14)
-    magnitude = subnormal if exponent == 0 else normal
-    return _from_bits(_bits(magnitude) | ((h & 0x8000) << 16))
+    magnitude = _bits(_from_bits((h & 0x7FFF) << 13) * F32(2.0**112))
+    special = 0x7F800000 | ((h & 0x3FF) << 13)
+    return _from_bits((special if (h & 0x7C00) == 0x7C00 else magnitude) | ((h & 0x8000) << 16))
 
 
 def _element(a, i):
