@@ -187,8 +187,8 @@ def quantize_activations(x: np.ndarray, kind: str) -> QuantizedActivations:
 # ---------------------------------------------------------------------------------------------
 # Integer block dot products, written as LLVM IR: ``reduce.add(mul(zext(w), sext(x)))`` over a
 # vector of u8 weights and s8 activations, which LLVM's x86 backend turns into ``vpdpbusd`` where
-# the CPU has VNNI (vpmaddubsw / vpmaddwd sequences elsewhere) -- the instruction llama.cpp calls
-# by hand. The same sum written as a numba loop stays i32 multiplies and adds: the loop vectorizer
+# the CPU has VNNI (and into what the target has elsewhere) -- the instruction llama.cpp calls by
+# hand. The same sum written as a numba loop stays i32 multiplies and adds: the loop vectorizer
 # leaves a vector accumulator between the products and the reduction, which the pattern needs
 # adjacent. Each intrinsic reads ``n`` bytes of the weight row at a flat index of the C-ordered
 # blocks ``q`` and the matching quants of ``xq``.
@@ -292,6 +292,8 @@ def _dot_i8(typingctx, q, qi, xq, xi):
         vt = ir.VectorType(_I32, 32)
         return _reduce_add(builder, builder.mul(builder.zext(magnitude, vt), builder.sext(x, vt)))
     return types.int32(q, qi, xq, xi), codegen
+
+
 _dot_q6_0, _dot_q6_1, _dot_q6_2, _dot_q6_3 = _q6_dot(0, 0), _q6_dot(0, 2), _q6_dot(4, 4), _q6_dot(4, 6)
 
 
