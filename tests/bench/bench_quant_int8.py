@@ -1,7 +1,7 @@
 """Benchmark: decoding with 8-bit activations (core/llm/quant_int8.py) against the float kernels.
 
     python tests/bench/bench_quant_int8.py [--models smollm2-135m gemma3-270m] [--repeat 20]
-        [--tokens 64] [--skip-accuracy]
+        [--rounds 3] [--tokens 64] [--threads 2] [--skip-accuracy]
 
 Three measurements per model, float and int8 taken in alternation in this one process (the
 machine is shared; each number is the best of its runs):
@@ -159,7 +159,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating decode runs per path")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--threads", type=int, default=numba.get_num_threads(),
+                    help="numba threads at most (generation adapts below it to the load)")
     args = ap.parse_args()
+    numba.set_num_threads(args.threads)
     report = {"machine": machine(), "python": platform.python_version(),
               "numba_threads": numba.get_num_threads(), "models": {}}
     for alias in args.models:
