@@ -21,7 +21,8 @@ reassociation), so equal operations give equal bits. Three kernels share that ar
     AVX-512, which the invariant kernels give up (an FMA rounds differently).
 Measured (``tests/bench/bench_quant_batch.py``, 2-core Xeon, shared): per matmul, the batch kernel
 beats the fused kernel per row from T = 2-3 and the tiled path up to T = 16-32; a SmolLM2 decode
-step of 8 sequences took 66 ms, 3.2 single-sequence steps (5.3 before: 123 ms).
+step of 8 sequences took 69 ms, 4.1 single-sequence steps (before: 124 ms, 7.3); from 32
+sequences the tiled path was faster (226 vs 185 ms), the price of invariance up to T = 64.
 
 Kernel shape: numba leaves the SLP vectorizer off, so a float reduction never vectorizes. Each
 (output row, row of X) therefore keeps one float32 accumulator per position inside a chunk
