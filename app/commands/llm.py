@@ -47,6 +47,8 @@ def register(sub) -> None:
     bench.add_argument("--tokens", type=int, default=64, help="tokens to decode (default 64)")
     bench.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--int8", action="store_true",
+                       help="8-bit activations in decode, as llama.cpp computes (faster, not exact)")
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -246,7 +248,11 @@ def cmd_bench(args) -> int:
 
     if args.tokens < 1 or args.repeat < 1:
         raise CliError("--tokens and --repeat must be >= 1")
+    from loomlab.core.llm.prefix_cache import PrefixCache
+
     with _load(args.model) as model:
+        model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
+        model.activations = "int8" if args.int8 else "float32"
         list(model.generate(BENCH_PROMPT, max_tokens=2))  # warm-up: JIT compilation, caches
         best = None
         for _ in range(args.repeat):
@@ -267,6 +273,7 @@ def cmd_bench(args) -> int:
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
         best["peak_rss_mib"] = round(model.metrics().peak_rss_bytes / 2**20, 1)
+        best["activations"] = model.activations
     result = {"model": args.model, "machine": machine(), "python": platform.python_version(),
               "numba_threads": numba.get_num_threads(), **best}
     if args.json:

@@ -29,11 +29,13 @@ from .discovery import in_file, resolve
 from .loader import load_causal_lm
 from .prefix_cache import DEFAULT_BYTES, PrefixCache
 from .quant import adaptive_threads, single_threaded_blas
+from .quant_int8 import int8_activations
 from .sampling import SamplingParams, log_softmax_terms
 from .tokenizer import Tokenizer
 from .tokenizer_process import TokenizerProcess
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
+ACTIVATION_MODES = ("float32", "int8")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,20 @@ class TextModel:
         self._token_texts: dict[int, str] = {}
         # KV caches of recent sequences: a chat's next turn prefills only its new tokens
         self.prefix_cache = PrefixCache(DEFAULT_BYTES)
+        self._activations = "float32"
+
+    @property
+    def activations(self) -> str:
+        """``"float32"`` (default: exact, as transformers computes) or ``"int8"``: decode steps
+        quantize activations to 8 bits per block and multiply the blocks with integer dot
+        products, as llama.cpp does (:mod:`.quant_int8`; faster, not exact)."""
+        return self._activations
+
+    @activations.setter
+    def activations(self, mode: str) -> None:
+        if mode not in ACTIVATION_MODES:
+            raise LoomConfigError(f"activations must be one of {ACTIVATION_MODES}, got {mode!r}")
+        self._activations = mode
 
     def __enter__(self) -> TextModel:
         return self
@@ -325,7 +341,7 @@ class TextModel:
         try:
             # held for the whole call so the per-step limit in CausalLM.step never switches; the
             # kernels' thread count follows the CPUs other processes leave free (issue 11)
-            with single_threaded_blas(), adaptive_threads():
+            with single_threaded_blas(), adaptive_threads(), int8_activations(self._activations == "int8"):
                 yield
         finally:
             self._nestable_by = None

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from loomlab.core.llm import registry
+from loomlab.core.llm.prefix_cache import PrefixCache
 from loomlab.core.llm.textmodel import load_model
 from loomlab.core.procinfo import machine
 
@@ -50,6 +51,7 @@ print(json.dumps(best))
 def loomlab_run(alias: str, tokens: int, repeat: int) -> dict:
     best = None
     with load_model(alias) as model:
+        model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt, as llama.cpp's
         list(model.generate(PROMPT, max_tokens=2))  # JIT warm-up
         for _ in range(repeat):
             list(model.generate(PROMPT, max_tokens=tokens))

@@ -126,8 +126,6 @@ def test_linear_is_row_invariant_for_quantized_and_dense_matrices(block_matrix):
                 np.testing.assert_array_equal(linear(X[b, t], w).view(np.uint32), got[b, t].view(np.uint32))
 
 
-@pytest.mark.xfail(reason="linear()'s float32-ndarray branch still uses BLAS (X @ W.T); its change to "
-                          "float_matmul is for the lead to apply in llm_layers.py", strict=True)
 def test_linear_is_row_invariant_for_numpy_weights():
     rng = np.random.default_rng(14)
     W = rng.standard_normal((64, 576)).astype(np.float32)
