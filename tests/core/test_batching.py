@@ -53,16 +53,21 @@ def test_batch_generate_equals_each_prompt_alone(smollm2, sampling):
     assert m.generated_tokens == 16 * len(PROMPTS) or m.generated_tokens <= 16 * len(PROMPTS)
 
 
-def test_batch_decodes_the_active_sequences_in_one_step(smollm2, monkeypatch):
-    """Every decode step feeds all active sequences to one net.step: B rows of one token."""
-    shapes = []
-    real = smollm2.net.step
+def step_shapes(model, monkeypatch) -> list[tuple[int, int]]:
+    """The shape of the ids of every ``net.step`` from now on (the list fills as they run)."""
+    shapes, real = [], model.net.step
 
     def spy(ids, caches=None, **kw):
         shapes.append(np.asarray(ids).shape)
         return real(ids, caches, **kw)
 
-    monkeypatch.setattr(smollm2.net, "step", spy)
+    monkeypatch.setattr(model.net, "step", spy)
+    return shapes
+
+
+def test_batch_decodes_the_active_sequences_in_one_step(smollm2, monkeypatch):
+    """Every decode step feeds all active sequences to one net.step: B rows of one token."""
+    shapes = step_shapes(smollm2, monkeypatch)
     params = SamplingParams(max_tokens=5, stop=())
     with no_prefix_cache(smollm2), smollm2.busy():
         batch = Batch(smollm2, max_batch=3)
@@ -292,14 +297,7 @@ def test_speculating_and_plain_sequences_share_steps_and_each_gives_its_alone_ou
     summary = smollm2.tokenizer.encode(PARAGRAPH + " In short, the river Loom", add_special_tokens=True)
     plain = [ids_of(smollm2, p) for p in PROMPTS[:2]]
     want = [alone(smollm2, ids, max_tokens=24)[1] for ids in (summary, *plain)]
-    widths = []
-    real = smollm2.net.step
-
-    def spy(ids, caches=None, **kw):
-        widths.append(np.asarray(ids).shape)
-        return real(ids, caches, **kw)
-
-    monkeypatch.setattr(smollm2.net, "step", spy)
+    widths = step_shapes(smollm2, monkeypatch)
     with BatchEngine(smollm2, prefix_cache_mb=0) as engine:
         spec = engine.submit(summary, SamplingParams(max_tokens=24), speculative="prompt-lookup")
         others = [engine.submit(ids, SamplingParams(max_tokens=24)) for ids in plain]
