@@ -1,4 +1,4 @@
-"""Many sequences decoded together: a continuous-batching scheduler and a prefix (prompt) cache.
+"""Many sequences decoded together: a continuous-batching scheduler and its thread-safe front.
 
 :class:`Batch` is the scheduler, driven by whoever calls :meth:`Batch.step`: each step admits
 waiting requests up to ``max_batch`` (each prefilled alone, from the longest prefix the
@@ -33,7 +33,6 @@ from .sampling import SamplingParams
 from .speculative import Drafter, DraftModel, Speculation, drafter_for
 from .textmodel import Decoding, Metrics, TextModel, TokenRecord
 
-_END = object()  # ends a Request's record queue (a request that failed before any record)
 _ids = itertools.count(1)
 
 
@@ -76,8 +75,6 @@ class Request:
             raise LoomConfigError("this request delivers its records to on_record; it cannot be iterated")
         while True:
             item = self._records.get()
-            if item is _END:
-                return
             yield item
             if item.finish_reason is not None:
                 return

@@ -1,6 +1,7 @@
 """Speculative decoding for greedy generation: a drafter guesses the next few tokens, the target
 checks them all with one multi-token step and keeps the longest prefix equal to its own greedy
-choices, plus its own next token.
+choices, plus its own next token. :func:`run` is also the plain decode loop (no drafter: one
+token a step), so generation has one loop.
 
 Two drafters: :class:`PromptLookup` (n-gram copy from the prompt and output so far; no second
 model) and :class:`DraftModel` (a model sharing the vocabulary, e.g. a low-bit morph of the
@@ -188,9 +189,9 @@ class Speculation:
 
 
 def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
-        metrics: Metrics, drafter: Drafter) -> Iterator[TokenRecord]:
-    """What ``TextModel._run`` yields for greedy decoding, with drafted tokens verified in one
-    target step each."""
+        metrics: Metrics, drafter: Drafter | None) -> Iterator[TokenRecord]:
+    """The decode loop of ``generate`` / ``chat``: one token a step without a drafter; with one,
+    each step also verifies the drafted tokens (greedy)."""
     run = Decoding(target, ids, params, metrics, prefix_cache=target.prefix_cache)
     if params.max_tokens == 0:
         return

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -310,15 +310,12 @@ class TextModel:
 
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
                 metrics: Metrics, drafter=None) -> Iterator[TokenRecord]:
-        with self.busy():
-            self._metrics = metrics
-            if drafter is None:
-                yield from self._run(ids, params, cancel, metrics)
-                return
-            from .speculative import run
+        # imported here: the decode loop builds on this module's Decoding and records
+        from .speculative import run
 
-            with drafter.session():
-                yield from run(self, ids, params, cancel, metrics, drafter)
+        with self.busy(), drafter.session() if drafter is not None else nullcontext():
+            self._metrics = metrics
+            yield from run(self, ids, params, cancel, metrics, drafter)
 
     @contextmanager
     def busy(self, *, nestable: bool = False):
@@ -347,26 +344,10 @@ class TextModel:
             self._nestable_by = None
             self._lock.release()
 
-    def _run(self, ids, params, cancel, metrics) -> Iterator[TokenRecord]:
-        run = Decoding(self, ids, params, metrics, prefix_cache=self.prefix_cache)
-        if params.max_tokens == 0:
-            return
-        logits = run.prefill(ids)[0]
-        for _ in range(params.max_tokens):
-            if cancel():
-                yield run.cancelled()
-                break
-            record = run.choose(logits)
-            yield record
-            if record.finish_reason is not None:
-                break
-            logits = self.net.step(np.array([[record.id]]), run.caches)[0]
-        run.end()
-
 
 class Decoding:
-    """What one generation keeps, for the plain loop (:meth:`TextModel._run`) and the speculative
-    one (:func:`.speculative.run`) alike: the KV cache, the stop filter and detokenizer, the
+    """What one generation keeps, for the decode loop (:func:`.speculative.run`, plain or
+    speculative) and the batch scheduler alike: the KV cache, the stop filter and detokenizer, the
     token history, and the metrics' clocks; :meth:`record` turns a chosen token into its
     :class:`TokenRecord`."""
 
