@@ -54,6 +54,7 @@ from numba import njit, prange
 
 from ..errors import LoomShapeError, ModelFormatError
 from .cpu_threads import ThreadChooser
+from .prefetch import prefetch_row
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
@@ -268,6 +269,8 @@ def _block_matmul(kind, q, lay, s, m, X, out):
         lanes = np.empty((2, L), F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
             for k in range(n):
                 _decode(kind, q, r0, k, lay, s, m, w[0], k * L * P)
                 _decode(kind, q, r1, k, lay, s, m, w[1], k * L * P)
@@ -304,6 +307,8 @@ def _nib4_matvec(q, lay, s, m, x, out):
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
             la[:] = 0
             lb[:] = 0
             for gi in range(n_groups):
@@ -335,6 +340,8 @@ def _q5_matvec(q, lay, s, m, x, out):
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
             la[:] = 0
             lb[:] = 0
             for blk in range(nb):
@@ -367,6 +374,8 @@ def _q8_0_matvec(q, lay, s, m, x, out):
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
             la[:] = 0
             lb[:] = 0
             for blk in range(nb):
@@ -391,6 +400,8 @@ def _q6_k_matvec(q, lay, s, m, x, out):
         lb = np.empty(2 * H, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
             la[:] = 0
             lb[:] = 0
             for t in range(n_steps):
@@ -427,6 +438,8 @@ def _float_matmul(W, X, out):
         lanes = np.empty((2, L), F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
+            prefetch_row(W, r0)
+            prefetch_row(W, r1)
             for t in range(X.shape[0]):
                 lanes[:] = 0
                 _pair_dots(W, r0, r1, 0, X[t], n, L, 1, lanes)

@@ -39,6 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import LoomConfigError, LoomShapeError
+from .prefetch import prefetch_row
 from .quant import _KERNEL, ROW_CHUNK, QuantMatrix, _pace, _read_only
 
 F32 = np.float32
@@ -370,8 +371,10 @@ def _int8_matmul(kind, akind, q, wd, wm, wsc, wmn, X, out):
     qs, d, s, sums = _activation_buffers(akind, X.shape[0], X.shape[1])
     _quantize_rows(akind, X, qs, d, s, sums)
     rows = wd.shape[0]
+    q2 = q.reshape(rows, -1)  # rows of blocks, for prefetch_row
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         for r in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)):
+            prefetch_row(q2, r)
             for t in range(X.shape[0]):
                 out[t, r] = _row_dot(kind, q, r, wd, wm, wsc, wmn, qs[t], d[t], s[t], sums[t])
 
