@@ -1,6 +1,6 @@
 """Benchmark: where one decode token's time goes, and how much of it is Python outside the kernels.
 
-    python tests/bench/bench_step_overhead.py [--model smollm2-135m] [--tokens 64] [--rounds 3]
+    python tests/bench/bench_step_overhead.py [--model smollm2-135m] [--tokens 64] [--rounds 3] [--int8]
 
 Greedy generation of ``--tokens`` tokens, timed three ways in one process (best of ``rounds``):
 the whole token (``generate``'s loop: step, choice, record), the ``net.step`` call alone, and the
@@ -66,6 +66,7 @@ def one_round(model, prompt: str, tokens: int) -> dict:
           patched(qm, "matmul", clock.timed(qm.matmul, "kernels")),
           patched(qm, "rows", clock.timed(qm.rows, "kernels")),
           patched(att, "_attend", clock.timed(att._attend, "kernels")),
+          patched(llm_layers, "int8_matmul", clock.timed(llm_layers.int8_matmul, "kernels")),
           patched(model.net, "step", step)):
         records = list(model.generate(prompt, max_tokens=tokens))
     m = model.metrics()
@@ -81,16 +82,18 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--int8", action="store_true", help="8-bit activations (TextModel.activations)")
     args = ap.parse_args()
     model = load_model(args.model)
+    model.activations = "int8" if args.int8 else "float32"
     model.prefix_cache.max_bytes = 0  # every round prefills and decodes the same way
-    prompt = "Write a short story about a lighthouse keeper who"
+    prompt = "The history of computing is a story of people and machines: from mechanical calculators"
     rows = [one_round(model, prompt, args.tokens) for _ in range(args.rounds)]
     best = min(rows, key=lambda r: r["token_ms"])
     best = {k: round(v, 3) if isinstance(v, float) else v for k, v in best.items()}
     best["python_and_small_ops_share"] = round(
         (best["step_outside_kernels_ms"] + best["loop_outside_step_ms"]) / best["token_ms"], 3)
-    print(json.dumps({"machine": machine(), "model": args.model, **best}, indent=1))
+    print(json.dumps({"machine": machine(), "model": args.model, "activations": model.activations, **best}, indent=1))
 
 
 if __name__ == "__main__":
