@@ -89,3 +89,40 @@ def array_module(a) -> ModuleType:
 
         return cupy
     return np
+
+
+# ----- choosing a backend by name, device memory ---------------------------------------------
+def backend_names() -> list[str]:
+    """The names :func:`get_backend` takes here: the registered and installed backends, and "auto"."""
+    return sorted({*_FACTORIES, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)), "auto"})
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A GPU's memory as its backend sees it, in bytes."""
+
+    used: int  # held by live arrays (CuPy's memory pool: used_bytes)
+    free: int  # free on the device for any process (cudaMemGetInfo)
+    total: int  # the device's memory
+    # The pool keeps freed blocks for reuse, so the bytes it holds (total_bytes) are the most live
+    # arrays needed at once since it last released blocks, rounded up to its block sizes.
+    peak: int
+
+    def describe(self) -> str:
+        gib = 2**30
+        return (f"GPU {self.used / gib:.2f} GiB used, peak {self.peak / gib:.2f} GiB, "
+                f"{self.free / gib:.1f} of {self.total / gib:.1f} GiB free")
+
+
+def device_memory(backend: Backend) -> DeviceMemory | None:
+    """Device memory of ``backend`` now; None for a backend without a device (numpy).
+
+    A backend has a device when its array module has CuPy's memory-pool API, so a CuPy-like
+    module can stand in for CuPy in tests."""
+    pool_of = getattr(backend.xp, "get_default_memory_pool", None)
+    if pool_of is None:
+        return None
+    pool = pool_of()
+    free, total = backend.xp.cuda.runtime.memGetInfo()
+    return DeviceMemory(used=int(pool.used_bytes()), free=int(free), total=int(total),
+                        peak=int(pool.total_bytes()))

