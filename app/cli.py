@@ -128,6 +128,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+BACKEND_HELP = ("array backend: numpy (default), cupy (an NVIDIA GPU; pip install 'loomlab[gpu]') or auto "
+                "(cupy where a GPU is usable, else numpy)")
+
+
+def add_backend_option(p) -> None:
+    """``--backend NAME`` on a command that computes; its handler passes ``args.backend`` on to
+    ``load_network`` / ``load_model``, which say why a backend cannot run here."""
+    p.add_argument("--backend", default="numpy", type=_backend_name, metavar="NAME", help=BACKEND_HELP)
+
+
+def _backend_name(text: str) -> str:
+    from loomlab.core.backend import backend_names
+
+    names = backend_names()
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"unknown backend {text!r}; choose from {', '.join(names)}")
+    return text
+
+
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Print rows under a header, columns padded to their widest cell."""
     table = [header, *rows]

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from ..cli import CliError, progress_bar
+from ..cli import CliError, add_backend_option, progress_bar
 
 
 def register(sub) -> None:
@@ -54,6 +54,7 @@ def register(sub) -> None:
 
 def _model_arg(p) -> None:
     p.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
+    add_backend_option(p)
 
 
 def _sampling_args(p) -> None:
@@ -102,10 +103,10 @@ def _response_format(args) -> dict | None:
     return fmt
 
 
-def _load(name: str):
+def _load(args):
     from loomlab.core.llm.textmodel import load_model
 
-    return load_model(name, progress=progress_bar)
+    return load_model(args.model, progress=progress_bar, backend=args.backend)
 
 
 def _emit(records, as_json: bool) -> list:
@@ -120,13 +121,15 @@ def _emit(records, as_json: bool) -> list:
     return out
 
 
-def _summary(m, records, finish: str | None, as_json: bool) -> None:
+def _summary(m, records, finish: str | None, as_json: bool, backend: str) -> None:
     if as_json:
         print(json.dumps({"finish_reason": finish, "text": "".join(r.text for r in records),
-                          "ids": [r.id for r in records if r.id >= 0], **_metrics_dict(m)}))
+                          "ids": [r.id for r in records if r.id >= 0], "backend": backend,
+                          **_metrics_dict(m)}))
     else:
         print(f"[{m.generated_tokens} tokens, {m.decode_tokens_per_s:.1f} tok/s, "
-              f"first token {m.time_to_first_token_s * 1000:.0f} ms, finish: {finish}]", file=sys.stderr)
+              f"first token {m.time_to_first_token_s * 1000:.0f} ms, finish: {finish}, backend: {backend}]",
+              file=sys.stderr)
 
 
 def _metrics_dict(m) -> dict:
@@ -137,11 +140,12 @@ def _metrics_dict(m) -> dict:
 def cmd_generate(args) -> int:
     sampling = {**_sampling(args), "response_format": _response_format(args)}
     prompt = args.prompt if args.prompt is not None else _ids(args.ids)
-    with _load(args.model) as model:
+    with _load(args) as model:
         records = _emit(model.generate(prompt, **sampling), args.json)
         if not args.json:
             print()
-        _summary(model.metrics(), records, records[-1].finish_reason if records else None, args.json)
+        _summary(model.metrics(), records, records[-1].finish_reason if records else None, args.json,
+                 model.backend.name)
     return 0
 
 
@@ -157,7 +161,7 @@ def cmd_chat(args) -> int:
         sampling["response_format"] = response_format
     if args.drop_oldest:
         sampling["context_policy"] = "drop_oldest"
-    with _load(args.model) as model, _chat_workspace(args.save) as workspace:
+    with _load(args) as model, _chat_workspace(args.save) as workspace:
         session = ChatSession(workspace, model, logprobs=logprobs)
         session.set_system_prompt(args.system or "")
         session.set_sampling(sampling)
@@ -219,11 +223,11 @@ def _chat_turn(session, text: str, as_json: bool) -> None:
         records = reply.records
     if not as_json:
         print(flush=True)  # the reply's line ends, however it ended
-    _summary(reply.metrics, records, reply.finish_reason, as_json)
+    _summary(reply.metrics, records, reply.finish_reason, as_json, session.model.backend.name)
 
 
 def cmd_tokenize(args) -> int:
-    with _load(args.model) as model:
+    with _load(args) as model:
         ids = model.tokenizer.encode(args.text, add_special_tokens=args.special)
         pieces = [model.tokenizer.id_to_token(i) for i in ids]
     if args.json:
@@ -250,7 +254,7 @@ def cmd_bench(args) -> int:
         raise CliError("--tokens and --repeat must be >= 1")
     from loomlab.core.llm.prefix_cache import PrefixCache
 
-    with _load(args.model) as model:
+    with _load(args) as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
         model.activations = "int8" if args.int8 else "float32"
         list(model.generate(BENCH_PROMPT, max_tokens=2))  # warm-up: JIT compilation, caches
@@ -272,14 +276,18 @@ def cmd_bench(args) -> int:
                    "others_busy_cores": round(thread_chooser.others, 2) if thread_chooser else None}
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
-        best["peak_rss_mib"] = round(model.metrics().peak_rss_bytes / 2**20, 1)
+        m = model.metrics()
+        best["peak_rss_mib"] = round(m.peak_rss_bytes / 2**20, 1)
         best["activations"] = model.activations
+        best["backend"] = model.backend.name
     result = {"model": args.model, "machine": machine(), "python": platform.python_version(),
               "numba_threads": numba.get_num_threads(), **best}
+    memory = m.device_memory  # None on numpy, which has no device
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**result, "device_memory": None if memory is None else asdict(memory)}, indent=2))
     else:
-        for k, v in result.items():
+        described = f"none ({model.backend.name})" if memory is None else memory.describe()
+        for k, v in {**result, "device_memory": described}.items():
             print(f"{k:<24} {v}")
     return 0
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..cli import CliError, Parser, print_table, progress
+from ..cli import CliError, Parser, add_backend_option, print_table, progress
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
     src.add_argument("--input-json", metavar="JSON", help="input values as a JSON array")
     run.add_argument("--shape", help="input shape, e.g. 2,16 (default: the array's own; flat -> 1,N)")
     run.add_argument("--output", metavar="OUT.npy", help="write the output here instead of printing it")
-    run.add_argument("--backend", default="numpy", help="numpy (default), cupy or auto")
+    add_backend_option(run)
     run.set_defaults(handler=cmd_net_run)
 
     morph = net_sub.add_parser("morph", help="morph layer weights to another numeric type and save")
@@ -45,6 +45,7 @@ def register(sub) -> None:
     sweep.add_argument("--input", metavar="IN.npy", help="probe input (default: seeded, from layer shapes)")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the default probe input")
     sweep.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_backend_option(sweep)
     sweep.set_defaults(handler=cmd_net_morph_report)
 
 
@@ -106,7 +107,7 @@ def cmd_net_morph(args) -> int:
 def cmd_net_morph_report(args) -> int:
     from loomlab.core.morph import dtype_sweep, probe_input
 
-    load = lambda: load_net(args.network)  # a fresh copy per dtype
+    load = lambda: load_net(args.network, backend=args.backend)  # a fresh copy per dtype
     net = load()
     probe = _load_npy(args.input) if args.input else probe_input(net, args.seed)
     rows = dtype_sweep(load, probe, on_progress=progress)

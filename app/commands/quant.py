@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import CliError, print_table, progress, progress_bar
+from ..cli import CliError, add_backend_option, print_table, progress, progress_bar
 
 DEFAULT_RECIPE = "int8"
 RECIPE_HELP = ("one format for every matrix (Q4_K, Q8_0 ... GGUF's block formats) or every weighted "
@@ -40,6 +40,7 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=0,
                    help="with --per-layer: print only the N most sensitive layers")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_backend_option(p)
     p.set_defaults(handler=cmd_quant_report)
 
     q = sub.add_parser("quantize", help="morph a language model by a recipe and save it as GGUF "
@@ -58,13 +59,13 @@ def cmd_quant_report(args) -> int:
     if args.top < 0:
         raise CliError(f"--top must be >= 0, got {args.top}")
     probe = _read_probe(args.probe) if args.probe is not None else None
-    with load_model(args.model, progress=progress_bar) as model:
+    with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
         report = measure_drift(model, args.recipe, probe, ctx=DEFAULT_CTX if args.ctx is None else args.ctx,
                               per_layer=args.per_layer, progress=progress)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps({**report.as_dict(), "backend": model.backend.name}, indent=2))
     else:
-        _print_report(report, args.recipe, args.top)
+        _print_report(report, args.recipe, args.top, model.backend.name)
     return 0
 
 
@@ -100,13 +101,13 @@ def _read_probe(path: str) -> str:
         raise CliError(f"the probe file {path} is not UTF-8 text") from None
 
 
-def _print_report(report, recipe: str, top: int) -> None:
+def _print_report(report, recipe: str, top: int, backend: str) -> None:
     s = report.stats
     what = (f"{len(report.recipe)} of {report.weighted_layers} weighted layers morphed"
             if report.recipe else "no layer changes")
     print(f"{report.model}: recipe {recipe} ({what})")
     print(f"probe: {report.tokens} tokens, {report.chunks} chunks of {report.ctx}, "
-          f"{s.positions} positions scored ({report.seconds:.1f} s)")
+          f"{s.positions} positions scored ({report.seconds:.1f} s on {backend})")
     print(f"weight bytes: {report.bytes_base:,} -> {report.bytes:,} ({report.bytes / report.bytes_base:.1%})")
     if report.fallbacks:
         print(f"llama.cpp's fallbacks, {len(report.fallbacks)} tensors whose rows are not whole blocks:")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from ..cli import CliError, progress_bar
+from ..cli import CliError, add_backend_option, progress_bar
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def register(sub) -> None:
                         "reply repeats the prompt)")
     p.add_argument("--name", help="the model name clients use (default: the model's own)")
     p.add_argument("--log", action="store_true", help="print one line per finished request on stderr")
+    add_backend_option(p)
     p.set_defaults(handler=cmd_serve)
 
 
@@ -35,13 +36,14 @@ def cmd_serve(args) -> int:
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
         raise CliError(f"--max-batch must be >= 1, got {args.max_batch}")
-    with load_model(args.model, progress=progress_bar) as model:
+    with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
         server = Server(model, host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
                         model_name=args.name, on_log=_log_line if args.log else None,
                         speculative=args.speculative)
         url = server.start()
         try:
-            print(f"serving {server.model_name} at {url} (Ctrl-C stops)", file=sys.stderr, flush=True)
+            print(f"serving {server.model_name} at {url} on {model.backend.name} (Ctrl-C stops)",
+                  file=sys.stderr, flush=True)
             threading.Event().wait()  # until Ctrl-C (KeyboardInterrupt)
         except KeyboardInterrupt:
             print("loomlab: stopping", file=sys.stderr)
