@@ -274,25 +274,127 @@ def _q6_dot(nib_shift, hi_shift):
     return dot
 
 
-_dot_q4 = _nibble_dot(16, ((0, 0xF), (4, 0xF)))  # a Q4_0 / Q4_1 block: low nibbles, then high
 _dot_lo32 = _nibble_dot(32, ((0, 0xF),))  # Q4_K: the two sub-blocks of a 32-byte group
 _dot_hi32 = _nibble_dot(32, ((4, 0xF),))
 
 
-@intrinsic
-def _dot_i8(typingctx, q, qi, xq, xi):
-    """A Q8_0 block: the 32 int8 at q[qi:] times the quants at xq[xi:], as |w| * (x with w's
-    sign) so the product is u8 x s8 like the others (llama.cpp's AVX2 sign trick): x is at
-    most 127 in magnitude, so negating it cannot overflow."""
-    def codegen(context, builder, sig, args):
-        w = _load_bytes(context, builder, sig.args[0], args[0], args[1], 32)
-        x = _load_bytes(context, builder, sig.args[2], args[2], args[3], 32)
-        negative = builder.icmp_signed("<", w, ir.Constant(w.type, [0] * 32))
-        magnitude = builder.select(negative, builder.neg(w), w)  # -128 -> 128 as u8
-        x = builder.select(negative, builder.neg(x), x)
-        vt = ir.VectorType(_I32, 32)
-        return _reduce_add(builder, builder.mul(builder.zext(magnitude, vt), builder.sext(x, vt)))
-    return types.int32(q, qi, xq, xi), codegen
+# ---------------------------------------------------------------------------------------------
+# Whole-row dots for the 32-weight block formats (Q4_0, Q4_1, Q8_0): the loop over a row's blocks
+# in IR too, as llama.cpp's AVX2 ``ggml_vec_dot`` loops do. Each block's integer products are
+# summed only down to 8 int32 lanes (one ``vpdpbusd`` with VNNI), converted to float and added
+# to 8 float lanes times the block's scale; the lanes are summed once per row. The per-block
+# dots above reduce every block to one integer (a horizontal sum, ~6 instructions) and then
+# scale it in scalar code: twice the instructions per block. Summing the lanes in a fixed tree
+# keeps a row's result the same whatever else is multiplied.
+
+_F32 = ir.FloatType()
+_V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+
+
+def _host_has_vnni() -> bool:
+    """Whether numba compiles for a CPU with VNNI (its target: the host's, unless NUMBA_CPU_NAME
+    names another, e.g. ``generic`` for a portable cache)."""
+    from llvmlite import binding as llvm
+    from numba.core import config
+
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return False
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
+
+
+def _lanes_dot(builder, w, x):
+    """``<8 x i32>`` partial sums of the 32 products ``w[j] * x[j]`` (w unsigned, x signed bytes):
+    lane i holds products 4i..4i+3 (vpdpbusd's grouping; the generic code's differs, which only
+    moves integers between lanes before they are scaled alike)."""
+    if _host_has_vnni():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I, [_V8I, _V8I, _V8I]),
+                                            "llvm.x86.avx512.vpdpbusd.256")
+        zero = ir.Constant(_V8I, [0] * 8)
+        return builder.call(fn, [zero, builder.bitcast(w, _V8I), builder.bitcast(x, _V8I)])
+    v32 = ir.VectorType(_I32, 32)
+    p = builder.mul(builder.zext(w, v32), builder.sext(x, v32))
+    quarter = [builder.shuffle_vector(p, p, ir.Constant(_V8I, list(range(8 * k, 8 * k + 8))))
+               for k in range(4)]
+    return builder.add(builder.add(quarter[0], quarter[1]), builder.add(quarter[2], quarter[3]))
+
+
+def _tree_sum(builder, v):
+    """The 8 lanes of ``v`` summed in a fixed tree: (0+4 + 2+6) + (1+5 + 3+7)."""
+    for half in (4, 2, 1):
+        hi = builder.shuffle_vector(v, v, ir.Constant(_V8I, [(i + half) % 8 for i in range(8)]))
+        v = builder.fadd(v, hi)
+    return builder.extract_element(v, _I32(0))
+
+
+def _row_blocks_dot(kind):
+    """``dot(q, qi, xq, wd, xd, wm, xs, xsum)``: the weight row whose blocks start at byte ``qi``
+    of ``q`` times the quantized activation row ``xq`` (int8 [n]), with the row's block scales
+    ``wd``, offsets ``wm`` (Q4_1; ignored otherwise) and the activation's ``xd``, ``xs`` and
+    per-block quant sums ``xsum`` (each 1-D, one entry per block) -> float32."""
+    bbytes, qoff = {WQ4_0: (18, 2), WQ4_1: (20, 4), WQ8_0: (34, 2)}[kind]
+
+    @intrinsic
+    def dot(typingctx, q, qi, xq, wd, xd, wm, xs, xsum):
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i])
+                      for i in (0, 2, 3, 4, 5, 6, 7)]
+            qp, xqp, wdp, xdp, wmp, xsp, sump = (a.data for a in arrays)
+            nb = cgutils.unpack_tuple(builder, arrays[2].shape, 1)[0]  # wd's length: the row's blocks
+
+            def at(ptr, i):
+                return builder.load(builder.gep(ptr, [i], inbounds=True))
+
+            def vector(ptr, i, vt):
+                where = builder.bitcast(builder.gep(ptr, [i], inbounds=True), vt.as_pointer())
+                return builder.load(where, align=1)
+
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(2)]
+            offsets = cgutils.alloca_once_value(builder, _F32(0.0))
+            v16, v32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
+
+            def block(b, acc):
+                quants = builder.add(args[1], builder.add(builder.mul(b, b.type(bbytes)), b.type(qoff)))
+                xv = vector(xqp, builder.mul(b, b.type(32)), v32)
+                if kind == WQ8_0:  # |w| (u8) times x with w's sign, so the product is u8 x s8 as
+                    # for the nibbles (llama.cpp's AVX2 sign trick); |x| <= 127, so -x cannot overflow
+                    w = vector(qp, quants, v32)
+                    negative = builder.icmp_signed("<", w, ir.Constant(v32, [0] * 32))
+                    w = builder.select(negative, builder.neg(w), w)
+                    xv = builder.select(negative, builder.neg(xv), xv)
+                else:
+                    v = vector(qp, quants, v16)
+                    w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
+                lanes = _lanes_dot(builder, w, xv)
+                if kind == WQ4_0:  # nibbles are n - 8: subtract 8 * sum(x quants) in lane 0
+                    fix = builder.mul(at(sump, b), _I32(-8))
+                    fix = builder.insert_element(ir.Constant(_V8I, [0] * 8), fix, _I32(0))
+                    lanes = builder.add(lanes, fix)
+                scale = builder.fmul(at(wdp, b), at(xdp, b))
+                splat = builder.insert_element(ir.Constant(_V8F, ir.Undefined), scale, _I32(0))
+                splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I, [0] * 8))
+                scaled = builder.fmul(builder.sitofp(lanes, _V8F), splat)
+                builder.store(builder.fadd(builder.load(acc), scaled), acc)
+                if kind == WQ4_1:  # + m * s per block
+                    term = builder.fmul(at(wmp, b), at(xsp, b))
+                    builder.store(builder.fadd(builder.load(offsets), term), offsets)
+
+            # even and odd blocks into two accumulators: two dependency chains of float adds
+            pairs = builder.udiv(nb, nb.type(2))
+            with cgutils.for_range(builder, pairs) as loop:
+                b = builder.mul(loop.index, nb.type(2))
+                block(b, accs[0])
+                block(builder.add(b, nb.type(1)), accs[1])
+            last = builder.sub(nb, nb.type(1))
+            with builder.if_then(builder.icmp_unsigned("==", builder.urem(nb, nb.type(2)), nb.type(1))):
+                block(last, accs[0])
+            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
+            return builder.fadd(_tree_sum(builder, acc), builder.load(offsets))
+        return types.float32(q, qi, xq, wd, xd, wm, xs, xsum), codegen
+    return dot
+
+
+_row_q4_0, _row_q4_1, _row_q8_0 = (_row_blocks_dot(k) for k in (WQ4_0, WQ4_1, WQ8_0))
 
 
 _dot_q6_0, _dot_q6_1, _dot_q6_2, _dot_q6_3 = _q6_dot(0, 0), _q6_dot(0, 2), _q6_dot(4, 4), _q6_dot(4, 6)
@@ -310,15 +412,13 @@ def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
     nb = wd.shape[1]
     row = r * (q.shape[0] // wd.shape[0])
     acc = F32(0)
-    if kind == WQ4_0 or kind == WQ4_1:
-        bb, qo = (18, 2) if kind == WQ4_0 else (20, 4)
-        for b in range(nb):
-            si = _dot_q4(q, row + b * bb + qo, xq, b * 32)
-            if kind == WQ4_0:  # nibbles are n - 8
-                acc += F32(si - 8 * xsum[b]) * (wd[r, b] * xd[b])
-            else:
-                acc += F32(si) * (wd[r, b] * xd[b]) + wm[r, b] * xs[b]
-    elif kind == WQ5_0 or kind == WQ5_1:
+    if kind == WQ4_0:
+        return _row_q4_0(q, row, xq, wd[r], xd, wd[r], xs, xsum)
+    if kind == WQ4_1:
+        return _row_q4_1(q, row, xq, wd[r], xd, wm[r], xs, xsum)
+    if kind == WQ8_0:
+        return _row_q8_0(q, row, xq, wd[r], xd, wd[r], xs, xsum)
+    if kind == WQ5_0 or kind == WQ5_1:
         bb, qo = (22, 2) if kind == WQ5_0 else (24, 4)
         for b in range(nb):
             si = _dot_q5(q, row + b * bb + qo, xq, b * 32)
@@ -326,9 +426,6 @@ def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
                 acc += F32(si - 16 * xsum[b]) * (wd[r, b] * xd[b])
             else:
                 acc += F32(si) * (wd[r, b] * xd[b]) + wm[r, b] * xs[b]
-    elif kind == WQ8_0:
-        for b in range(nb):
-            acc += F32(_dot_i8(q, row + b * 34 + 2, xq, b * 32)) * (wd[r, b] * xd[b])
     elif kind == WQ4_K:
         # 144-byte super-blocks: f16 d, f16 dmin, 12 bytes of 6-bit scales / mins (unpacked into
         # wsc / wmn), 128 nibble bytes: 4 groups of 32 bytes, low nibbles then high nibbles.

@@ -302,3 +302,41 @@ def test_llvm_emits_vnni(tmp_path):
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=True)
     # one per block dot in the compiled kernel: Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K's two, Q6_K's four
     assert int(done.stdout.split()[-1]) >= 9
+
+
+GENERIC_PROBE = """
+import sys
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as GT
+from loomlab.core.llm import quant_int8
+from loomlab.core.llm.quant import QuantMatrix
+assert not quant_int8._host_has_vnni()
+with np.load(sys.argv[1]) as f:
+    cases = dict(f)
+out = {}
+for name in ("Q4_0", "Q4_1", "Q8_0"):
+    data, X = cases[name + "_data"], cases[name + "_X"]
+    cols = data.shape[1] // GGML_QUANT_SIZES[GT[name]][1] * 32
+    out[name] = quant_int8.int8_matmul(QuantMatrix(data, GT[name], (data.shape[0], cols)), X)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_row_dots_without_vnni_match_llama_formula(tmp_path):
+    """The whole-row dots' portable code (no VNNI: the products summed to 8 lanes in plain IR),
+    compiled for a generic x86 CPU in a fresh process, against the same formula."""
+    rng = np.random.default_rng(5)
+    cases = {}
+    for ggml_type in (GT.Q4_0, GT.Q4_1, GT.Q8_0):
+        data = random_blocks(ggml_type, 37, 5 * 32, rng)
+        cases[f"{ggml_type.name}_data"] = data
+        cases[f"{ggml_type.name}_X"] = np.array([*rng.standard_normal((3, 160)), *edge_rows(rng, 160)], F32)
+    np.savez(tmp_path / "in.npz", **cases)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
+    subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   env=env, check=True, timeout=300)
+    with np.load(tmp_path / "out.npz") as got:
+        for ggml_type in (GT.Q4_0, GT.Q4_1, GT.Q8_0):
+            name = ggml_type.name
+            assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
