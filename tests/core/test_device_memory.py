@@ -7,7 +7,6 @@ path a GPU takes runs here without pretending a GPU exists; numpy has no device 
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,27 +16,7 @@ from loomlab.core.backend import NUMPY, Backend, DeviceMemory, backend_names, de
 from loomlab.core.errors import LoomConfigError, ModelNotFoundError
 from loomlab.core.llm.textmodel import load_model
 
-MiB, GiB = 2**20, 2**30
-
-
-class FakePool:
-    """CuPy's MemoryPool as far as device_memory reads it."""
-
-    def __init__(self, used: int, held: int):
-        self.used, self.held = used, held
-
-    def used_bytes(self) -> int:
-        return self.used
-
-    def total_bytes(self) -> int:
-        return self.held
-
-
-def cupy_like(used=3 * MiB, held=8 * MiB, free=70 * GiB, total=80 * GiB) -> SimpleNamespace:
-    """A module with CuPy's memory API (cupy.get_default_memory_pool, cupy.cuda.runtime.memGetInfo)."""
-    pool = FakePool(used, held)
-    return SimpleNamespace(get_default_memory_pool=lambda: pool,
-                           cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (free, total))))
+from .fake_cupy import GiB, MiB, cupy_like
 
 
 @pytest.fixture
