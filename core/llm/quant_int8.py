@@ -327,20 +327,28 @@ def _tree_sum(builder, v):
     return builder.extract_element(v, _I32(0))
 
 
-def _row_blocks_dot(kind):
-    """``dot(q, qi, xq, wd, xd, wm, xs, xsum)``: the weight row whose blocks start at byte ``qi``
-    of ``q`` times the quantized activation row ``xq`` (int8 [n]), with the row's block scales
-    ``wd``, offsets ``wm`` (Q4_1; ignored otherwise) and the activation's ``xd``, ``xs`` and
-    per-block quant sums ``xsum`` (each 1-D, one entry per block) -> float32."""
+def _rows_blocks_dot(kind, n):
+    """``dot(q, qi, xq, t0, wd, xd, wm, xs, xsum)``: the weight row whose blocks start at byte
+    ``qi`` of ``q`` times the ``n`` quantized activation rows ``t0 .. t0 + n - 1`` of ``xq``
+    (int8 [T, cols]) -> a tuple of n float32. ``wd`` and ``wm`` are the weight row's block
+    scales and offsets (1-D; ``wm`` read for Q4_1 only), ``xd``, ``xs`` and ``xsum`` the
+    activations' (2-D, a row per activation row). Each block's weights are unpacked once for
+    the n rows; every row gets the same operations as with n = 1 (its own two accumulators)."""
     bbytes, qoff = {WQ4_0: (18, 2), WQ4_1: (20, 4), WQ8_0: (34, 2)}[kind]
 
     @intrinsic
-    def dot(typingctx, q, qi, xq, wd, xd, wm, xs, xsum):
+    def dot(typingctx, q, qi, xq, t0, wd, xd, wm, xs, xsum):
         def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i])
-                      for i in (0, 2, 3, 4, 5, 6, 7)]
-            qp, xqp, wdp, xdp, wmp, xsp, sump = (a.data for a in arrays)
-            nb = cgutils.unpack_tuple(builder, arrays[2].shape, 1)[0]  # wd's length: the row's blocks
+            qa, xqa, wda, xda, wma, xsa, suma = (context.make_array(sig.args[i])(context, builder, args[i])
+                                                 for i in (0, 2, 4, 5, 6, 7, 8))
+            nb = cgutils.unpack_tuple(builder, wda.shape, 1)[0]  # the row's blocks
+            i64 = nb.type
+
+            def rows(a):
+                """Pointers to rows t0 .. t0 + n - 1 of the C-contiguous 2-D array ``a``."""
+                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+                return [builder.gep(a.data, [builder.mul(builder.add(args[3], i64(i)), width)], inbounds=True)
+                        for i in range(n)]
 
             def at(ptr, i):
                 return builder.load(builder.gep(ptr, [i], inbounds=True))
@@ -349,52 +357,88 @@ def _row_blocks_dot(kind):
                 where = builder.bitcast(builder.gep(ptr, [i], inbounds=True), vt.as_pointer())
                 return builder.load(where, align=1)
 
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(2)]
-            offsets = cgutils.alloca_once_value(builder, _F32(0.0))
+            xq_rows, xd_rows, xs_rows, sum_rows = rows(xqa), rows(xda), rows(xsa), rows(suma)
+            zero = ir.Constant(_V8F, [0.0] * 8)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n)]
+            offsets = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in range(n)]
             v16, v32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
 
-            def block(b, acc):
-                quants = builder.add(args[1], builder.add(builder.mul(b, b.type(bbytes)), b.type(qoff)))
-                xv = vector(xqp, builder.mul(b, b.type(32)), v32)
+            def block(b, parity):
+                quants = builder.add(args[1], builder.add(builder.mul(b, i64(bbytes)), i64(qoff)))
                 if kind == WQ8_0:  # |w| (u8) times x with w's sign, so the product is u8 x s8 as
                     # for the nibbles (llama.cpp's AVX2 sign trick); |x| <= 127, so -x cannot overflow
-                    w = vector(qp, quants, v32)
+                    w = vector(qa.data, quants, v32)
                     negative = builder.icmp_signed("<", w, ir.Constant(v32, [0] * 32))
                     w = builder.select(negative, builder.neg(w), w)
-                    xv = builder.select(negative, builder.neg(xv), xv)
                 else:
-                    v = vector(qp, quants, v16)
+                    v = vector(qa.data, quants, v16)
                     w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
-                lanes = _lanes_dot(builder, w, xv)
-                if kind == WQ4_0:  # nibbles are n - 8: subtract 8 * sum(x quants) in lane 0
-                    fix = builder.mul(at(sump, b), _I32(-8))
-                    fix = builder.insert_element(ir.Constant(_V8I, [0] * 8), fix, _I32(0))
-                    lanes = builder.add(lanes, fix)
-                scale = builder.fmul(at(wdp, b), at(xdp, b))
-                splat = builder.insert_element(ir.Constant(_V8F, ir.Undefined), scale, _I32(0))
-                splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I, [0] * 8))
-                scaled = builder.fmul(builder.sitofp(lanes, _V8F), splat)
-                builder.store(builder.fadd(builder.load(acc), scaled), acc)
-                if kind == WQ4_1:  # + m * s per block
-                    term = builder.fmul(at(wmp, b), at(xsp, b))
-                    builder.store(builder.fadd(builder.load(offsets), term), offsets)
+                wd_b = at(wda.data, b)
+                for i in range(n):
+                    xv = vector(xq_rows[i], builder.mul(b, i64(32)), v32)
+                    if kind == WQ8_0:
+                        xv = builder.select(negative, builder.neg(xv), xv)
+                    lanes = _lanes_dot(builder, w, xv)
+                    if kind == WQ4_0:  # nibbles are n - 8: subtract 8 * sum(x quants) in lane 0
+                        fix = builder.mul(at(sum_rows[i], b), _I32(-8))
+                        fix = builder.insert_element(ir.Constant(_V8I, [0] * 8), fix, _I32(0))
+                        lanes = builder.add(lanes, fix)
+                    scale = builder.fmul(wd_b, at(xd_rows[i], b))
+                    splat = builder.insert_element(ir.Constant(_V8F, ir.Undefined), scale, _I32(0))
+                    splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I, [0] * 8))
+                    acc = accs[i][parity]
+                    scaled = builder.fmul(builder.sitofp(lanes, _V8F), splat)
+                    builder.store(builder.fadd(builder.load(acc), scaled), acc)
+                    if kind == WQ4_1:  # + m * s per block
+                        term = builder.fmul(at(wma.data, b), at(xs_rows[i], b))
+                        builder.store(builder.fadd(builder.load(offsets[i]), term), offsets[i])
 
             # even and odd blocks into two accumulators: two dependency chains of float adds
-            pairs = builder.udiv(nb, nb.type(2))
-            with cgutils.for_range(builder, pairs) as loop:
-                b = builder.mul(loop.index, nb.type(2))
-                block(b, accs[0])
-                block(builder.add(b, nb.type(1)), accs[1])
-            last = builder.sub(nb, nb.type(1))
-            with builder.if_then(builder.icmp_unsigned("==", builder.urem(nb, nb.type(2)), nb.type(1))):
-                block(last, accs[0])
-            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
-            return builder.fadd(_tree_sum(builder, acc), builder.load(offsets))
-        return types.float32(q, qi, xq, wd, xd, wm, xs, xsum), codegen
+            with cgutils.for_range(builder, builder.udiv(nb, i64(2))) as loop:
+                b = builder.mul(loop.index, i64(2))
+                block(b, 0)
+                block(builder.add(b, i64(1)), 1)
+            with builder.if_then(builder.icmp_unsigned("==", builder.urem(nb, i64(2)), i64(1))):
+                block(builder.sub(nb, i64(1)), 0)
+            sums = []
+            for i in range(n):
+                acc = builder.fadd(builder.load(accs[i][0]), builder.load(accs[i][1]))
+                sums.append(builder.fadd(_tree_sum(builder, acc), builder.load(offsets[i])))
+            return context.make_tuple(builder, sig.return_type, sums)
+        return types.UniTuple(types.float32, n)(q, qi, xq, t0, wd, xd, wm, xs, xsum), codegen
     return dot
 
 
-_row_q4_0, _row_q4_1, _row_q8_0 = (_row_blocks_dot(k) for k in (WQ4_0, WQ4_1, WQ8_0))
+ROWS_AT_ONCE = 4  # activation rows per pass over a weight row (batched decode, short prompts)
+_q4_0_x1, _q4_1_x1, _q8_0_x1 = (_rows_blocks_dot(k, 1) for k in (WQ4_0, WQ4_1, WQ8_0))
+_q4_0_xn, _q4_1_xn, _q8_0_xn = (_rows_blocks_dot(k, ROWS_AT_ONCE) for k in (WQ4_0, WQ4_1, WQ8_0))
+
+
+@njit(inline="always")
+def _blocks_row_products(kind, q, r, wd, wm, qs, d, s, sums, out):
+    """``out[:, r]`` for a Q4_0 / Q4_1 / Q8_0 weight row r: ROWS_AT_ONCE activation rows per
+    call, then the rest one by one (the same bits either way)."""
+    row = r * (q.shape[0] // wd.shape[0])
+    wdr, wmr = wd[r], wm[r] if kind == WQ4_1 else wd[r]  # no offsets: any row of the right length
+    T, t = qs.shape[0], 0
+    while t + ROWS_AT_ONCE <= T:
+        if kind == WQ4_0:
+            v = _q4_0_xn(q, row, qs, t, wdr, d, wmr, s, sums)
+        elif kind == WQ4_1:
+            v = _q4_1_xn(q, row, qs, t, wdr, d, wmr, s, sums)
+        else:
+            v = _q8_0_xn(q, row, qs, t, wdr, d, wmr, s, sums)
+        for i in range(ROWS_AT_ONCE):
+            out[t + i, r] = v[i]
+        t += ROWS_AT_ONCE
+    while t < T:
+        if kind == WQ4_0:
+            out[t, r] = _q4_0_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
+        elif kind == WQ4_1:
+            out[t, r] = _q4_1_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
+        else:
+            out[t, r] = _q8_0_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
+        t += 1
 
 
 _dot_q6_0, _dot_q6_1, _dot_q6_2, _dot_q6_3 = _q6_dot(0, 0), _q6_dot(0, 2), _q6_dot(4, 4), _q6_dot(4, 6)
@@ -408,16 +452,11 @@ def _i(v):
 @njit(inline="always")
 def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
     """Weight row r (``q`` is the flat blocks) times one quantized activation row: llama.cpp's
-    ``ggml_vec_dot_<w>_<x>``, with the same integer sums per block."""
+    ``ggml_vec_dot_<w>_<x>``, with the same integer sums per block, for the formats the
+    whole-row dots do not cover (Q5_0, Q5_1, Q4_K, Q6_K)."""
     nb = wd.shape[1]
     row = r * (q.shape[0] // wd.shape[0])
     acc = F32(0)
-    if kind == WQ4_0:
-        return _row_q4_0(q, row, xq, wd[r], xd, wd[r], xs, xsum)
-    if kind == WQ4_1:
-        return _row_q4_1(q, row, xq, wd[r], xd, wm[r], xs, xsum)
-    if kind == WQ8_0:
-        return _row_q8_0(q, row, xq, wd[r], xd, wd[r], xs, xsum)
     if kind == WQ5_0 or kind == WQ5_1:
         bb, qo = (22, 2) if kind == WQ5_0 else (24, 4)
         for b in range(nb):
@@ -472,8 +511,11 @@ def _int8_matmul(kind, akind, q, wd, wm, wsc, wmn, X, out):
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         for r in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)):
             prefetch_row(q2, r)
-            for t in range(X.shape[0]):
-                out[t, r] = _row_dot(kind, q, r, wd, wm, wsc, wmn, qs[t], d[t], s[t], sums[t])
+            if kind == WQ4_0 or kind == WQ4_1 or kind == WQ8_0:
+                _blocks_row_products(kind, q, r, wd, wm, qs, d, s, sums, out)
+            else:
+                for t in range(X.shape[0]):
+                    out[t, r] = _row_dot(kind, q, r, wd, wm, wsc, wmn, qs[t], d[t], s[t], sums[t])
 
 
 # ---------------------------------------------------------------------------------------------
