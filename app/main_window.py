@@ -24,10 +24,10 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core import save_network
-from loomlab.core.backend import get_backend
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.procinfo import release_memory, rss_bytes
 from loomlab.core.workspace.store import Workspace
+from loomlab.views.backend_choice import BackendChoice, BackendMenu, BackendStatus
 from loomlab.views.chat_panel import ChatPanel
 from loomlab.views.dna_panel import DNAPanel
 from loomlab.views.evolution_panel import EvolutionPanel
@@ -56,14 +56,15 @@ SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
 
 
 class MainWindow(QMainWindow):
-    """The top-level window. ``settings`` and ``workspace_path`` are injectable for tests."""
+    """The top-level window. ``settings`` and ``workspace_path`` are injectable for tests;
+    ``backend`` overrides the saved backend setting (View > Backend)."""
 
-    def __init__(self, backend: str = "numpy", *, workspace_path: str | Path | None = None,
+    def __init__(self, backend: str | None = None, *, workspace_path: str | Path | None = None,
                  settings: QSettings | None = None, model_folders: list[str] | None = None,
                  parent: QWidget | None = None):
         super().__init__(parent)
-        self.backend = get_backend(backend)
         self.settings = settings or QSettings(ORGANIZATION, APP_NAME)
+        self.backend_choice = BackendChoice(parent=self)
         self.network = None  # the network shown: a Loom net or the loaded model's grid
         self._shut_down = False  # pending _chain steps must not touch panels that have shut down
         self._steps_pending = 0
@@ -98,6 +99,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_status_bar()
         self._wire()
+        self._choose_backend(backend)
         self._restore_layout()
 
     # ----- construction --------------------------------------------------------------------
@@ -158,6 +160,8 @@ class MainWindow(QMainWindow):
         for name in PANELS:
             view_menu.addAction(self.docks[name].toggleViewAction())
         view_menu.addSeparator()
+        self.backend_menu = BackendMenu(self.backend_choice, self)
+        view_menu.addMenu(self.backend_menu)
         self._build_theme_menu(view_menu.addMenu("&Theme"))
 
         help_menu = self.menuBar().addMenu("&Help")
@@ -195,7 +199,7 @@ class MainWindow(QMainWindow):
     def _build_status_bar(self) -> None:
         # Labels rather than showMessage(): a menu's status tips would erase a temporary message.
         self.network_label = QLabel("No network open")
-        self.backend_label = QLabel(f"backend: {self.backend.name}")
+        self.backend_label = BackendStatus(self.backend_choice)
         self.memory_label = QLabel("")
         self.speed_label = QLabel("")
         # Fixed sizes: a label that may change size asks its layout again on every setText, and
@@ -234,6 +238,22 @@ class MainWindow(QMainWindow):
         models.listed.connect(self._offer_listed_models)
         evolution.best_changed.connect(self.panels["topology"].set_network)
         evolution.recipe_chosen.connect(self._choose_recipe)
+
+    def _choose_backend(self, backend: str | None) -> None:
+        """The backend models and networks load on: ``backend``, else the saved choice. One this
+        machine cannot run (CuPy gone, no device) says why in the status bar; numpy stays."""
+        choice = self.backend_choice
+        choice.changed.connect(lambda name: self.settings.setValue("backend", name))
+        choice.changed.connect(lambda name: setattr(self.panels["models"], "backend", name))
+        choice.refused.connect(self._backend_refused)
+        choice.set_name(backend or str(self.settings.value("backend", "numpy")))
+
+    def _backend_refused(self, message: str) -> None:
+        """Chosen in the menu: a dialog says why. At startup (the saved choice): the status bar."""
+        if self.isVisible():
+            QMessageBox.warning(self, APP_NAME, message)
+        else:
+            self.statusBar().showMessage(message, 15000)
 
     def _offer_listed_models(self, entries: list) -> None:
         """The Models panel's models are offered for comparison (by name or path: a model is
@@ -453,6 +473,7 @@ class MainWindow(QMainWindow):
     def _update_memory(self) -> None:
         rss = rss_bytes()
         self.memory_label.setText(f"memory: {rss / 2**20:.0f} MiB" if rss else "")
+        self.backend_label.refresh()  # a GPU's memory
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.value("geometry"), self.settings.value("state")

@@ -108,6 +108,7 @@ class ModelsPanel(QWidget):
         self._describe_seq = 0  # answers from an older selection are dropped
         self._shut_down = False
         self.current_info: ModelInfo | None = None
+        self.backend = "numpy"  # what models and networks load on (the window's View > Backend)
         self._details: dict[str, str] = {}
         self._preview: list[tuple[int, str]] = []
         self._build()
@@ -472,12 +473,13 @@ class ModelsPanel(QWidget):
     def _load_entry(self, entry: ModelEntry) -> None:
         self.unload()  # one model at a time: free the old one's memory before reading the new
         target = entry.name if entry.source == "builtin" else str(entry.path)
-        loading = self._loading
+        loading, backend = self._loading, self.backend
 
         def work(job: Job) -> TextModel:
             # the tokenizer builds in a child process: in this one it would hold the GIL, and so
             # freeze the window, for up to a second (Gemma's 262k-token vocabulary)
-            model = load_model(target, progress=job.report, cancel=job.is_cancelled, tokenizer_process=True)
+            model = load_model(target, progress=job.report, cancel=job.is_cancelled, tokenizer_process=True,
+                               backend=backend)
             loading.append(model)  # held here so a cancelled or abandoned load still gets closed
             return model
 
@@ -514,10 +516,10 @@ class ModelsPanel(QWidget):
 
     def open_network(self, path: str | Path) -> None:
         """Read a Loom JSON or ``.loom`` network (in a job), list it and emit :attr:`network_opened`."""
-        path = Path(path)
+        path, backend = Path(path), self.backend
 
         def work(job: Job) -> tuple[VolumetricNetwork, dict]:
-            net = load_network(path)
+            net = load_network(path, backend=backend)
             return net, net.summary()
 
         self._run_action(f"Opening {path.name}", work, lambda result: self._on_network(path, *result))

@@ -54,7 +54,7 @@ def test_menus_and_docks(window):
     menus = menu_actions(window)
     assert menus["File"] == ["Open model...", "Open network...", "Save network as...", "Open recent", "Quit"]
     assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Run", "DNA", "Evolution",
-                             "Server", "Theme"]
+                             "Server", "Backend", "Theme"]
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
