@@ -5,6 +5,7 @@ where Qt is not installed."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 import weakref
@@ -21,6 +22,25 @@ def smollm2():
 
     with load_model("smollm2-135m") as model:
         yield model
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A machine where CuPy works: the "cupy" backend is a CuPy-like stand-in with memory numbers
+    (1 GiB used, 2 GiB peak, 70 of 80 GiB free; tests/core/fake_cupy.py)."""
+    from loomlab.core import backend
+
+    from .core.fake_cupy import GiB, cupy_like
+
+    fake = backend.Backend("cupy", cupy_like(used=GiB, held=2 * GiB, free=70 * GiB, total=80 * GiB))
+    monkeypatch.setitem(backend._FACTORIES, "cupy", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    """This machine without CuPy, whatever is installed: ``import cupy`` fails."""
+    monkeypatch.setitem(sys.modules, "cupy", None)
 
 
 @pytest.fixture(autouse=True)

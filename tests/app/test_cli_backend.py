@@ -41,12 +41,6 @@ def golden_net(tmp_path):
     return path, case_input(case)
 
 
-@pytest.fixture
-def no_cupy(monkeypatch):
-    """This machine without CuPy, whatever is installed: `import cupy` fails."""
-    monkeypatch.setitem(sys.modules, "cupy", None)
-
-
 def run_argv(path, x) -> list[str]:
     return ["net", "run", str(path), "--input-json", json.dumps(x.ravel().tolist()), "--shape",
             ",".join(map(str, x.shape))]

@@ -7,49 +7,31 @@ and its messages for a backend that cannot run.
 
 from __future__ import annotations
 
-import sys
+import json
 
-import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QMessageBox
 
-from loomlab.core import backend
-from loomlab.core.backend import NUMPY, Backend
+from loomlab.core.backend import NUMPY
 
-from ..core.fake_cupy import GiB, cupy_like
-from .test_main_window import golden_net_path, make_window  # noqa: F401 - golden_net_path is a fixture
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` fails, CuPy installed or not
-
-
-@pytest.fixture
-def gpu(monkeypatch):
-    fake = Backend("cupy", cupy_like(used=GiB, held=2 * GiB, free=70 * GiB, total=80 * GiB))
-    monkeypatch.setitem(backend._FACTORIES, "cupy", lambda: fake)
-    return fake
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    win = make_window(qtbot, tmp_path)
-    yield win
-    win.close()
+from ..core.fake_cupy import GiB
+from ..core.goldens import forward_case
+from .test_main_window import make_window
 
 
 def saved_backend(tmp_path) -> str | None:
     return QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat).value("backend")
 
 
-def test_auto_is_chosen_in_the_menu_kept_and_networks_open_on_it(window, qtbot, tmp_path, no_cupy,
-                                                                  golden_net_path):  # noqa: F811
+def test_auto_is_chosen_in_the_menu_kept_and_networks_open_on_it(qtbot, tmp_path, no_cupy):
+    path = tmp_path / "block.json"
+    path.write_text(json.dumps(forward_case("transformer_block")["network"]))
+    window = make_window(qtbot, tmp_path)
     assert window.backend_label.text() == "backend: numpy"
     window.backend_menu.choice_actions["auto"].trigger()
     assert window.backend_label.text() == "backend: numpy (auto)"
     assert window.panels["models"].backend == "auto"
-    window.open_network(str(golden_net_path))
+    window.open_network(str(path))
     qtbot.waitUntil(lambda: window.network is not None, timeout=10000)
     assert window.network.backend is NUMPY
     window.close()
@@ -59,35 +41,42 @@ def test_auto_is_chosen_in_the_menu_kept_and_networks_open_on_it(window, qtbot, 
     again.close()
 
 
-def test_the_status_bar_follows_a_gpus_memory(window, qtbot, gpu):
+def test_the_status_bar_follows_a_gpus_memory(qtbot, tmp_path, gpu):
+    window = make_window(qtbot, tmp_path)
     window.backend_menu.choice_actions["cupy"].trigger()
     assert window.backend_label.text() == ("backend: cupy · GPU 1.00 GiB used, peak 2.00 GiB, "
                                            "70.0 of 80.0 GiB free")
     gpu.xp.get_default_memory_pool().used = 2 * GiB
     qtbot.waitUntil(lambda: "GPU 2.00 GiB used" in window.backend_label.text(), timeout=3000)  # 1 s timer
+    window.close()
 
 
-def test_a_language_model_on_cupy_is_refused_in_the_models_panel(window, qtbot, gpu):
+def test_a_language_model_on_cupy_is_refused_in_the_models_panel(qtbot, tmp_path, gpu):
+    window = make_window(qtbot, tmp_path)
     window.backend_menu.choice_actions["cupy"].trigger()
     window.open_model("smollm2-135m")
     models = window.panels["models"]
     qtbot.waitUntil(lambda: "language models run on numpy only for now" in models.status_label.text(),
                     timeout=10000)
     assert window.model is None
+    window.close()
 
 
-def test_cupy_chosen_without_cupy_says_how_to_install_it_and_numpy_stays(window, no_cupy, monkeypatch):
+def test_cupy_chosen_without_cupy_says_how_to_install_it_and_numpy_stays(qtbot, tmp_path, no_cupy,
+                                                                         monkeypatch):
     warnings = []
     monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *a: warnings.append(a[2])))
+    window = make_window(qtbot, tmp_path)
     window.backend_menu.choice_actions["cupy"].trigger()
     assert len(warnings) == 1 and "pip install 'loomlab[gpu]'" in warnings[0]
     assert window.backend_choice.name == "numpy" and window.backend_menu.choice_actions["numpy"].isChecked()
     assert window.backend_label.text() == "backend: numpy"
+    window.close()
 
 
 def test_a_saved_cupy_without_cupy_starts_on_numpy_and_says_why(qtbot, tmp_path, no_cupy):
     QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat).setValue("backend", "cupy")
-    win = make_window(qtbot, tmp_path)
-    assert win.backend_choice.name == "numpy" and win.panels["models"].backend == "numpy"
-    assert "needs CuPy" in win.statusBar().currentMessage()
-    win.close()
+    window = make_window(qtbot, tmp_path)
+    assert window.backend_choice.name == "numpy" and window.panels["models"].backend == "numpy"
+    assert "needs CuPy" in window.statusBar().currentMessage()
+    window.close()

@@ -1,4 +1,5 @@
-"""A stand-in for CuPy's memory API, so the code a GPU runs is tested without pretending one exists."""
+"""A stand-in for CuPy's memory API, so the code a GPU runs is tested without pretending one
+exists (the ``gpu`` fixture in tests/conftest.py builds a backend on it)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,4 @@ def cupy_like(used=3 * MiB, held=8 * MiB, free=70 * GiB, total=80 * GiB) -> Simp
     pool = FakePool(used, held)
     return SimpleNamespace(get_default_memory_pool=lambda: pool,
                            cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (free, total))))
+

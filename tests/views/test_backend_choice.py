@@ -7,28 +7,12 @@ the status bar must show) and its messages for a backend that cannot run.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from loomlab.core import backend
-from loomlab.core.backend import NUMPY, Backend
+from loomlab.core.backend import NUMPY
 from loomlab.views.backend_choice import BackendChoice, BackendMenu, BackendStatus
 
-from ..core.fake_cupy import GiB, cupy_like
-
-
-@pytest.fixture
-def gpu(monkeypatch):
-    """A machine where CuPy works: "cupy" resolves to a CuPy-like backend with memory numbers."""
-    fake = Backend("cupy", cupy_like(used=GiB, held=2 * GiB, free=70 * GiB, total=80 * GiB))
-    monkeypatch.setitem(backend._FACTORIES, "cupy", lambda: fake)
-    return fake
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` fails, CuPy installed or not
+from ..core.fake_cupy import GiB
 
 
 @pytest.fixture
