@@ -245,20 +245,6 @@ def _nibble_dot(n, fields):
     return dot
 
 
-@intrinsic
-def _dot_q5(typingctx, q, qi, xq, xi):
-    """A Q5 block at q[qi:]: 4 bytes of fifth bits (bit j, little-endian, for weight j), then 16
-    bytes of nibbles (low ones first), times the 32 quants at xq[xi:]."""
-    def codegen(context, builder, sig, args):
-        high = _load_bytes(context, builder, sig.args[0], args[0], args[1], 4)
-        v = _load_bytes(context, builder, sig.args[0], args[0], builder.add(args[1], args[1].type(4)), 16)
-        w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
-        bits = builder.bitcast(high, ir.VectorType(ir.IntType(1), 32))  # x86 is little-endian
-        fifth = builder.shl(builder.zext(bits, w.type), ir.Constant(w.type, [4] * 32))
-        return _dot_with(context, builder, sig, args, builder.or_(w, fifth))
-    return types.int32(q, qi, xq, xi), codegen
-
-
 def _q6_dot(nib_shift, hi_shift):
     """``dot(q, lo, hi, xq, xi)``: 16 Q6_K quants, 4 bits of the bytes at q[lo:] and 2 of those
     at q[hi:] (unsigned, 0..63), times the 16 quants at xq[xi:]."""
@@ -334,7 +320,8 @@ def _rows_blocks_dot(kind, n):
     scales and offsets (1-D; ``wm`` read for Q4_1 only), ``xd``, ``xs`` and ``xsum`` the
     activations' (2-D, a row per activation row). Each block's weights are unpacked once for
     the n rows; every row gets the same operations as with n = 1 (its own two accumulators)."""
-    bbytes, qoff = {WQ4_0: (18, 2), WQ4_1: (20, 4), WQ8_0: (34, 2)}[kind]
+    bbytes, qoff = {WQ4_0: (18, 2), WQ4_1: (20, 4), WQ5_0: (22, 2), WQ5_1: (24, 4), WQ8_0: (34, 2)}[kind]
+    zero = {WQ4_0: 8, WQ5_0: 16}.get(kind, 0)  # quants stored as n + zero (none for the others)
 
     @intrinsic
     def dot(typingctx, q, qi, xq, t0, wd, xd, wm, xs, xsum):
@@ -358,8 +345,8 @@ def _rows_blocks_dot(kind, n):
                 return builder.load(where, align=1)
 
             xq_rows, xd_rows, xs_rows, sum_rows = rows(xqa), rows(xda), rows(xsa), rows(suma)
-            zero = ir.Constant(_V8F, [0.0] * 8)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n)]
+            nothing = ir.Constant(_V8F, [0.0] * 8)
+            accs = [[cgutils.alloca_once_value(builder, nothing) for _ in range(2)] for _ in range(n)]
             offsets = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in range(n)]
             v16, v32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
 
@@ -370,6 +357,12 @@ def _rows_blocks_dot(kind, n):
                     w = vector(qa.data, quants, v32)
                     negative = builder.icmp_signed("<", w, ir.Constant(v32, [0] * 32))
                     w = builder.select(negative, builder.neg(w), w)
+                elif kind == WQ5_0 or kind == WQ5_1:  # 4 bytes of fifth bits (bit j: weight j), nibbles
+                    high = vector(qa.data, quants, ir.VectorType(_I8, 4))
+                    v = vector(qa.data, builder.add(quants, i64(4)), v16)
+                    w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
+                    bits = builder.bitcast(high, ir.VectorType(ir.IntType(1), 32))  # x86 is little-endian
+                    w = builder.or_(w, builder.shl(builder.zext(bits, v32), ir.Constant(v32, [4] * 32)))
                 else:
                     v = vector(qa.data, quants, v16)
                     w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
@@ -379,8 +372,8 @@ def _rows_blocks_dot(kind, n):
                     if kind == WQ8_0:
                         xv = builder.select(negative, builder.neg(xv), xv)
                     lanes = _lanes_dot(builder, w, xv)
-                    if kind == WQ4_0:  # nibbles are n - 8: subtract 8 * sum(x quants) in lane 0
-                        fix = builder.mul(at(sum_rows[i], b), _I32(-8))
+                    if zero:  # quants are n + zero: subtract zero * sum(x quants) in lane 0
+                        fix = builder.mul(at(sum_rows[i], b), _I32(-zero))
                         fix = builder.insert_element(ir.Constant(_V8I, [0] * 8), fix, _I32(0))
                         lanes = builder.add(lanes, fix)
                     scale = builder.fmul(wd_b, at(xd_rows[i], b))
@@ -389,7 +382,7 @@ def _rows_blocks_dot(kind, n):
                     acc = accs[i][parity]
                     scaled = builder.fmul(builder.sitofp(lanes, _V8F), splat)
                     builder.store(builder.fadd(builder.load(acc), scaled), acc)
-                    if kind == WQ4_1:  # + m * s per block
+                    if kind == WQ4_1 or kind == WQ5_1:  # + m * s per block
                         term = builder.fmul(at(wma.data, b), at(xs_rows[i], b))
                         builder.store(builder.fadd(builder.load(offsets[i]), term), offsets[i])
 
@@ -410,34 +403,50 @@ def _rows_blocks_dot(kind, n):
 
 
 ROWS_AT_ONCE = 4  # activation rows per pass over a weight row (batched decode, short prompts)
-_q4_0_x1, _q4_1_x1, _q8_0_x1 = (_rows_blocks_dot(k, 1) for k in (WQ4_0, WQ4_1, WQ8_0))
-_q4_0_xn, _q4_1_xn, _q8_0_xn = (_rows_blocks_dot(k, ROWS_AT_ONCE) for k in (WQ4_0, WQ4_1, WQ8_0))
+_ROW_KINDS = (WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0)
+
+
+def _by_kind(n):
+    """One function over the whole-row dots of n activation rows, picking the format's by kind."""
+    q4_0, q4_1, q5_0, q5_1, q8_0 = (_rows_blocks_dot(k, n) for k in _ROW_KINDS)
+
+    @njit(inline="always")
+    def dot(kind, q, row, qs, t, wd, d, wm, s, sums):
+        if kind == WQ4_0:
+            return q4_0(q, row, qs, t, wd, d, wm, s, sums)
+        if kind == WQ4_1:
+            return q4_1(q, row, qs, t, wd, d, wm, s, sums)
+        if kind == WQ5_0:
+            return q5_0(q, row, qs, t, wd, d, wm, s, sums)
+        if kind == WQ5_1:
+            return q5_1(q, row, qs, t, wd, d, wm, s, sums)
+        return q8_0(q, row, qs, t, wd, d, wm, s, sums)
+    return dot
+
+
+_dot_one, _dot_many = _by_kind(1), _by_kind(ROWS_AT_ONCE)
+
+
+@njit(inline="always")
+def _has_row_dots(kind):
+    return kind == WQ4_0 or kind == WQ4_1 or kind == WQ5_0 or kind == WQ5_1 or kind == WQ8_0
 
 
 @njit(inline="always")
 def _blocks_row_products(kind, q, r, wd, wm, qs, d, s, sums, out):
-    """``out[:, r]`` for a Q4_0 / Q4_1 / Q8_0 weight row r: ROWS_AT_ONCE activation rows per
-    call, then the rest one by one (the same bits either way)."""
+    """``out[:, r]`` for weight row r of a format with whole-row dots: ROWS_AT_ONCE activation
+    rows per call, then the rest one by one (the same bits either way)."""
     row = r * (q.shape[0] // wd.shape[0])
-    wdr, wmr = wd[r], wm[r] if kind == WQ4_1 else wd[r]  # no offsets: any row of the right length
+    with_offsets = kind == WQ4_1 or kind == WQ5_1
+    wdr, wmr = wd[r], wm[r] if with_offsets else wd[r]  # no offsets: any row of the right length
     T, t = qs.shape[0], 0
     while t + ROWS_AT_ONCE <= T:
-        if kind == WQ4_0:
-            v = _q4_0_xn(q, row, qs, t, wdr, d, wmr, s, sums)
-        elif kind == WQ4_1:
-            v = _q4_1_xn(q, row, qs, t, wdr, d, wmr, s, sums)
-        else:
-            v = _q8_0_xn(q, row, qs, t, wdr, d, wmr, s, sums)
+        v = _dot_many(kind, q, row, qs, t, wdr, d, wmr, s, sums)
         for i in range(ROWS_AT_ONCE):
             out[t + i, r] = v[i]
         t += ROWS_AT_ONCE
     while t < T:
-        if kind == WQ4_0:
-            out[t, r] = _q4_0_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
-        elif kind == WQ4_1:
-            out[t, r] = _q4_1_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
-        else:
-            out[t, r] = _q8_0_x1(q, row, qs, t, wdr, d, wmr, s, sums)[0]
+        out[t, r] = _dot_one(kind, q, row, qs, t, wdr, d, wmr, s, sums)[0]
         t += 1
 
 
@@ -453,19 +462,11 @@ def _i(v):
 def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xs, xsum):
     """Weight row r (``q`` is the flat blocks) times one quantized activation row: llama.cpp's
     ``ggml_vec_dot_<w>_<x>``, with the same integer sums per block, for the formats the
-    whole-row dots do not cover (Q5_0, Q5_1, Q4_K, Q6_K)."""
+    whole-row dots do not cover (Q4_K, Q6_K)."""
     nb = wd.shape[1]
     row = r * (q.shape[0] // wd.shape[0])
     acc = F32(0)
-    if kind == WQ5_0 or kind == WQ5_1:
-        bb, qo = (22, 2) if kind == WQ5_0 else (24, 4)
-        for b in range(nb):
-            si = _dot_q5(q, row + b * bb + qo, xq, b * 32)
-            if kind == WQ5_0:  # quants are n - 16
-                acc += F32(si - 16 * xsum[b]) * (wd[r, b] * xd[b])
-            else:
-                acc += F32(si) * (wd[r, b] * xd[b]) + wm[r, b] * xs[b]
-    elif kind == WQ4_K:
+    if kind == WQ4_K:
         # 144-byte super-blocks: f16 d, f16 dmin, 12 bytes of 6-bit scales / mins (unpacked into
         # wsc / wmn), 128 nibble bytes: 4 groups of 32 bytes, low nibbles then high nibbles.
         # A weight is d * scale * n - dmin * min, so the mins meet x's sums per 16 (bsums).
@@ -511,7 +512,7 @@ def _int8_matmul(kind, akind, q, wd, wm, wsc, wmn, X, out):
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         for r in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)):
             prefetch_row(q2, r)
-            if kind == WQ4_0 or kind == WQ4_1 or kind == WQ8_0:
+            if _has_row_dots(kind):
                 _blocks_row_products(kind, q, r, wd, wm, qs, d, s, sums, out)
             else:
                 for t in range(X.shape[0]):

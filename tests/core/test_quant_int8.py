@@ -315,7 +315,7 @@ assert not quant_int8._host_has_vnni()
 with np.load(sys.argv[1]) as f:
     cases = dict(f)
 out = {}
-for name in ("Q4_0", "Q4_1", "Q8_0"):
+for name in sys.argv[3:]:
     data, X = cases[name + "_data"], cases[name + "_X"]
     cols = data.shape[1] // GGML_QUANT_SIZES[GT[name]][1] * 32
     out[name] = quant_int8.int8_matmul(QuantMatrix(data, GT[name], (data.shape[0], cols)), X)
@@ -328,15 +328,16 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path):
     compiled for a generic x86 CPU in a fresh process, against the same formula."""
     rng = np.random.default_rng(5)
     cases = {}
-    for ggml_type in (GT.Q4_0, GT.Q4_1, GT.Q8_0):
+    formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0)
+    for ggml_type in formats:
         data = random_blocks(ggml_type, 37, 5 * 32, rng)
         cases[f"{ggml_type.name}_data"] = data
         cases[f"{ggml_type.name}_X"] = np.array([*rng.standard_normal((3, 160)), *edge_rows(rng, 160)], F32)
     np.savez(tmp_path / "in.npz", **cases)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
-    subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                   env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
+                    *(t.name for t in formats)], env=env, check=True, timeout=300)
     with np.load(tmp_path / "out.npz") as got:
-        for ggml_type in (GT.Q4_0, GT.Q4_1, GT.Q8_0):
+        for ggml_type in formats:
             name = ggml_type.name
             assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
