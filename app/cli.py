@@ -54,7 +54,7 @@ def _command_modules():
             for m in pkgutil.iter_modules(commands.__path__)]
 
 
-GUI_OPTIONS = ("--screenshot", "--panel", "--model", "--network", "--prompt", "--demo")
+GUI_OPTIONS = ("--screenshot", "--panel", "--model", "--network", "--prompt", "--demo", "--backend")
 
 
 def add_gui_options(p) -> None:
@@ -70,6 +70,9 @@ def add_gui_options(p) -> None:
     p.add_argument("--demo", action="store_true",
                    help="fill the DNA and Evolution panels with an example: XOR's seed network against a "
                         "NEAT mutant, and 30 generations of a speciated XOR run")
+    p.add_argument("--backend", type=_backend_name, metavar="NAME",
+                   help="load models and networks on numpy, cupy or auto (default: the View > Backend "
+                        "choice)")
 
 
 def gui_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ class GuiOptions:
     network: str | None = None
     prompt: str | None = None
     demo: bool = False
+    backend: str | None = None  # None: the saved View > Backend choice
 
 
 def make_app(argv: list[str]) -> QApplication:
@@ -78,10 +79,11 @@ def run_gui(argv: list[str], options: GuiOptions | None = None) -> int:
     app = make_app(argv)
     warm_up()
     if options.screenshot is None:
-        return _run_window(app, MainWindow(), options)
+        return _run_window(app, MainWindow(options.backend), options)
     with tempfile.TemporaryDirectory(prefix="loomlab-screenshot-") as scratch:
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(workspace_path=Path(scratch) / "workspace.sqlite3", settings=settings)
+        window = MainWindow(options.backend, workspace_path=Path(scratch) / "workspace.sqlite3",
+                            settings=settings)
         try:
             return _take_screenshot(window, options)
         finally:

@@ -120,3 +120,13 @@ def test_bench_reports_the_backend_and_its_device_memory(capsys):
     assert main(argv) == 0
     lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert lines["backend"] == "numpy" and lines["device_memory"] == "none (numpy)"
+
+
+def test_the_workbench_takes_the_option_too(capsys):
+    from loomlab.app.cli import gui_parser
+    from loomlab.app.gui import GuiOptions
+
+    assert GuiOptions(**vars(gui_parser().parse_args(["--backend", "auto"]))).backend == "auto"
+    assert GuiOptions(**vars(gui_parser().parse_args([]))).backend is None  # the saved choice
+    assert main(["--backend", "tpu"]) == 2  # refused before any window or display is needed
+    assert "argument --backend: unknown backend 'tpu'" in one_error_line(capsys)

@@ -12,6 +12,7 @@ import json
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QMessageBox
 
+from loomlab.app.main_window import MainWindow
 from loomlab.core.backend import NUMPY
 
 from ..core.fake_cupy import GiB
@@ -79,4 +80,14 @@ def test_a_saved_cupy_without_cupy_starts_on_numpy_and_says_why(qtbot, tmp_path,
     window = make_window(qtbot, tmp_path)
     assert window.backend_choice.name == "numpy" and window.panels["models"].backend == "numpy"
     assert "needs CuPy" in window.statusBar().currentMessage()
+    window.close()
+
+
+def test_a_backend_given_to_the_window_wins_over_the_saved_one(qtbot, tmp_path, no_cupy):
+    """loomlab --backend auto opens the window so."""
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    settings.setValue("backend", "numpy")
+    window = MainWindow("auto", workspace_path=tmp_path / "workspace.sqlite3", settings=settings)
+    qtbot.addWidget(window)
+    assert window.backend_choice.name == "auto" and window.panels["models"].backend == "auto"
     window.close()
