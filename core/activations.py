@@ -39,7 +39,7 @@ def activate(act: int, v):
         if fast is not None:
             return fast
     if act == RELU:
-        return xp.where(v < 0, 0, v).astype(v.dtype, copy=False)
+        return xp.astype(xp.where(v < 0, 0, v), v.dtype, copy=False)
     if act == SILU:
         return v * sigmoid(v)
     if act == GELU:
@@ -49,9 +49,9 @@ def activate(act: int, v):
     if act == SIGMOID:
         return sigmoid(v)
     if act == LEAKY_RELU:
-        return xp.where(v < 0, v * 0.01, v).astype(v.dtype, copy=False)
+        return xp.astype(xp.where(v < 0, v * 0.01, v), v.dtype, copy=False)
     if act == RELU2:
-        return xp.where(v < 0, 0, v * v).astype(v.dtype, copy=False)
+        return xp.astype(xp.where(v < 0, 0, v * v), v.dtype, copy=False)
     return v
 
 
@@ -85,7 +85,7 @@ def derivative(act: int, v):
     """
     xp = array_module(v)
     if act == RELU:
-        return (v > 0).astype(v.dtype)
+        return xp.astype(v > 0, v.dtype)
     if act == SILU:
         s = sigmoid(v)
         return s * (1.0 + v * (1.0 - s))
@@ -103,9 +103,9 @@ def derivative(act: int, v):
         s = sigmoid(v)
         return s * (1.0 - s)
     if act == LEAKY_RELU:
-        return xp.where(v > 0, 1.0, 0.01).astype(v.dtype)
+        return xp.where(v > 0, 1.0, xp.full_like(v, 0.01))
     if act == RELU2:
-        return xp.where(v > 0, 2.0 * v, 0.0).astype(v.dtype)
+        return xp.astype(xp.where(v > 0, 2.0 * v, 0.0), v.dtype, copy=False)
     return xp.ones_like(v)
 
 

@@ -4,6 +4,11 @@ Numeric code receives ``xp`` (numpy or cupy) instead of importing numpy directly
 backend in :mod:`loomlab.gpu` reuses every layer unchanged. Backends are found by name in a
 registry; ``"auto"`` picks CuPy when a CUDA device is usable and numpy otherwise.
 
+``"strict"`` (and ``"strict-no-float64"``) run the same code on ``array_api_strict``, which refuses
+what CuPy would refuse or make slow: functions outside the array API standard, implicit conversion
+to host numpy, arrays of two devices in one operation, and (on the second) float64. Its arrays live
+on a simulated device, so every host copy has to go through :func:`to_host`.
+
 numpy is built in. Any other backend is a plugin that calls :func:`register_backend` when it is
 imported, and is found through the ``loomlab.backends`` entry points of the installed packages
 (``cupy = "loomlab.gpu"`` in this project's pyproject.toml): the engine never imports a plugin by
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache, cached_property
 from importlib.metadata import entry_points
 from types import ModuleType
 
@@ -27,20 +33,48 @@ ENTRY_POINT_GROUP = "loomlab.backends"
 @dataclass(frozen=True)
 class Backend:
     name: str
-    xp: ModuleType  # the array module: numpy or cupy
+    xp: ModuleType  # the array namespace: numpy, cupy or a device-bound array_api_strict
+    device: object = None  # where its arrays live; None: the namespace's default device
 
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
 
     def to_numpy(self, a) -> np.ndarray:
         """Bring an array back to host memory (a no-op for numpy)."""
-        return a.get() if hasattr(a, "get") else np.asarray(a)
+        return to_host(a)
+
+    @cached_property
+    def has_float64(self) -> bool:
+        """Whether the device computes in float64 (many consumer GPUs, and ``no_float64``, do not)."""
+        info = getattr(self.xp, "__array_namespace_info__", None)
+        if info is None:  # a namespace predating the inspection API: assume the common case
+            return True
+        return "float64" in info().dtypes(device=self.device, kind="real floating")
 
 
 NUMPY = Backend("numpy", np)
 
+STRICT_INSTALL_HINT = "pip install 'loomlab[dev]' (or: pip install array-api-strict)"
+# backend name -> array_api_strict's simulated device it computes on
+STRICT_DEVICES = {"strict": "device1", "strict-no-float64": "no_float64"}
+
+
+def strict_backend(name: str = "strict") -> Backend:
+    """The checking backend: array_api_strict on the simulated device ``STRICT_DEVICES[name]``."""
+    try:
+        import array_api_strict
+    except ImportError as e:
+        raise LoomConfigError(f"the {name!r} backend needs array-api-strict, which is not installed: "
+                              f"{STRICT_INSTALL_HINT}") from e
+    device = array_api_strict.Device(STRICT_DEVICES[name])
+    return Backend(name, strict_namespace(device), device)
+
+
 # name -> zero-argument factory; factories import their heavy module only when called.
-_FACTORIES: dict[str, Callable[[], Backend]] = {"numpy": lambda: NUMPY}
+_FACTORIES: dict[str, Callable[[], Backend]] = {
+    "numpy": lambda: NUMPY,
+    **{name: (lambda n=name: strict_backend(n)) for name in STRICT_DEVICES},
+}
 
 
 def register_backend(name: str, factory: Callable[[], Backend]) -> None:
@@ -83,12 +117,80 @@ def _load_plugin(name: str) -> None:
 
 
 def array_module(a) -> ModuleType:
-    """The array module an array belongs to (``cupy.get_array_module`` without needing CuPy)."""
-    if type(a).__module__.split(".")[0] == "cupy":
+    """The array module an array belongs to (``cupy.get_array_module`` without needing CuPy).
+
+    An array_api_strict array gets the namespace bound to its own device, so arrays created while
+    computing on it land beside it, as CuPy's land on the current device.
+    """
+    library = _library(a)
+    if library == "cupy":
         import cupy
 
         return cupy
+    if library == "array_api_strict":
+        return strict_namespace(a.device)
     return np
+
+
+def _library(a) -> str:
+    """The top-level package an array's type comes from ("numpy", "cupy", "array_api_strict")."""
+    return type(a).__module__.split(".")[0]
+
+
+def to_host(a) -> np.ndarray:
+    """Copy an array to host memory as numpy: the one explicit device-to-host transfer."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "get"):  # CuPy
+        return a.get()
+    if _library(a) == "array_api_strict":
+        import array_api_strict
+
+        # np.asarray refuses an array on a simulated device: move it to the CPU device first
+        return np.asarray(a.to_device(array_api_strict.Device()))
+    return np.asarray(a)
+
+
+def host_dtype(dtype) -> np.dtype:
+    """The numpy dtype of a dtype of any namespace (array_api_strict's compare unequal to numpy's)."""
+    if isinstance(dtype, np.dtype | type):
+        return np.dtype(dtype)
+    return np.dtype(str(dtype).rsplit(".", 1)[-1])  # "array_api_strict.float32" -> float32
+
+
+# The array API's creation functions that take ``device=``; the device-bound namespace fills it in.
+_CREATION_FUNCTIONS = ("arange", "empty", "eye", "full", "linspace", "ones", "zeros")
+
+
+@cache
+def strict_namespace(device) -> ModuleType:
+    """array_api_strict with ``device`` as its current device, the way CuPy has one.
+
+    Creation functions default to ``device`` and ``asarray`` copies host data onto it, so numeric
+    code written once for numpy and CuPy (``xp.zeros(...)``, ``xp.asarray(host)``) runs unchanged.
+    An array already on some device keeps it: moving between devices stays explicit, and mixing
+    devices raises in array_api_strict.
+    """
+    import array_api_strict as strict
+
+    ns = ModuleType(f"array_api_strict[{device!r}]", strict_namespace.__doc__)
+
+    def bound(f):
+        def on_device(*args, device=device, **kwargs):
+            return f(*args, device=device, **kwargs)
+
+        return on_device
+
+    for name in _CREATION_FUNCTIONS:
+        setattr(ns, name, bound(getattr(strict, name)))
+
+    def asarray(obj, /, *, dtype=None, copy=None):
+        where = obj.device if _library(obj) == "array_api_strict" else device
+        return strict.asarray(obj, dtype=dtype, device=where, copy=copy)
+
+    ns.asarray = asarray
+    ns.__getattr__ = lambda name: getattr(strict, name)  # everything else is array_api_strict's
+    return ns
 
 
 # ----- choosing a backend by name, device memory ---------------------------------------------

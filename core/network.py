@@ -26,11 +26,12 @@ Coord = tuple[int, int, int, int]
 PRECISIONS = ("loom", "fast")
 
 
-def compute_dtypes(input_dtype, precision: str) -> tuple[type, type]:
+def compute_dtypes(input_dtype, precision: str, xp=np) -> tuple[type, type]:
     """``(act, compute)``: the dtype between grid layers for an input of ``input_dtype`` (float64
-    stays float64, anything else is float32) and the dtype layers compute in under ``precision``."""
-    act = np.float64 if input_dtype == np.float64 else np.float32
-    return act, (np.float64 if precision == "loom" else act)
+    stays float64, anything else is float32) and the dtype layers compute in under ``precision``,
+    as dtypes of the array namespace ``xp``."""
+    act = xp.float64 if input_dtype == xp.float64 else xp.float32
+    return act, (xp.float64 if precision == "loom" else act)
 
 
 class Run:
@@ -201,17 +202,21 @@ class VolumetricNetwork:
     def trace(self, x, *, train: bool = True) -> Trace:
         """Forward ``x`` and return the record of the pass (what :meth:`forward` is built on);
         trainers that need every layer's output and token use it directly."""
-        x = self.backend.xp.asarray(x)
-        trace = Trace(Run(self, train), *compute_dtypes(x.dtype, self.precision))
+        xp = self.backend.xp
+        if self.precision == "loom" and not self.backend.has_float64:
+            raise LoomConfigError(f"precision 'loom' computes in float64, which the {self.backend.name!r} "
+                                  "backend's device lacks; use precision='fast' (float32)")
+        x = xp.asarray(x)
+        trace = Trace(Run(self, train), *compute_dtypes(x.dtype, self.precision, xp))
         act = trace.act
-        current = x.astype(act)
+        current = xp.astype(x, act)
         for i, layer in enumerate(self.cells):
             if layer is None:
                 raise LoomShapeError(f"grid cell {self.coord(i)} holds no layer")
             if layer.cfg.is_disabled:
                 continue
-            y, token = trace.run.call(layer, current.astype(trace.compute, copy=False))
-            current = y.astype(act, copy=False)
+            y, token = trace.run.call(layer, xp.astype(current, trace.compute, copy=False))
+            current = xp.astype(y, act, copy=False)
             if train:
                 trace.cells.append(i)
                 trace.outputs.append(current)
@@ -233,11 +238,11 @@ class VolumetricNetwork:
         """
         if self._tape is None:
             raise LoomConfigError("backward() needs a preceding forward(..., train=True)")
-        trace = self._tape
-        g = self.backend.xp.asarray(grad).astype(trace.compute)
+        trace, xp = self._tape, self.backend.xp
+        g = xp.asarray(grad, dtype=trace.compute, copy=True)  # a float64 host gradient may not fit the device
         for token in reversed(trace.tokens):
             g = trace.run.back(token, g)
-        return g.astype(trace.act, copy=False)
+        return xp.astype(g, trace.act, copy=False)
 
     def zero_grad(self) -> None:
         for layer in self.all_layers():

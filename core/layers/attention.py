@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import LoomFormatError, LoomShapeError
-from .base import Layer, LayerConfig, register, rows_to_input
+from .base import Layer, LayerConfig, register, rows_to_input, widest_float
 
 DEFAULT_MAX_POSITIONS = 512  # Loom's cache capacity (it wraps silently beyond; we raise)
 DEFAULT_ROPE_BASE = 10000.0
@@ -71,17 +71,17 @@ class KVCache:
         end = self.offset + k.shape[0]
         if self.keys is None or end > self.keys.shape[0] or self.keys.dtype != k.dtype:
             self._grow(max(end, 2 * self.offset), k, xp)
-        self.keys[self.offset:end] = k
-        self.values[self.offset:end] = v
+        self.keys[self.offset:end, ...] = k
+        self.values[self.offset:end, ...] = v
         self.offset = end
-        return self.keys[:end], self.values[:end]
+        return self.keys[:end, ...], self.values[:end, ...]
 
     def _grow(self, capacity: int, like, xp) -> None:
         keys = xp.zeros((capacity, *like.shape[1:]), dtype=like.dtype)
         values = xp.zeros_like(keys)
         if self.offset:
-            keys[: self.offset] = self.keys[: self.offset]
-            values[: self.offset] = self.values[: self.offset]
+            keys[: self.offset, ...] = self.keys[: self.offset, ...]
+            values[: self.offset, ...] = self.values[: self.offset, ...]
         self.keys, self.values = keys, values
 
 
@@ -93,13 +93,14 @@ def rope(v, positions, base: float, xp, inverse: bool = False):
     """
     hd = v.shape[-1]
     half = hd // 2
-    exponents = xp.arange(half, dtype=xp.float64) * 2 / hd
-    angle = positions.astype(xp.float64)[:, None, None] / base ** exponents
-    cos, sin = xp.cos(angle).astype(v.dtype), xp.sin(angle).astype(v.dtype)
+    wide = widest_float(xp, positions.device)  # angles of far positions lose turns in float32
+    exponents = xp.arange(half, dtype=wide) * 2 / hd
+    angle = xp.astype(positions, wide)[:, None, None] / base ** exponents
+    cos, sin = xp.astype(xp.cos(angle), v.dtype), xp.astype(xp.sin(angle), v.dtype)
     if inverse:
         sin = -sin
     a, b = v[..., :half], v[..., half:2 * half]
-    return xp.concatenate([a * cos - b * sin, a * sin + b * cos, v[..., 2 * half:]], axis=-1)
+    return xp.concat([a * cos - b * sin, a * sin + b * cos, v[..., 2 * half:]], axis=-1)
 
 
 @register
@@ -142,18 +143,18 @@ class MultiHeadAttention(Layer):
         self.kv_cache.reset()
 
     # ----- forward -----------------------------------------------------------------
-    def _rows(self, x):
+    def _rows(self, x, xp):
         """Input rows ``[N, d]`` (all batch items in order) and the output shape (spec §5.4.4)."""
         d = self.cfg.d_model
         if x.ndim >= 1 and x.shape[-1] == d:
-            rows, out_shape = x.reshape(-1, d), (*x.shape[:-1], d)
+            rows, out_shape = xp.reshape(x, (-1, d)), (*x.shape[:-1], d)
         else:  # Loom's legacy layouts: the sequence length comes from the config
             batch = x.shape[0] if x.ndim == 3 else 1
             seq = self.cfg.seq_length if self.cfg.seq_length > 0 else x.size // max(batch * d, 1)
             if batch * seq * d > x.size:
                 raise LoomShapeError(f"MultiHeadAttention: input of shape {tuple(x.shape)} holds fewer "
                                      f"than {batch}x{seq}x{d} values")
-            rows = x.reshape(-1)[: batch * seq * d].reshape(batch * seq, d)
+            rows = xp.reshape(xp.reshape(x, (-1,))[: batch * seq * d], (batch * seq, d))
             out_shape = (batch, seq, d) if x.ndim == 3 else (seq, d)
         if rows.shape[0] == 0:
             raise LoomShapeError(f"MultiHeadAttention: input of shape {tuple(x.shape)} has no rows")
@@ -178,43 +179,44 @@ class MultiHeadAttention(Layer):
             at += size
         wq, wk, wv, wo, bq, bk, bv, bo = blocks
         d, q, kv = dm.d_model, dm.query_dim, dm.kv_dim
-        return (wq.reshape(q, d), wk.reshape(kv, d), wv.reshape(kv, d), wo.reshape(d, q),
-                bq, bk, bv, bo)
+        return (xp.reshape(wq, (q, d)), xp.reshape(wk, (kv, d)), xp.reshape(wv, (kv, d)),
+                xp.reshape(wo, (d, q)), bq, bk, bv, bo)
 
     def forward(self, x, ctx, skip=None):
         xp, dm = ctx.xp, self.dims
-        rows, out_shape = self._rows(x)
+        rows, out_shape = self._rows(x, xp)
         n = rows.shape[0]
         start = self._start(n)
         wq, wk, wv, wo, bq, bk, bv, bo = self._blocks(xp, x.dtype)
         positions = xp.arange(start, start + n)
         heads = (n, dm.num_heads, dm.head_dim)
         kv_heads = (n, dm.num_kv_heads, dm.head_dim)
-        q = rope((rows @ wq.T + bq).reshape(heads), positions, dm.rope_base, xp)
-        k = rope((rows @ wk.T + bk).reshape(kv_heads), positions, dm.rope_base, xp)
-        v = (rows @ wv.T + bv).reshape(kv_heads)
+        q = rope(xp.reshape(rows @ wq.T + bq, heads), positions, dm.rope_base, xp)
+        k = rope(xp.reshape(rows @ wk.T + bk, kv_heads), positions, dm.rope_base, xp)
+        v = xp.reshape(rows @ wv.T + bv, kv_heads)
         keys, values = self.kv_cache.update_and_fetch(k, v, xp)
         att, probs = self._attend(q, keys, values, positions, xp)
         y = att @ wo.T + bo
         cache = (rows, x.shape, start, positions, q, keys, values, probs, att) if ctx.train else None
-        return y.reshape(out_shape), cache
+        return xp.reshape(y, out_shape), cache
 
-    def _grouped(self, t):
+    def _grouped(self, t, xp):
         """``[N, H, hd]`` -> ``[Hkv, g, N, hd]``: one matmul per KV head serves its query heads."""
         dm = self.dims
-        return t.reshape(t.shape[0], dm.num_kv_heads, dm.group, dm.head_dim).transpose(1, 2, 0, 3)
+        t = xp.reshape(t, (t.shape[0], dm.num_kv_heads, dm.group, dm.head_dim))
+        return xp.permute_dims(t, (1, 2, 0, 3))
 
     def _attend(self, q, keys, values, positions, xp):
         """Causal scaled dot-product attention; returns ``att[N, H*hd]`` and ``probs[Hkv, g, N, T]``."""
         dm = self.dims
-        kt = keys.transpose(1, 2, 0)[:, None]  # [Hkv, 1, hd, T]
-        scores = (self._grouped(q) @ kt) * (1.0 / math.sqrt(dm.head_dim))
+        kt = xp.permute_dims(keys, (1, 2, 0))[:, None, ...]  # [Hkv, 1, hd, T]
+        scores = (self._grouped(q, xp) @ kt) * (1.0 / math.sqrt(dm.head_dim))
         causal = xp.arange(keys.shape[0])[None, :] <= positions[:, None]
         scores = xp.where(causal, scores, -xp.inf)
-        e = xp.exp(scores - scores.max(axis=-1, keepdims=True))
-        probs = e / e.sum(axis=-1, keepdims=True)
-        att = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, g, N, hd]
-        return att.transpose(2, 0, 1, 3).reshape(q.shape[0], -1), probs
+        e = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
+        probs = e / xp.sum(e, axis=-1, keepdims=True)
+        att = probs @ xp.permute_dims(values, (1, 0, 2))[:, None, ...]  # [Hkv, g, N, hd]
+        return xp.reshape(xp.permute_dims(att, (2, 0, 1, 3)), (q.shape[0], -1)), probs
 
     # ----- backward ----------------------------------------------------------------
     def backward(self, cache, gy, ctx):
@@ -223,21 +225,21 @@ class MultiHeadAttention(Layer):
         rows, x_shape, start, positions, q, keys, values, probs, att = cache
         xp, dm = ctx.xp, self.dims
         wq, wk, wv, wo, *_ = self._blocks(xp, rows.dtype)
-        gy = gy.reshape(rows.shape[0], dm.d_model)
-        g_att = self._grouped((gy @ wo).reshape(q.shape))  # [Hkv, g, N, hd]
-        g_probs = g_att @ values.transpose(1, 2, 0)[:, None]  # [Hkv, g, N, T]
-        g_scores = probs * (g_probs - (g_probs * probs).sum(axis=-1, keepdims=True))
+        gy = xp.reshape(gy, (rows.shape[0], dm.d_model))
+        g_att = self._grouped(xp.reshape(gy @ wo, q.shape), xp)  # [Hkv, g, N, hd]
+        g_probs = g_att @ xp.permute_dims(values, (1, 2, 0))[:, None, ...]  # [Hkv, g, N, T]
+        g_scores = probs * (g_probs - xp.sum(g_probs * probs, axis=-1, keepdims=True))
         g_scores *= 1.0 / math.sqrt(dm.head_dim)
-        g_q = (g_scores @ keys.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3)
-        g_keys = (g_scores.swapaxes(-1, -2) @ self._grouped(q)).sum(axis=1)  # [Hkv, T, hd]
-        g_values = (probs.swapaxes(-1, -2) @ g_att).sum(axis=1)
+        g_q = xp.permute_dims(g_scores @ xp.permute_dims(keys, (1, 0, 2))[:, None, ...], (2, 0, 1, 3))
+        g_keys = xp.sum(xp.matrix_transpose(g_scores) @ self._grouped(q, xp), axis=1)  # [Hkv, T, hd]
+        g_values = xp.sum(xp.matrix_transpose(probs) @ g_att, axis=1)
         n = rows.shape[0]
-        g_q = rope(g_q.reshape(n, -1, dm.head_dim), positions, dm.rope_base, xp, inverse=True)
-        g_k = rope(g_keys[:, start:].transpose(1, 0, 2), positions, dm.rope_base, xp, inverse=True)
-        g_v = g_values[:, start:].transpose(1, 0, 2)
-        g_q, g_k, g_v = g_q.reshape(n, -1), g_k.reshape(n, -1), g_v.reshape(n, -1)
-        self.add_grad(xp.concatenate([
-            (g_q.T @ rows).ravel(), (g_k.T @ rows).ravel(), (g_v.T @ rows).ravel(),
-            (gy.T @ att).ravel(), g_q.sum(axis=0), g_k.sum(axis=0), g_v.sum(axis=0), gy.sum(axis=0),
-        ]))
+        g_q = rope(xp.reshape(g_q, (n, -1, dm.head_dim)), positions, dm.rope_base, xp, inverse=True)
+        g_k = rope(xp.permute_dims(g_keys[:, start:, :], (1, 0, 2)), positions, dm.rope_base, xp,
+                   inverse=True)
+        g_v = xp.permute_dims(g_values[:, start:, :], (1, 0, 2))
+        g_q, g_k, g_v = (xp.reshape(g, (n, -1)) for g in (g_q, g_k, g_v))
+        flat = [g_q.T @ rows, g_k.T @ rows, g_v.T @ rows, gy.T @ att]
+        self.add_grad(xp.concat([xp.reshape(g, (-1,)) for g in flat]
+                                + [xp.sum(g, axis=0) for g in (g_q, g_k, g_v, gy)]))
         return rows_to_input(g_q @ wq + g_k @ wk + g_v @ wv, x_shape, ctx.xp)

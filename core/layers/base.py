@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..activations import LINEAR
+from ..backend import array_module, host_dtype, to_host
 from ..enums import ACTIVATIONS, lookup
 from ..errors import LoomFormatError
 from ..weights import WeightStore
@@ -129,12 +131,11 @@ class Layer:
     # ----- parameters --------------------------------------------------------------
     def params(self, xp, dtype):
         """The flat parameter vector on ``xp`` in ``dtype``, dequantized from the layer's dtype."""
-        return self.weights.values(xp, dtype, self.cfg.dtype)
+        return self.weights.values(xp, host_dtype(dtype), self.cfg.dtype)
 
     def add_grad(self, g) -> None:
-        """Accumulate a flat parameter gradient (any array module) into ``self.grad``."""
-        g = g.get() if hasattr(g, "get") else np.asarray(g)
-        g = g.astype(np.float64, copy=False).reshape(-1)
+        """Accumulate a flat parameter gradient (any array module) into ``self.grad`` on the host."""
+        g = to_host(g).astype(np.float64, copy=False).reshape(-1)
         if self.grad is None:
             self.grad = g.copy()
         else:
@@ -207,6 +208,13 @@ def make_layer(type_name: str, *, weights=None, scale: float = 1.0, children=Non
     return layer
 
 
+@cache
+def widest_float(xp, device):
+    """float64 where ``device`` computes in it, else float32 (``no_float64``, many consumer GPUs)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    return xp.float64 if info is None else info().default_dtypes(device=device)["real floating"]
+
+
 def batch_rows(x, width: int, what: str):
     """The ``B x width`` rows Loom's row-wise layers read: ``B = shape[0]`` rows starting at
     ``b*width`` of the flat tensor, whatever the other dimensions are (spec §5.2). A ``[1, S, d]``
@@ -218,7 +226,8 @@ def batch_rows(x, width: int, what: str):
     if width <= 0 or batch <= 0 or x.size < batch * width:
         raise LoomShapeError(f"{what}: input of shape {tuple(x.shape)} does not hold "
                              f"{batch} rows of {width} values")
-    return x.reshape(-1)[: batch * width].reshape(batch, width)
+    xp = array_module(x)
+    return xp.reshape(xp.reshape(x, (-1,))[: batch * width], (batch, width))
 
 
 def rows_to_input(g_rows, x_shape, xp):
@@ -227,7 +236,7 @@ def rows_to_input(g_rows, x_shape, xp):
     Values :func:`batch_rows` did not read get a zero gradient.
     """
     if g_rows.size == math.prod(x_shape):
-        return g_rows.reshape(x_shape)
-    flat = xp.zeros(int(np.prod(x_shape)), dtype=g_rows.dtype)
-    flat[: g_rows.size] = g_rows.reshape(-1)
-    return flat.reshape(x_shape)
+        return xp.reshape(g_rows, x_shape)
+    flat = xp.zeros(math.prod(x_shape), dtype=g_rows.dtype)
+    flat[: g_rows.size] = xp.reshape(g_rows, (-1,))
+    return xp.reshape(flat, x_shape)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from ..backend import array_module
 from ..errors import LoomConfigError, LoomShapeError
 from .base import Layer, register
 
@@ -19,15 +20,16 @@ class Residual(Layer):
     type_name = "Residual"
 
     def forward(self, x, ctx, skip=None):
+        xp = ctx.xp
         used = skip is not None and skip.size == x.size
-        y = x + skip.reshape(x.shape) if used else x.copy()
+        y = x + xp.reshape(skip, x.shape) if used else xp.asarray(x, copy=True)
         return y, ((skip.shape if used else None) if ctx.train else None)
 
     def backward(self, cache, gy, ctx):
         return gy
 
     def skip_grad(self, cache, gy):
-        return None if cache is None else gy.reshape(cache)
+        return None if cache is None else array_module(gy).reshape(gy, cache)
 
 
 @register
@@ -50,18 +52,19 @@ class Parallel(Layer):
             yield from self.gate.walk()
 
     def forward(self, x, ctx, skip=None):
+        xp = ctx.xp
         if not self.children:
-            return x.copy(), None
+            return xp.asarray(x, copy=True), None
         batch = max(x.shape[0], 1) if x.ndim else 1
         tokens, outs = [], []
         for child in self.children:
             y, token = ctx.call(ctx.resolve(child), x)
             tokens.append(token)
             outs.append(y)
-        flat = [o.reshape(batch, -1) for o in outs]
+        flat = [xp.reshape(o, (batch, -1)) for o in outs]
         mode = self.cfg.combine_mode
         if mode in ("concat", "", "grid_scatter"):
-            return ctx.xp.concatenate(flat, axis=1), (tokens, outs, None)
+            return xp.concat(flat, axis=1), (tokens, outs, None)
         _check_same_size(flat)
         if mode in ("add", "avg"):
             y = sum(flat[1:], flat[0])
@@ -79,9 +82,9 @@ class Parallel(Layer):
         n = len(flat)
         if g.size < n:
             raise LoomShapeError(f"filter gate gives {g.size} values for {n} branches")
-        z = g.reshape(-1)[:n]
-        e = xp.exp(z - z.max())
-        w = e / e.sum()
+        z = xp.reshape(g, (-1,))[:n]
+        e = xp.exp(z - xp.max(z))
+        w = e / xp.sum(e)
         y = sum(w[i] * flat[i] for i in range(n))
         return y, (tokens, outs, (gate_token, g.shape, w, flat))
 
@@ -89,23 +92,23 @@ class Parallel(Layer):
         if cache is None:
             return gy
         tokens, outs, filt = cache
-        mode = self.cfg.combine_mode
+        xp, mode = ctx.xp, self.cfg.combine_mode
         if mode in ("concat", "", "grid_scatter"):
             sizes = [o.size // gy.shape[0] for o in outs]
             starts = [sum(sizes[:i]) for i in range(len(sizes))]
-            grads = [gy[:, s:s + n].reshape(o.shape) for s, n, o in zip(starts, sizes, outs, strict=True)]
+            grads = [xp.reshape(gy[:, s:s + n], o.shape) for s, n, o in zip(starts, sizes, outs, strict=True)]
         elif mode == "filter":
             gate_token, gate_shape, w, flat = filt
-            grads = [(w[i] * gy).reshape(o.shape) for i, o in enumerate(outs)]
-            gw = ctx.xp.stack([(gy * f).sum() for f in flat])
-            gz = w * (gw - (w * gw).sum())
-            g_gate = ctx.xp.zeros(math.prod(gate_shape), dtype=gy.dtype)
+            grads = [xp.reshape(w[i] * gy, o.shape) for i, o in enumerate(outs)]
+            gw = xp.stack([xp.sum(gy * f) for f in flat])
+            gz = w * (gw - xp.sum(w * gw))
+            g_gate = xp.zeros(math.prod(gate_shape), dtype=gy.dtype)
             g_gate[: gz.size] = gz
-            gx = ctx.back(gate_token, g_gate.reshape(gate_shape))
+            gx = ctx.back(gate_token, xp.reshape(g_gate, gate_shape))
             return gx + self._branch_grads(tokens, grads, ctx)
         else:
             scale = 1.0 / len(outs) if mode == "avg" else 1.0
-            grads = [(gy * scale).reshape(o.shape) for o in outs]
+            grads = [xp.reshape(gy * scale, o.shape) for o in outs]
         return self._branch_grads(tokens, grads, ctx)
 
     @staticmethod
@@ -133,7 +136,7 @@ class Sequential(Layer):
             y, token = ctx.call(ctx.resolve(child), current, prev_input)
             tokens.append(token)
             prev_input, current = current, y
-        return (current.copy() if not tokens else current), tokens
+        return (ctx.xp.asarray(current, copy=True) if not tokens else current), tokens
 
     def backward(self, cache, gy, ctx):
         g = gy
@@ -141,7 +144,7 @@ class Sequential(Layer):
         for token in reversed(cache):
             g_in = ctx.back(token, g)
             if skip_g is not None:
-                g_in = g_in + skip_g.reshape(g_in.shape)
+                g_in = g_in + ctx.xp.reshape(skip_g, g_in.shape)
             skip_g = ctx.skip_grad(token, g)
             g = g_in
         return g

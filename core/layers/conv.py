@@ -13,8 +13,10 @@ import math
 from typing import ClassVar
 
 from ..activations import activate, derivative
+from ..backend import array_module
 from ..errors import LoomFormatError, LoomShapeError
 from .base import Layer, register
+from .scatter import scatter_add
 
 
 class WindowMap:
@@ -32,29 +34,28 @@ class WindowMap:
             along = xp.arange(k)[:, None] + stride * xp.arange(pos[a])[None, :] - padding
             shape = [1] * (2 * n)
             shape[a], shape[n + a] = k, pos[a]
-            along = along.reshape(shape)
+            along = xp.reshape(along, tuple(shape))
             valid = valid & (along >= 0) & (along < src[a])
             idx = idx * src[a] + along
         self.xp = xp
         self.kp, self.P, self.S = k**n, math.prod(pos), math.prod(src)
-        self.mask = valid.reshape(self.kp, self.P)
-        self.idx = xp.where(self.mask, idx.reshape(self.kp, self.P), 0)
+        self.mask = xp.reshape(valid, (self.kp, self.P))
+        self.idx = xp.where(self.mask, xp.reshape(idx, (self.kp, self.P)), 0)
 
     def gather(self, t):
         """im2col: ``t[B, R, S]`` -> windows ``[B, R·k^n, P]`` (outside sources read as 0)."""
-        B, R = t.shape[:2]
-        cols = self.xp.where(self.mask, t[:, :, self.idx], 0).astype(t.dtype, copy=False)
-        return cols.reshape(B, R * self.kp, self.P)
+        xp, (B, R) = self.xp, t.shape[:2]
+        windows = xp.reshape(xp.take(t, xp.reshape(self.idx, (-1,)), axis=2), (B, R, self.kp, self.P))
+        cols = xp.astype(xp.where(self.mask, windows, 0), t.dtype, copy=False)
+        return xp.reshape(cols, (B, R * self.kp, self.P))
 
     def scatter(self, cols, R: int):
         """col2im, the adjoint of :meth:`gather`: ``[B, R·k^n, P]`` summed into ``[B, R, S]``."""
         xp, B = self.xp, cols.shape[0]
-        rows = B * R
-        vals = xp.where(self.mask, cols.reshape(rows, self.kp, self.P), 0).reshape(-1)
-        # Windows overlap (always with stride 0), so targets repeat: bincount sums duplicates.
-        flat = (xp.arange(rows)[:, None] * self.S + self.idx.reshape(1, -1)).reshape(-1)
-        out = xp.bincount(flat, weights=vals, minlength=rows * self.S)
-        return out.reshape(B, R, self.S).astype(cols.dtype, copy=False)
+        vals = xp.where(self.mask, xp.reshape(cols, (B * R, self.kp, self.P)), 0)
+        # Windows overlap (always with stride 0), so targets repeat: duplicates must be summed.
+        out = scatter_add(xp, xp.reshape(self.idx, (-1,)), xp.reshape(vals, (B * R, -1)), self.S)
+        return xp.astype(xp.reshape(out, (B, R, self.S)), cols.dtype, copy=False)
 
 
 class SpatialLayer(Layer):
@@ -103,14 +104,15 @@ class SpatialLayer(Layer):
             raise LoomShapeError(f"{self.type_name}: input of shape {tuple(x.shape)} is not a whole "
                                  f"number of [{self.cfg.input_channels}, "
                                  f"{', '.join(map(str, self.in_sizes))}] samples")
-        return x.reshape(x.size // per, self.cfg.input_channels, -1)
+        return array_module(x).reshape(x, (x.size // per, self.cfg.input_channels, -1))
 
     def activated(self, pre):
         """``act(pre)`` for ``pre[B, F, prod(out_sizes)]``, shaped ``[B, F, *out_sizes]``."""
-        return activate(self.cfg.act_id, pre).reshape(pre.shape[0], self.cfg.filters, *self.out_sizes)
+        xp = array_module(pre)
+        return xp.reshape(activate(self.cfg.act_id, pre), (pre.shape[0], self.cfg.filters, *self.out_sizes))
 
     def pre_grad(self, gy, pre):
-        return gy.reshape(pre.shape) * derivative(self.cfg.act_id, pre)
+        return array_module(gy).reshape(gy, pre.shape) * derivative(self.cfg.act_id, pre)
 
 
 class Convolution(SpatialLayer):
@@ -120,7 +122,7 @@ class Convolution(SpatialLayer):
         xb = self.batched(x)
         wmap = WindowMap(ctx.xp, self.in_sizes, self.out_sizes, self.kernel, self.cfg.stride,
                          self.cfg.padding)
-        kmat = self.params(ctx.xp, x.dtype).reshape(self.cfg.filters, -1)  # [F, C·k^n]
+        kmat = ctx.xp.reshape(self.params(ctx.xp, x.dtype), (self.cfg.filters, -1))  # [F, C·k^n]
         cols = wmap.gather(xb)
         pre = kmat @ cols
         cache = (cols, pre, kmat, wmap, x.shape) if ctx.train else None
@@ -130,7 +132,7 @@ class Convolution(SpatialLayer):
         cols, pre, kmat, wmap, x_shape = cache
         gpre = self.pre_grad(gy, pre)
         self.add_grad(ctx.xp.tensordot(gpre, cols, axes=([0, 2], [0, 2])))
-        return wmap.scatter(kmat.T @ gpre, self.cfg.input_channels).reshape(x_shape)
+        return ctx.xp.reshape(wmap.scatter(kmat.T @ gpre, self.cfg.input_channels), x_shape)
 
 
 @register

@@ -16,12 +16,13 @@ class Transposed(SpatialLayer):
     """Scatter form: every input position adds a kernel-weighted window into the output."""
 
     def forward(self, x, ctx, skip=None):
-        F, kp = self.cfg.filters, self.kernel ** len(self.in_fields)
+        xp, F, kp = ctx.xp, self.cfg.filters, self.kernel ** len(self.in_fields)
         xb = self.batched(x)
         wmap = WindowMap(ctx.xp, self.out_sizes, self.in_sizes, self.kernel, self.cfg.stride,
                          self.cfg.padding)
         # K[F][C][k..] as [F·k^n, C], so kmat @ x gives each filter's windows per input position.
-        kmat = self.params(ctx.xp, x.dtype).reshape(F, -1, kp).transpose(0, 2, 1).reshape(F * kp, -1)
+        kmat = xp.reshape(xp.permute_dims(xp.reshape(self.params(xp, x.dtype), (F, -1, kp)), (0, 2, 1)),
+                          (F * kp, -1))
         pre = wmap.scatter(kmat @ xb, F)
         if self.cfg.dtype not in ("float32", "float64"):
             # Loom's transposed convolutions output zeros, activation unapplied, for every
@@ -37,8 +38,8 @@ class Transposed(SpatialLayer):
         F, C, kp = self.cfg.filters, self.cfg.input_channels, wmap.kp
         gcols = wmap.gather(self.pre_grad(gy, pre))  # [B, F·k^n, P]
         gk = ctx.xp.tensordot(gcols, xb, axes=([0, 2], [0, 2]))  # [F·k^n, C]
-        self.add_grad(gk.reshape(F, kp, C).transpose(0, 2, 1))
-        return (kmat.T @ gcols).reshape(x_shape)
+        self.add_grad(ctx.xp.permute_dims(ctx.xp.reshape(gk, (F, kp, C)), (0, 2, 1)))
+        return ctx.xp.reshape(kmat.T @ gcols, x_shape)
 
 
 @register

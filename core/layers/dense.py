@@ -24,8 +24,8 @@ class Dense(Layer):
         return [self.cfg.input_height], [self.cfg.output_height]
 
     def forward(self, x, ctx, skip=None):
-        n_in, n_out = self.cfg.input_height, self.cfg.output_height
-        w = self.params(ctx.xp, x.dtype).reshape(n_out, n_in)
+        xp, n_in, n_out = ctx.xp, self.cfg.input_height, self.cfg.output_height
+        w = xp.reshape(self.params(xp, x.dtype), (n_out, n_in))
         # the usual [B, n_in] input already is the rows batch_rows would read: skip its slicing
         rows = x if x.ndim == 2 and x.shape[1] == n_in and x.shape[0] else batch_rows(x, n_in, "Dense")
         pre = rows @ w.T
@@ -34,6 +34,6 @@ class Dense(Layer):
 
     def backward(self, cache, gy, ctx):
         rows, pre, w, x_shape = cache
-        gpre = gy.reshape(pre.shape) * derivative(self.cfg.act_id, pre)
+        gpre = ctx.xp.reshape(gy, pre.shape) * derivative(self.cfg.act_id, pre)
         self.add_grad(gpre.T @ rows)
         return rows_to_input(gpre @ w, x_shape, ctx.xp)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..activations import activate, derivative
 from ..errors import LoomFormatError
 from .base import Layer, register
+from .scatter import scatter_add
 
 
 @register
@@ -27,29 +28,20 @@ class Embedding(Layer):
     def forward(self, x, ctx, skip=None):
         xp = ctx.xp
         v, e = self.cfg.vocab_size, self.cfg.embedding_dim
-        table = self.params(xp, x.dtype).reshape(v, e)
-        ids = xp.trunc(x).reshape(-1)
+        table = xp.reshape(self.params(xp, x.dtype), (v, e))
+        ids = xp.reshape(xp.trunc(x), (-1,))
         valid = (ids >= 0) & (ids < v)
-        ids = xp.where(valid, ids, 0).astype(xp.int64)
-        pre = xp.where(valid[:, None], table[ids], 0).astype(x.dtype)
+        ids = xp.astype(xp.where(valid, ids, 0), xp.int64)
+        pre = xp.astype(xp.where(valid[:, None], xp.take(table, ids, axis=0), 0), x.dtype)
         post = activate(self.cfg.act_id, pre)
-        return post.reshape(*x.shape, e), ((ids, valid, pre, x.shape) if ctx.train else None)
+        return xp.reshape(post, (*x.shape, e)), ((ids, valid, pre, x.shape) if ctx.train else None)
 
     def backward(self, cache, gy, ctx):
         ids, valid, pre, x_shape = cache
         xp = ctx.xp
-        gpre = gy.reshape(pre.shape) * derivative(self.cfg.act_id, pre)
-        g_table = xp.zeros((self.cfg.vocab_size, self.cfg.embedding_dim), dtype=gpre.dtype)
-        _scatter_add(xp, g_table, ids[valid], gpre[valid])
-        self.add_grad(g_table)
+        gpre = xp.reshape(gy, pre.shape) * derivative(self.cfg.act_id, pre)
+        # invalid ids read row 0 as a zero row; their zeroed rows add nothing to it (no boolean
+        # index, whose data-dependent shape would make a GPU wait)
+        gpre = xp.where(valid[:, None], gpre, 0)
+        self.add_grad(scatter_add(xp, ids, gpre.T, self.cfg.vocab_size).T)  # [V, E]
         return xp.zeros(x_shape, dtype=gy.dtype)  # token ids have no gradient
-
-
-def _scatter_add(xp, target, index, values) -> None:
-    """``target[index] += values`` with repeated indices accumulated (numpy and CuPy)."""
-    if hasattr(xp, "add") and hasattr(xp.add, "at"):
-        xp.add.at(target, index, values)
-    else:  # older CuPy
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)

@@ -9,6 +9,8 @@ entries are written, as in Loom; the rest stay 0.
 
 from __future__ import annotations
 
+import math
+
 from ..activations import activate, derivative
 from ..errors import LoomFormatError, LoomShapeError
 from .base import Layer, register
@@ -56,31 +58,34 @@ class KMeans(Layer):
         if x.size != D:
             raise LoomShapeError(f"KMeans reads the whole tensor as one feature vector of "
                                  f"input_height={D} values; got shape {tuple(x.shape)} ({x.size} values)")
-        centers = self.params(xp, x.dtype).reshape(K, D)
-        diff = x.reshape(1, D) - centers
-        logits = -(diff * diff).sum(axis=1) / (2 * self.tau_squared)
+        centers = xp.reshape(self.params(xp, x.dtype), (K, D))
+        diff = xp.reshape(x, (1, D)) - centers
+        logits = -xp.sum(diff * diff, axis=1) / (2 * self.tau_squared)
         if self.integer_logits:
             logits = logits * 0  # Loom truncates these logits to integer 0: uniform (spec §4.5)
-        e = xp.exp(logits - logits.max())
-        a = e / e.sum()
+        e = xp.exp(logits - xp.max(logits))
+        a = e / xp.sum(e)
         pre = a @ centers if self.features_mode else a
         lead = x.shape[:-1] if x.ndim else ()
-        out = xp.zeros(tuple(lead) + (pre.size,), dtype=x.dtype)
-        out.reshape(-1)[: pre.size] = activate(self.cfg.act_id, pre)
+        # the first pre.size values of a tensor of the input's leading shape and pre.size last
+        out = xp.zeros(math.prod(lead) * pre.size, dtype=x.dtype)
+        out[: pre.size] = activate(self.cfg.act_id, pre)
+        out = xp.reshape(out, (*lead, pre.size))
         cache = (diff, a, pre, centers, x.shape) if ctx.train else None
         return out, cache
 
     def backward(self, cache, gy, ctx):
         diff, a, pre, centers, x_shape = cache
-        gpre = gy.reshape(-1)[: pre.size] * derivative(self.cfg.act_id, pre)
+        xp = ctx.xp
+        gpre = xp.reshape(gy, (-1,))[: pre.size] * derivative(self.cfg.act_id, pre)
         if self.features_mode:
             ga = centers @ gpre
             g_centers = a[:, None] * gpre[None, :]
         else:
             ga = gpre
-            g_centers = ctx.xp.zeros_like(centers)
-        glogits = a * (ga - (a * ga).sum()) * (0 if self.integer_logits else 1)
+            g_centers = xp.zeros_like(centers)
+        glogits = a * (ga - xp.sum(a * ga)) * (0 if self.integer_logits else 1)
         # d logit_k / d x = -(x - c_k) / tau^2 and d logit_k / d c_k = +(x - c_k) / tau^2
         g_diff = glogits[:, None] * diff / self.tau_squared
         self.add_grad(g_centers + g_diff)
-        return (-g_diff.sum(axis=0)).reshape(x_shape)
+        return xp.reshape(-xp.sum(g_diff, axis=0), x_shape)

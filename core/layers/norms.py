@@ -45,16 +45,17 @@ class _Norm(Layer):
         n = self.width
         rows = batch_rows(x, n, self.type_name)
         p = self.params(ctx.xp, x.dtype)
-        y, cache = self._normalise(rows, p[:n], p[n:2 * n], ctx.xp)
+        blocks = [p[i * n:(i + 1) * n] for i in range(self.n_param_blocks)]  # gamma (, beta)
+        y, cache = self._normalise(rows, ctx.xp, *blocks)
         # Loom normalises B = shape[0] rows and leaves the rest of the tensor at zero (spec §5.4.2)
         out = rows_to_input(y, x.shape, ctx.xp)
-        return out, ((cache, p[:n], x.shape) if ctx.train else None)
+        return out, ((cache, blocks[0], x.shape) if ctx.train else None)
 
     def backward(self, cache, gy, ctx):
         inner, gamma, x_shape = cache
-        n = gamma.size
+        xp, n = ctx.xp, gamma.size
         # only the values the forward normalised carry gradient (see the zero tail above)
-        g_rows = gy.reshape(-1)[: inner[0].size].reshape(-1, n)
+        g_rows = xp.reshape(xp.reshape(gy, (-1,))[: inner[0].size], (-1, n))
         gx_rows, gparams = self._grads(inner, gamma, g_rows, ctx.xp)
         self.add_grad(gparams)
         return rows_to_input(gx_rows, x_shape, ctx.xp)
@@ -64,14 +65,14 @@ class _Norm(Layer):
 class RMSNorm(_Norm):
     type_name = "RMSNorm"
 
-    def _normalise(self, rows, gamma, _beta, xp):
+    def _normalise(self, rows, xp, gamma):
         inv = 1.0 / xp.sqrt(xp.mean(rows * rows, axis=1, keepdims=True) + self.eps)
         xhat = rows * inv
         return xhat * gamma, (xhat, inv)
 
     def _grads(self, inner, gamma, g, xp):
         xhat, inv = inner
-        g_gamma = (g * xhat).sum(axis=0)
+        g_gamma = xp.sum(g * xhat, axis=0)
         gxhat = g * gamma
         gx = inv * (gxhat - xhat * xp.mean(gxhat * xhat, axis=1, keepdims=True))
         return gx, g_gamma
@@ -83,7 +84,7 @@ class LayerNorm(_Norm):
     n_param_blocks = 2  # gamma then beta
     default_eps = 1e-5
 
-    def _normalise(self, rows, gamma, beta, xp):
+    def _normalise(self, rows, xp, gamma, beta):
         mean = xp.mean(rows, axis=1, keepdims=True)
         var = xp.mean(rows * rows, axis=1, keepdims=True) - mean * mean  # Loom's E[x²] − mean²
         inv = 1.0 / xp.sqrt(var + self.eps)
@@ -95,4 +96,4 @@ class LayerNorm(_Norm):
         gxhat = g * gamma
         gx = inv * (gxhat - xp.mean(gxhat, axis=1, keepdims=True)
                     - xhat * xp.mean(gxhat * xhat, axis=1, keepdims=True))
-        return gx, xp.concatenate([(g * xhat).sum(axis=0), g.sum(axis=0)])
+        return gx, xp.concat([xp.sum(g * xhat, axis=0), xp.sum(g, axis=0)])

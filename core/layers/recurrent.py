@@ -7,7 +7,10 @@ Time steps run in a Python loop; batch and hidden units are vectorised.
 
 from __future__ import annotations
 
+import math
+
 from ..activations import sigmoid
+from ..backend import array_module
 from ..errors import LoomFormatError, LoomShapeError
 from .base import Layer, register
 
@@ -19,17 +22,15 @@ def _read_sequences(x, seq: int, n_in: int, what: str):
     if x.size < need:
         raise LoomShapeError(f"{what}: input of shape {tuple(x.shape)} holds {x.size} values, fewer "
                              f"than [B={batch}, seq_length={seq}, in={n_in}] = {need}")
-    return x.reshape(-1)[:need].reshape(batch, seq, n_in)
+    xp = array_module(x)
+    return xp.reshape(xp.reshape(x, (-1,))[:need], (batch, seq, n_in))
 
 
 def _sequences_to_input(g_seq, x_shape, xp):
     """Inverse of :func:`_read_sequences` for gradients; values it did not read get zero."""
-    size = 1
-    for n in x_shape:
-        size *= n
-    flat = xp.zeros(size, dtype=g_seq.dtype)
-    flat[: g_seq.size] = g_seq.reshape(-1)
-    return flat.reshape(x_shape)
+    flat = xp.zeros(math.prod(x_shape), dtype=g_seq.dtype)
+    flat[: g_seq.size] = xp.reshape(g_seq, (-1,))
+    return xp.reshape(flat, x_shape)
 
 
 class _Recurrent(Layer):
@@ -57,16 +58,15 @@ class _Recurrent(Layer):
     def _gate_weights(self, xp, dtype):
         """Stacked gate matrices ``Wih[G*H][in]``, ``Whh[G*H][H]``, ``b[G*H]`` (gate-major rows)."""
         H, n_in, G = self.cfg.output_height, self.cfg.input_height, self.n_gates
-        blocks = self.params(xp, dtype).reshape(G, H * n_in + H * H + H)
-        w_ih = blocks[:, : H * n_in].reshape(G * H, n_in)
-        w_hh = blocks[:, H * n_in: H * n_in + H * H].reshape(G * H, H)
-        return w_ih, w_hh, blocks[:, H * n_in + H * H:].reshape(G * H)
+        blocks = xp.reshape(self.params(xp, dtype), (G, H * n_in + H * H + H))
+        w_ih = xp.reshape(blocks[:, : H * n_in], (G * H, n_in))
+        w_hh = xp.reshape(blocks[:, H * n_in: H * n_in + H * H], (G * H, H))
+        return w_ih, w_hh, xp.reshape(blocks[:, H * n_in + H * H:], (G * H,))
 
     def _add_gate_grads(self, xp, g_ih, g_hh, g_b) -> None:
         """Add gradients of the stacked matrices back in the flat per-gate block layout."""
         G = self.n_gates
-        self.add_grad(xp.concatenate([g_ih.reshape(G, -1), g_hh.reshape(G, -1), g_b.reshape(G, -1)],
-                                     axis=1))
+        self.add_grad(xp.concat([xp.reshape(g, (G, -1)) for g in (g_ih, g_hh, g_b)], axis=1))
 
     def _inputs(self, x):
         return _read_sequences(x, self.cfg.seq_length, self.cfg.input_height, self.type_name)
@@ -84,28 +84,28 @@ class RNN(_Recurrent):
         B, T = xs.shape[:2]
         w_ih, w_hh, b = self._gate_weights(xp, x.dtype)
         px = xs @ w_ih.T + b  # input projections of every step at once
-        hs = xp.zeros((B, T + 1, w_hh.shape[0]), dtype=x.dtype)  # hs[:, t] = h_{t-1}
+        hs = xp.zeros((B, T + 1, w_hh.shape[0]), dtype=x.dtype)  # hs[:, t, :] = h_{t-1}
         for t in range(T):
-            hs[:, t + 1] = xp.tanh(px[:, t] + hs[:, t] @ w_hh.T)
+            hs[:, t + 1, :] = xp.tanh(px[:, t, :] + hs[:, t, :] @ w_hh.T)
         cache = (xs, hs, w_ih, w_hh, x.shape) if ctx.train else None
-        return hs[:, 1:].copy(), cache
+        return xp.asarray(hs[:, 1:, :], copy=True), cache
 
     def backward(self, cache, gy, ctx):
         xp = ctx.xp
         xs, hs, w_ih, w_hh, x_shape = cache
         T = xs.shape[1]
-        gy = gy.reshape(hs[:, 1:].shape)
+        gy = xp.reshape(gy, hs[:, 1:, :].shape)
         gpre = xp.zeros_like(gy)
         g_hh = xp.zeros_like(w_hh)
-        gh = xp.zeros_like(hs[:, 0])
+        gh = xp.zeros_like(hs[:, 0, :])
         for t in reversed(range(T)):
-            h = hs[:, t + 1]
-            gp = (gy[:, t] + gh) * (1 - h * h)
-            g_hh += gp.T @ hs[:, t]
+            h = hs[:, t + 1, :]
+            gp = (gy[:, t, :] + gh) * (1 - h * h)
+            g_hh += gp.T @ hs[:, t, :]
             gh = gp @ w_hh
-            gpre[:, t] = gp
-        g_ih = xp.einsum("bth,bti->hi", gpre, xs)
-        self._add_gate_grads(xp, g_ih, g_hh, gpre.sum(axis=(0, 1)))
+            gpre[:, t, :] = gp
+        g_ih = xp.tensordot(gpre, xs, axes=([0, 1], [0, 1]))  # sum over b, t of gpre[h] xs[i]
+        self._add_gate_grads(xp, g_ih, g_hh, xp.sum(gpre, axis=(0, 1)))
         return _sequences_to_input(gpre @ w_ih, x_shape, xp)
 
 
@@ -123,40 +123,40 @@ class LSTM(_Recurrent):
         H = self.cfg.output_height
         w_ih, w_hh, b = self._gate_weights(xp, x.dtype)
         px = xs @ w_ih.T + b
-        hs = xp.zeros((B, T + 1, H), dtype=x.dtype)  # hs[:, t] = h_{t-1}, cs likewise
+        hs = xp.zeros((B, T + 1, H), dtype=x.dtype)  # hs[:, t, :] = h_{t-1}, cs likewise
         cs = xp.zeros_like(hs)
         gates = xp.empty((B, T, 4 * H), dtype=x.dtype)  # activated i, f, g, o per step
         for t in range(T):
-            p = px[:, t] + hs[:, t] @ w_hh.T
+            p = px[:, t, :] + hs[:, t, :] @ w_hh.T
             a = sigmoid(p)
             a[:, 2 * H: 3 * H] = xp.tanh(p[:, 2 * H: 3 * H])
             i, f, g, o = (a[:, k * H: (k + 1) * H] for k in range(4))
-            cs[:, t + 1] = f * cs[:, t] + i * g
-            hs[:, t + 1] = o * xp.tanh(cs[:, t + 1])
-            gates[:, t] = a
+            cs[:, t + 1, :] = f * cs[:, t, :] + i * g
+            hs[:, t + 1, :] = o * xp.tanh(cs[:, t + 1, :])
+            gates[:, t, :] = a
         cache = (xs, hs, cs, gates, w_ih, w_hh, x.shape) if ctx.train else None
-        return hs[:, 1:].copy(), cache
+        return xp.asarray(hs[:, 1:, :], copy=True), cache
 
     def backward(self, cache, gy, ctx):
         xp = ctx.xp
         xs, hs, cs, gates, w_ih, w_hh, x_shape = cache
         T, H = xs.shape[1], self.cfg.output_height
-        gy = gy.reshape(hs[:, 1:].shape)
+        gy = xp.reshape(gy, hs[:, 1:, :].shape)
         gpre = xp.zeros_like(gates)
         g_hh = xp.zeros_like(w_hh)
-        gh = xp.zeros_like(hs[:, 0])
+        gh = xp.zeros_like(hs[:, 0, :])
         gc = xp.zeros_like(gh)
         for t in reversed(range(T)):
             i, f, g, o = (gates[:, t, k * H: (k + 1) * H] for k in range(4))
-            tc = xp.tanh(cs[:, t + 1])
-            dh = gy[:, t] + gh
+            tc = xp.tanh(cs[:, t + 1, :])
+            dh = gy[:, t, :] + gh
             dc = gc + dh * o * (1 - tc * tc)
-            gp = xp.concatenate([dc * g * i * (1 - i), dc * cs[:, t] * f * (1 - f),
+            gp = xp.concat([dc * g * i * (1 - i), dc * cs[:, t, :] * f * (1 - f),
                                  dc * i * (1 - g * g), dh * tc * o * (1 - o)], axis=1)
-            g_hh += gp.T @ hs[:, t]
+            g_hh += gp.T @ hs[:, t, :]
             gh = gp @ w_hh
             gc = dc * f
-            gpre[:, t] = gp
-        g_ih = xp.einsum("btg,bti->gi", gpre, xs)
-        self._add_gate_grads(xp, g_ih, g_hh, gpre.sum(axis=(0, 1)))
+            gpre[:, t, :] = gp
+        g_ih = xp.tensordot(gpre, xs, axes=([0, 1], [0, 1]))  # sum over b, t of gpre[g] xs[i]
+        self._add_gate_grads(xp, g_ih, g_hh, xp.sum(gpre, axis=(0, 1)))
         return _sequences_to_input(gpre @ w_ih, x_shape, xp)

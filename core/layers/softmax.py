@@ -30,25 +30,26 @@ Normaliser = Callable[[ModuleType, Any], Normalised]
 
 def softmax(xp: ModuleType, z) -> Normalised:
     """Row-wise softmax of ``z`` (G, C) and its Jacobian-vector product."""
-    e = xp.exp(z - z.max(axis=-1, keepdims=True))
-    p = e / e.sum(axis=-1, keepdims=True)
-    return p, lambda g: p * (g - (p * g).sum(axis=-1, keepdims=True))
+    e = xp.exp(z - xp.max(z, axis=-1, keepdims=True))
+    p = e / xp.sum(e, axis=-1, keepdims=True)
+    return p, lambda g: p * (g - xp.sum(p * g, axis=-1, keepdims=True))
 
 
 def sparsemax(xp: ModuleType, z) -> Normalised:
     """Row-wise sparsemax (Martins & Astudillo) of ``z`` (G, C) and its Jacobian-vector product."""
     s = -xp.sort(-z, axis=-1)
-    c = xp.cumsum(s, axis=-1)
+    c = xp.cumulative_sum(s, axis=-1)
     i = xp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
     # k counts the leading run of the test, as Loom stops at the first failure.
-    k = xp.cumprod(s - (c - 1) / i > 0, axis=-1).sum(axis=-1, keepdims=True)
-    tau = (xp.take_along_axis(c, k - 1, axis=-1) - 1) / k
+    run = xp.cumulative_prod(xp.astype(s - (c - 1) / i > 0, xp.int64), axis=-1)
+    k = xp.sum(run, axis=-1, keepdims=True)
+    tau = (xp.take_along_axis(c, k - 1, axis=-1) - 1) / xp.astype(k, z.dtype)
     p = xp.maximum(z - tau, 0)
-    support = p > 0
+    support = xp.astype(p > 0, z.dtype)
 
     def vjp(g):
-        mean = (g * support).sum(axis=-1, keepdims=True) / support.sum(axis=-1, keepdims=True)
-        return xp.where(support, g - mean, 0)
+        mean = xp.sum(g * support, axis=-1, keepdims=True) / xp.sum(support, axis=-1, keepdims=True)
+        return xp.where(support > 0, g - mean, 0)
 
     return p, vjp
 
@@ -65,11 +66,11 @@ def entmax_blend(alpha: float) -> Normaliser:
         s, s_vjp = softmax(xp, z)
         q, q_vjp = sparsemax(xp, z)
         r = (1 - w) * s + w * q
-        total = r.sum(axis=-1, keepdims=True)
+        total = xp.sum(r, axis=-1, keepdims=True)
         out = r / total
 
         def vjp(g):
-            gr = (g - (g * out).sum(axis=-1, keepdims=True)) / total  # through r / sum(r)
+            gr = (g - xp.sum(g * out, axis=-1, keepdims=True)) / total  # through r / sum(r)
             return (1 - w) * s_vjp(gr) + w * q_vjp(gr)
 
         return out, vjp
@@ -130,7 +131,7 @@ class Softmax(Layer):
         n = x.size
         if n == 0:
             raise LoomShapeError("Softmax: empty input tensor")
-        z = x.reshape(-1) / self.temperature
+        z = xp.reshape(x, (-1,)) / self.temperature
         if self.cfg.softmax_type == "Gumbel":
             z = z + self._gumbel_noise(xp, n, z.dtype)
         keep = self._keep(xp, n)
@@ -141,25 +142,27 @@ class Softmax(Layer):
         # Pad a short last row with -inf: it takes no probability mass and gets no gradient.
         groups = xp.full(rows * cols, -xp.inf, dtype=z.dtype)
         groups[:used] = z[:used]
-        p, vjp = self.normaliser()(xp, groups.reshape(rows, cols))
+        p, vjp = self.normaliser()(xp, xp.reshape(groups, (rows, cols)))
         y = xp.zeros(n, dtype=z.dtype)
-        y[:used] = p.reshape(-1)[:used]
+        y[:used] = xp.reshape(p, (-1,))[:used]
         # vjp holds this call's probabilities, so backward sees the same Gumbel noise.
         cache = (vjp, rows, cols, used, keep, x.shape) if ctx.train else None
-        return y.reshape(x.shape), cache
+        return xp.reshape(y, x.shape), cache
 
     def backward(self, cache, gy, ctx):
         xp = ctx.xp
         vjp, rows, cols, used, keep, x_shape = cache
         g = xp.zeros(rows * cols, dtype=gy.dtype)
-        g[:used] = gy.reshape(-1)[:used]
+        g[:used] = xp.reshape(gy, (-1,))[:used]
         gz = xp.zeros(gy.size, dtype=gy.dtype)
-        gz[:used] = vjp(g.reshape(rows, cols)).reshape(-1)[:used]
+        gz[:used] = xp.reshape(vjp(xp.reshape(g, (rows, cols))), (-1,))[:used]
         if keep is not None:
             gz = xp.where(keep, gz, 0)  # masked logits are constants
-        return (gz / self.temperature).reshape(x_shape)
+        return xp.reshape(gz / self.temperature, x_shape)
 
     def _gumbel_noise(self, xp, n: int, dtype):
+        # drawn on the host by the layer's numpy Generator (seedable, the same on every backend)
+        # and copied to the device: one explicit transfer of n values per call
         u = np.maximum(self.rng.random(n), GUMBEL_U_MIN)
         return -xp.log(-xp.log(xp.asarray(u, dtype=dtype)))
 
@@ -168,8 +171,8 @@ class Softmax(Layer):
         if self.cfg.softmax_type != "Masked" or not self.cfg.mask:
             return None
         m = min(len(self.cfg.mask), n)
-        keep = xp.ones(n, dtype=bool)
-        keep[:m] = xp.asarray(self.cfg.mask[:m], dtype=bool)
+        keep = xp.ones(n, dtype=xp.bool)
+        keep[:m] = xp.asarray(self.cfg.mask[:m], dtype=xp.bool)
         return keep
 
 

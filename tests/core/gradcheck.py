@@ -25,7 +25,8 @@ def _use_float64_params(net: VolumetricNetwork) -> dict:
     thetas = {}
     for layer in net.weighted_layers():
         theta = layer.weights.master.astype(np.float64)
-        layer.params = (lambda t: (lambda xp, dtype: t))(theta)  # instance override
+        # instance override; xp.asarray is theta itself on numpy, a device copy elsewhere
+        layer.params = (lambda t: (lambda xp, dtype: xp.asarray(t)))(theta)
         thetas[id(layer)] = (layer, theta)
     return thetas
 
@@ -44,14 +45,14 @@ def check_gradients(net: VolumetricNetwork, x, *, seed: int = 0, max_params: int
     def loss(xv):
         if prepare:
             prepare()
-        return float(np.sum(r * net.forward(xv)))
+        return float(np.sum(r * net.backend.to_numpy(net.forward(xv))))
 
     if prepare:
         prepare()
     y = net.forward(x, train=True)
     r = rng.standard_normal(y.shape)
     net.zero_grad()
-    gx = net.backward(r)
+    gx = net.backend.to_numpy(net.backward(r))
 
     errors = {}
     num = np.zeros(x.size)
@@ -87,8 +88,8 @@ def assert_gradients(net, x, tol: float = 1e-5, **kw) -> dict[str, float]:
     return errors
 
 
-def single(layer) -> VolumetricNetwork:
+def single(layer, backend: str = "numpy") -> VolumetricNetwork:
     """A 1x1x1x1 network holding ``layer``."""
-    net = VolumetricNetwork(1, 1, 1, 1)
+    net = VolumetricNetwork(1, 1, 1, 1, backend=backend)
     net[0, 0, 0, 0] = layer
     return net

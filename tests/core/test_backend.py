@@ -28,7 +28,8 @@ def registry(monkeypatch):
 
 def test_numpy_is_built_in_and_unknown_names_list_the_known_ones():
     assert get_backend() is NUMPY and get_backend("numpy").xp is np
-    with pytest.raises(LoomConfigError, match=r"unknown backend 'tpu'; known: \['cupy', 'numpy'\]"):
+    known = r"\['cupy', 'numpy', 'strict', 'strict-no-float64'\]"
+    with pytest.raises(LoomConfigError, match=rf"unknown backend 'tpu'; known: {known}"):
         get_backend("tpu")
 
 
