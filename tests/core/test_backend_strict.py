@@ -46,10 +46,25 @@ def _layer_cases():
         return make_layer("Dense", input_height=n_in, output_height=n_out, activation=act, rng=r,
                           init_scale=0.8)
 
+    def conv(kind, sizes_in, sizes_out, **kw):
+        fields = {"CNN1": (("input_height",), ("output_height",)),
+                  "CNN3": (("input_depth", "input_height", "input_width"),
+                           ("output_depth", "output_height", "output_width")),
+                  "ConvTransposed2D": (("input_height", "input_width"), ("output_height", "output_width")),
+                  "ConvTransposed3D": (("input_depth", "input_height", "input_width"),
+                                       ("output_depth", "output_height", "output_width"))}[kind]
+        sizes = dict(zip(fields[0], sizes_in, strict=True)) | dict(zip(fields[1], sizes_out, strict=True))
+        return lambda: make_layer(kind, input_channels=2, filters=2, rng=r, init_scale=0.7, **sizes, **kw)
+
+    def gated_parallel():
+        par = make_layer("Parallel", combine_mode="filter",
+                         children=[dense(3, 3, "Tanh"), dense(3, 3, "Silu")])
+        par.gate = dense(3, 2, "Linear")
+        return par
+
+    activations = ["ReLU", "Silu", "Gelu", "Tanh", "Sigmoid", "LeakyReLU", "ReLU2", "Linear"]
     return [
-        ("dense_tanh", lambda: dense(5, 4, "Tanh"), (3, 5), "normal"),
-        ("dense_gelu", lambda: dense(5, 4, "Gelu"), (3, 5), "normal"),
-        ("dense_leakyrelu", lambda: dense(5, 4, "LeakyReLU"), (3, 5), "normal"),
+        *((f"dense_{act.lower()}", (lambda a=act: dense(5, 4, a)), (3, 5), "normal") for act in activations),
         ("rmsnorm", lambda: make_layer("RMSNorm", input_height=4, output_height=4, rng=r, init_scale=1.0),
          (3, 4), "normal"),
         ("layernorm", lambda: make_layer("LayerNorm", input_height=4, output_height=4, rng=r,
@@ -71,13 +86,29 @@ def _layer_cases():
         ("convt1d", lambda: make_layer("ConvTransposed1D", input_channels=2, filters=2, kernel_size=3,
                                        stride=2, padding=1, input_width=3, output_width=5,
                                        activation="Sigmoid", rng=r, init_scale=0.7), (2, 2, 3), "normal"),
+        ("cnn1", conv("CNN1", (5,), (3,), kernel_size=3, stride=1, activation="Silu"), (2, 2, 5), "normal"),
+        ("cnn3", conv("CNN3", (3, 3, 3), (2, 2, 2), kernel_size=2, stride=1), (1, 2, 3, 3, 3), "normal"),
+        ("convt2d", conv("ConvTransposed2D", (2, 2), (3, 3), kernel_size=2, stride=1, activation="Tanh"),
+         (2, 2, 2, 2), "normal"),
+        ("convt3d", conv("ConvTransposed3D", (2, 2, 2), (3, 3, 3), kernel_size=2, stride=1),
+         (1, 2, 2, 2, 2), "normal"),
+        ("kmeans_prob", lambda: make_layer("KMeans", input_height=4, num_clusters=3, activation="Sigmoid",
+                                           rng=r, init_scale=1.0), (1, 4), "normal"),
         ("kmeans_feat", lambda: make_layer("KMeans", input_height=4, num_clusters=3, output_mode="features",
                                            kmeans_temperature=1.5, rng=r, init_scale=1.0), (1, 4), "normal"),
         ("softmax_sparse", lambda: make_layer("Softmax", softmax_type="Sparse"), (2, 5), "normal"),
         ("softmax_entmax", lambda: make_layer("Softmax", softmax_type="Entmax", entmax_alpha=1.5),
          (2, 5), "normal"),
-        ("softmax_masked_grid", lambda: make_layer("Softmax", softmax_type="Grid", softmax_rows=2,
-                                                   softmax_cols=3), (2, 3), "normal"),
+        ("softmax_grid", lambda: make_layer("Softmax", softmax_type="Grid", softmax_rows=2, softmax_cols=3),
+         (2, 3), "normal"),
+        ("softmax_masked", lambda: make_layer("Softmax", softmax_type="Masked", temperature=0.7,
+                                              mask=[True, False, True, True]), (2, 3), "normal"),
+        ("softmax_hierarchical", lambda: make_layer("Softmax", softmax_type="Hierarchical",
+                                                    hierarchy_levels=[2, 3]), (2, 3), "normal"),
+        ("parallel_filter", gated_parallel, (1, 3), "normal"),
+        ("parallel_avg", lambda: make_layer("Parallel", combine_mode="avg",
+                                            children=[dense(3, 2, "Tanh"), dense(3, 2, "Silu")]),
+         (2, 3), "normal"),
         ("parallel_concat", lambda: make_layer("Parallel", combine_mode="concat",
                                                children=[dense(3, 2, "Tanh"), dense(3, 3, "Silu")]),
          (2, 3), "normal"),
@@ -104,12 +135,13 @@ def test_gradients_match_finite_differences_on_every_backend(name, factory, shap
     assert_gradients(net, _input(shape, kind), prepare=net.reset_state, max_params=120)
 
 
+@pytest.mark.parametrize("device", ["strict", "strict-no-float64"])
 @pytest.mark.parametrize("name,factory,shape,kind", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
-def test_strict_forward_and_backward_equal_numpys_in_float32(name, factory, shape, kind):
+def test_strict_forward_and_backward_equal_numpys_in_float32(name, factory, shape, kind, device):
     layer = factory()
     x = _input(shape, kind, seed=1).astype(np.float32)
     results = []
-    for backend in BACKENDS:
+    for backend in ("numpy", device):
         net = single(layer, backend)
         net.precision = "fast"  # float32 end to end, as a GPU runs it
         net.reset_state()
