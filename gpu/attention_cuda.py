@@ -26,6 +26,7 @@ import numpy as np
 from loomlab.core.errors import LoomShapeError
 
 from .cuda_common import (
+    MAX_THREADS,
     block_reduce_builder,
     check_threads,
     cuda,
@@ -68,8 +69,8 @@ def _max(a, b):
 
 
 @functools.cache
-def _attend_kernel(threads: int, half: bool):
-    """The kernel for ``threads`` per block, reading float16 bits (``half``) or float32 keys."""
+def _attend_kernel(half: bool):
+    """The kernel reading float16 bits (``half``) or float32 keys and values."""
     numba_cuda()
     element = cuda.jit(device=True)(_half if half else _plain)
     block_sum = block_reduce_builder(cuda.jit(device=True)(_add))
@@ -78,14 +79,14 @@ def _attend_kernel(threads: int, half: bool):
     @cuda.jit
     def attend_kernel(q, keys, values, start, window, scale, w, out):
         t, h = cuda.blockIdx.x, cuda.blockIdx.y
-        tid = cuda.threadIdx.x
+        tid, threads = cuda.threadIdx.x, cuda.blockDim.x
         H, hd = q.shape[1], q.shape[2]
         kv = h // (H // keys.shape[0])
         p = start + t
         lo = max(0, p - window + 1) if window > 0 else 0
         n = p + 1 - lo
         row = t * H + h
-        buf = cuda.shared.array(threads, F32)
+        buf = cuda.shared.array(MAX_THREADS, F32)
         top = F32(-math.inf)
         for i in range(tid, n, threads):
             score = F32(0)
@@ -140,7 +141,8 @@ def attend(q, keys, values, start: int, window: int | None, scale: float, *, thr
                              f"{S} positions given")
     if window is not None and window < 1:
         raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
-    kernel = _attend_kernel(check_threads(threads), np.dtype(keys.dtype) == np.uint16)
+    check_threads(threads)
+    kernel = _attend_kernel(np.dtype(keys.dtype) == np.uint16)
     d_q = device_input(q, F32, "q")
     d_k, d_v = device_input(keys, keys.dtype, "keys"), device_input(values, keys.dtype, "values")
     d_out = cuda.device_array((T, H * hd), F32)

@@ -30,6 +30,9 @@ except ImportError:  # a numba without its CUDA target (and no numba-cuda): numb
 from loomlab.core.errors import LoomConfigError, LoomShapeError
 
 INSTALL_HINT = "pip install 'loomlab[gpu]' (numba-cuda with the CUDA 12 toolkit libraries)"
+# Shared arrays need a size NVVM knows when compiling (a closure's int is typed as a plain int64
+# and refused), so reductions get a buffer for the most threads a block can have: 4 KiB.
+MAX_THREADS = 1024
 
 
 @functools.cache
@@ -70,7 +73,7 @@ def result(d_out, host: bool):
 
 def block_reduce_builder(combine):
     """A device function ``block_reduce(buf, tid, threads)`` that folds ``buf[0:threads]`` (a
-    shared array, ``threads`` a power of two) into ``buf[0]`` with the device function
+    shared array, ``threads`` the block's size, a power of two) into ``buf[0]`` with the device function
     ``combine`` by halving: every thread of the block must call it (it synchronises), each gets
     the result, and ``buf`` may be reused as soon as it returns."""
 
@@ -92,6 +95,6 @@ def block_reduce_builder(combine):
 
 def check_threads(threads: int) -> int:
     """Threads per block for a tree reduction: a power of two from 32 (one warp) to 1024."""
-    if threads < 32 or threads > 1024 or threads & (threads - 1):
-        raise LoomConfigError(f"threads per block must be a power of two in 32..1024; got {threads}")
+    if threads < 32 or threads > MAX_THREADS or threads & (threads - 1):
+        raise LoomConfigError(f"threads per block must be a power of two in 32..{MAX_THREADS}; got {threads}")
     return threads

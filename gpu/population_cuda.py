@@ -28,6 +28,7 @@ from .cuda_common import check_threads, cuda, device_input, numba_cuda, on_devic
 F32 = np.float32
 THREADS = 64  # per block (one member): one thread per output of a 64-wide layer
 MAX_WIDTH = 2048  # floats of one layer's rows (batch x width) in shared memory; two such buffers
+_SHARED = 2 * MAX_WIDTH  # a shared array's size must be a literal or a global, not an expression
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -58,8 +59,8 @@ def _activation(acc):
 
 
 @functools.cache
-def _stack_kernel(threads: int, compute: np.dtype):
-    """The kernel for ``threads`` per block, accumulating in ``compute`` (float32 or float64)."""
+def _stack_kernel(compute: np.dtype):
+    """The kernel accumulating in ``compute`` (float32 or float64)."""
     numba_cuda()
     acc = compute.type
     activate = cuda.jit(device=True)(_activation(acc))
@@ -67,8 +68,8 @@ def _stack_kernel(threads: int, compute: np.dtype):
     @cuda.jit
     def stack(x, w, layers, acts, out):
         n = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        h = cuda.shared.array(2 * MAX_WIDTH, F32)  # the layer's input rows, then its output rows
+        tid, threads = cuda.threadIdx.x, cuda.blockDim.x
+        h = cuda.shared.array(_SHARED, F32)  # the layer's input rows, then its output rows
         n_layers = layers.shape[0]
         batch = out.shape[1] // layers[n_layers - 1, 1]
         xn = n if x.shape[0] > 1 else 0
@@ -111,7 +112,8 @@ def forward(h, w, layers: np.ndarray, acts: np.ndarray, compute, *, threads: int
     layers, acts = np.asarray(layers, np.int64), np.asarray(acts, np.int8)
     hs = tuple(getattr(h, "shape", ()))
     n_members, batch, width = _check_shapes(hs, tuple(getattr(w, "shape", ())), layers, acts)
-    kernel = _stack_kernel(check_threads(threads), compute)
+    check_threads(threads)
+    kernel = _stack_kernel(compute)
     d_x = device_input(h, F32, "the input").reshape(1 if len(hs) == 2 else n_members, batch * width)
     d_w = device_input(w, F32, "the weights")
     d_out = cuda.device_array((n_members, batch * int(layers[-1, 1])), F32)

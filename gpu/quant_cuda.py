@@ -25,6 +25,7 @@ from loomlab.core.errors import LoomShapeError
 from loomlab.core.llm.quant import FIVE, FORMATS, INT8, NIB4, QuantMatrix
 
 from .cuda_common import (
+    MAX_THREADS,
     block_reduce_builder,
     check_threads,
     cuda,
@@ -85,27 +86,27 @@ def _add(a, b):
 
 
 @functools.cache
-def _products_kernel(threads: int, rows_per_block: int):
-    """The product kernel for ``threads`` per block and ``rows_per_block`` rows of X (both are
-    compile-time sizes of its local and shared arrays)."""
+def _products_kernel():
+    """The product kernel: block (r, g) multiplies weight row r with rows ``g * rows_per_block``
+    onwards of X (at most ``ROWS_PER_BLOCK``, the size of its accumulator array)."""
     numba_cuda()
     weight = cuda.jit(device=True)(_weight)
     block_sum = block_reduce_builder(cuda.jit(device=True)(_add))
 
     @cuda.jit
-    def products(kind, q, s, m, has_m, bbytes, qoff, gshift, group, shift, zero, X, out):
+    def products(kind, q, s, m, has_m, bbytes, qoff, gshift, group, shift, zero, X, rows_per_block, out):
         r = cuda.blockIdx.x
         t0 = cuda.blockIdx.y * rows_per_block
-        tid = cuda.threadIdx.x
+        tid, threads = cuda.threadIdx.x, cuda.blockDim.x
         n_t = min(rows_per_block, X.shape[0] - t0)
-        acc = cuda.local.array(rows_per_block, F32)
-        for b in range(rows_per_block):
+        acc = cuda.local.array(ROWS_PER_BLOCK, F32)
+        for b in range(n_t):
             acc[b] = F32(0)
         for i in range(tid, X.shape[1], threads):
             w = weight(kind, q, s, m, has_m, r, i, bbytes, qoff, gshift, group, shift, zero)
             for b in range(n_t):
                 acc[b] += w * X[t0 + b, i]
-        buf = cuda.shared.array(threads, F32)
+        buf = cuda.shared.array(MAX_THREADS, F32)
         for b in range(n_t):  # n_t is the same for the whole block: every thread reaches each sync
             buf[tid] = acc[b]
             total = block_sum(buf, tid, threads)
@@ -169,10 +170,9 @@ class CudaQuantMatrix:
         d_out = cuda.device_array((T, self.shape[0]), F32)
         if T:
             rows_per_block = 1 if ndim == 1 else ROWS_PER_BLOCK  # matvec: no idle accumulators
-            kernel = _products_kernel(self.threads, rows_per_block)
             grid = (self.shape[0], (T + rows_per_block - 1) // rows_per_block)
-            kernel[grid, self.threads](self._layout[0], self._q, self._s, self._m, self._has_m,
-                                       *self._layout[1:], d_x, d_out)
+            _products_kernel()[grid, self.threads](self._layout[0], self._q, self._s, self._m, self._has_m,
+                                                   *self._layout[1:], d_x, rows_per_block, d_out)
         return result(d_out.reshape(-1) if ndim == 1 else d_out, host=not on_device(X))
 
     def __repr__(self) -> str:
