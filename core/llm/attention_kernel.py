@@ -23,6 +23,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from ..errors import LoomShapeError
+from .prefetch import wide_vectors
 from .quantize import _bits, _from_bits
 
 F32 = np.float32
@@ -87,6 +88,7 @@ def _attend(q, keys_t, values, start, window, scale, out):
     T, H, hd = q.shape
     group = H // keys_t.shape[0]
     for item in prange(T * H):
+        wide_vectors()
         t, h = item // H, item % H
         kv = h // group
         p = start + t

@@ -54,7 +54,7 @@ from numba import njit, prange
 
 from ..errors import LoomShapeError, ModelFormatError
 from .cpu_threads import ThreadChooser
-from .prefetch import prefetch_row
+from .prefetch import prefetch_row, wide_vectors
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
@@ -265,6 +265,7 @@ def _block_matmul(kind, q, lay, s, m, X, out):
     L, P = _geometry(kind, lay[3])
     n = cols // (L * P)
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         w = np.empty((2, cols), F32)
         lanes = np.empty((2, L), F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
@@ -284,6 +285,7 @@ def _block_matmul(kind, q, lay, s, m, X, out):
 def _block_rows(kind, q, lay, s, m, ids, out):
     L, P = _geometry(kind, lay[3])
     for i in prange(ids.shape[0]):
+        wide_vectors()
         for k in range(out.shape[1] // (L * P)):
             _decode(kind, q, ids[i], k, lay, s, m, out[i], k * L * P)
 
@@ -303,6 +305,7 @@ def _nib4_matvec(q, lay, s, m, x, out):
     rows = q.shape[0]
     n_groups = (q.shape[1] // bbytes) << gshift
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         la = np.empty(G, F32)
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
@@ -336,6 +339,7 @@ def _q5_matvec(q, lay, s, m, x, out):
     zero = _q5_zero(m)
     nb = q.shape[1] // bbytes
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         la = np.empty(G, F32)
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
@@ -370,6 +374,7 @@ def _q8_0_matvec(q, lay, s, m, x, out):
     rows = q.shape[0]
     nb = q.shape[1] // 34
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         la = np.empty(G, F32)
         lb = np.empty(G, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
@@ -396,6 +401,7 @@ def _q6_k_matvec(q, lay, s, m, x, out):
     rows = q.shape[0]
     n_steps = q.shape[1] // 210 * 4
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         la = np.empty(2 * H, F32)
         lb = np.empty(2 * H, F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
@@ -435,6 +441,7 @@ def _float_matmul(W, X, out):
     L = FLOAT_LANES
     n = cols // L
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
         lanes = np.empty((2, L), F32)
         for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
             r1 = min(r0 + 1, rows - 1)
