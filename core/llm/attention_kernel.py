@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from ..errors import LoomShapeError
-from .prefetch import wide_vectors
+from .kernel_hints import wide_vectors
 from .quantize import _bits, _from_bits
 
 F32 = np.float32

@@ -54,7 +54,7 @@ from numba import njit, prange
 
 from ..errors import LoomShapeError, ModelFormatError
 from .cpu_threads import ThreadChooser
-from .prefetch import prefetch_row, wide_vectors
+from .kernel_hints import prefetch_row, wide_vectors
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)

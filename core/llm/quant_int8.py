@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import LoomConfigError, LoomShapeError
-from .prefetch import prefetch_row
+from .kernel_hints import prefetch_row
 from .quant import _KERNEL, ROW_CHUNK, QuantMatrix, _pace, _read_only
 
 F32 = np.float32
