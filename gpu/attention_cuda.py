@@ -65,7 +65,7 @@ def _add(a, b):
 
 
 def _max(a, b):
-    return max(a, b)
+    return a if a >= b else b  # no max(): numba's built-in CUDA target fails to type it (0.68)
 
 
 @functools.cache
@@ -74,7 +74,8 @@ def _attend_kernel(half: bool):
     numba_cuda()
     element = cuda.jit(device=True)(_half if half else _plain)
     block_sum = block_reduce_builder(cuda.jit(device=True)(_add))
-    block_max = block_reduce_builder(cuda.jit(device=True)(_max))
+    larger = cuda.jit(device=True)(_max)
+    block_max = block_reduce_builder(larger)
 
     @cuda.jit
     def attend_kernel(q, keys, values, start, window, scale, w, out):
@@ -83,7 +84,7 @@ def _attend_kernel(half: bool):
         H, hd = q.shape[1], q.shape[2]
         kv = h // (H // keys.shape[0])
         p = start + t
-        lo = max(0, p - window + 1) if window > 0 else 0
+        lo = p - window + 1 if window > 0 and p >= window else 0
         n = p + 1 - lo
         row = t * H + h
         buf = cuda.shared.array(MAX_THREADS, F32)
@@ -94,7 +95,7 @@ def _attend_kernel(half: bool):
                 score += q[t, h, d] * element(keys[kv, lo + i, d])
             score *= scale
             w[row, i] = score
-            top = max(top, score)
+            top = larger(top, score)
         buf[tid] = top
         top = block_max(buf, tid, threads)
         total = F32(0)

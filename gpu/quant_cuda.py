@@ -98,7 +98,7 @@ def _products_kernel():
         r = cuda.blockIdx.x
         t0 = cuda.blockIdx.y * rows_per_block
         tid, threads = cuda.threadIdx.x, cuda.blockDim.x
-        n_t = min(rows_per_block, X.shape[0] - t0)
+        n_t = rows_per_block if t0 + rows_per_block <= X.shape[0] else X.shape[0] - t0
         acc = cuda.local.array(ROWS_PER_BLOCK, F32)
         for b in range(n_t):
             acc[b] = F32(0)
