@@ -70,7 +70,9 @@ def test_device_arrays_in_device_arrays_out():
 
     m = matrix(GT.Q4_1, 2, 1, seed=1)
     x = np.linspace(-1, 1, m.shape[1], dtype=np.float32)
-    out = CudaQuantMatrix(m, threads=THREADS).matvec(cuda.to_device(x))
+    g = CudaQuantMatrix(m, threads=THREADS)
+    assert repr(g) == "CudaQuantMatrix(Q4_1, shape=(2, 32))"
+    out = g.matvec(cuda.to_device(x))
     assert not isinstance(out, np.ndarray) and out.shape == (2,)
     assert_matches_cpu(out.copy_to_host(), m.matvec(x), m, x[None])
 
