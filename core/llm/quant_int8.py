@@ -275,29 +275,53 @@ _dot_hi32 = _nibble_dot(32, ((4, 0xF),))
 
 _F32 = ir.FloatType()
 _V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+_V32I, _V16F = ir.VectorType(_I32, 32), ir.VectorType(_F32, 16)
 
 
-def _host_has_vnni() -> bool:
-    """Whether numba compiles for a CPU with VNNI (its target: the host's, unless NUMBA_CPU_NAME
-    names another, e.g. ``generic`` for a portable cache)."""
+def _host_features() -> dict:
+    """The CPU features numba compiles for: the host's, or none where NUMBA_CPU_NAME names
+    another target (e.g. ``generic`` for a portable cache)."""
     from llvmlite import binding as llvm
     from numba.core import config
 
     if config.CPU_NAME and config.CPU_NAME != "host":
-        return False
-    features = llvm.get_host_cpu_features()
+        return {}
+    return llvm.get_host_cpu_features()
+
+
+def _host_has_vnni() -> bool:
+    """Whether numba compiles for a CPU with VNNI on 256-bit vectors."""
+    features = _host_features()
     return bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
 
 
+def _host_has_vnni512() -> bool:
+    """Whether numba compiles for a CPU with VNNI on 512-bit vectors (and byte ops on them)."""
+    features = _host_features()
+    return bool(features.get("avx512vnni") and features.get("avx512bw"))
+
+
+def _vpdpbusd(builder, w, x, lanes):
+    vt = ir.VectorType(_I32, lanes)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
+                                        f"llvm.x86.avx512.vpdpbusd.{32 * lanes}")
+    return builder.call(fn, [ir.Constant(vt, [0] * lanes), builder.bitcast(w, vt), builder.bitcast(x, vt)])
+
+
 def _lanes_dot(builder, w, x):
-    """``<8 x i32>`` partial sums of the 32 products ``w[j] * x[j]`` (w unsigned, x signed bytes):
-    lane i holds products 4i..4i+3 (vpdpbusd's grouping; the generic code's differs, which only
-    moves integers between lanes before they are scaled alike)."""
+    """Partial sums of the products ``w[j] * x[j]`` (w unsigned, x signed bytes; 32 or 64 of
+    them) in 8 or 16 int32 lanes: lane i holds products 4i..4i+3 (vpdpbusd's grouping; the
+    generic code's differs, which only moves integers between lanes of one block, scaled alike)."""
+    n = w.type.count
+    if n == 64 and _host_has_vnni512():
+        return _vpdpbusd(builder, w, x, 16)
+    if n == 64:  # two blocks of 32, each as below
+        def half(v, h):
+            return builder.shuffle_vector(v, v, ir.Constant(_V32I, list(range(h, h + 32))))
+        halves = [_lanes_dot(builder, half(w, h), half(x, h)) for h in (0, 32)]
+        return builder.shuffle_vector(*halves, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
     if _host_has_vnni():
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I, [_V8I, _V8I, _V8I]),
-                                            "llvm.x86.avx512.vpdpbusd.256")
-        zero = ir.Constant(_V8I, [0] * 8)
-        return builder.call(fn, [zero, builder.bitcast(w, _V8I), builder.bitcast(x, _V8I)])
+        return _vpdpbusd(builder, w, x, 8)
     v32 = ir.VectorType(_I32, 32)
     p = builder.mul(builder.zext(w, v32), builder.sext(x, v32))
     quarter = [builder.shuffle_vector(p, p, ir.Constant(_V8I, list(range(8 * k, 8 * k + 8))))
@@ -318,8 +342,9 @@ def _rows_blocks_dot(kind, n):
     ``qi`` of ``q`` times the ``n`` quantized activation rows ``t0 .. t0 + n - 1`` of ``xq``
     (int8 [T, cols]) -> a tuple of n float32. ``wd`` and ``wm`` are the weight row's block
     scales and offsets (1-D; ``wm`` read for Q4_1 only), ``xd``, ``xs`` and ``xsum`` the
-    activations' (2-D, a row per activation row). Each block's weights are unpacked once for
-    the n rows; every row gets the same operations as with n = 1 (its own two accumulators)."""
+    activations' (2-D, a row per activation row). Blocks go two at a time (one 512-bit vpdpbusd
+    where the CPU has it), each block's weights unpacked once for the n rows; every row gets the
+    same operations as with n = 1 (its own accumulators)."""
     bbytes, qoff = {WQ4_0: (18, 2), WQ4_1: (20, 4), WQ5_0: (22, 2), WQ5_1: (24, 4), WQ8_0: (34, 2)}[kind]
     zero = {WQ4_0: 8, WQ5_0: 16}.get(kind, 0)  # quants stored as n + zero (none for the others)
 
@@ -345,57 +370,70 @@ def _rows_blocks_dot(kind, n):
                 return builder.load(where, align=1)
 
             xq_rows, xd_rows, xs_rows, sum_rows = rows(xqa), rows(xda), rows(xsa), rows(suma)
-            nothing = ir.Constant(_V8F, [0.0] * 8)
-            accs = [[cgutils.alloca_once_value(builder, nothing) for _ in range(2)] for _ in range(n)]
-            offsets = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in range(n)]
             v16, v32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
+            # per activation row: even and odd blocks in the low and high 8 lanes of one 16-lane
+            # accumulator (two chains of float adds), a last odd-numbered block in an 8-lane one
+            pair_accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * 16)) for _ in range(n)]
+            tail_accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(n)]
+            offsets = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in range(n)]
 
-            def block(b, parity):
+            def weights(b):
+                """Block b's 32 quants as unsigned bytes (Q8_0: magnitudes, and the sign mask)."""
                 quants = builder.add(args[1], builder.add(builder.mul(b, i64(bbytes)), i64(qoff)))
                 if kind == WQ8_0:  # |w| (u8) times x with w's sign, so the product is u8 x s8 as
                     # for the nibbles (llama.cpp's AVX2 sign trick); |x| <= 127, so -x cannot overflow
                     w = vector(qa.data, quants, v32)
                     negative = builder.icmp_signed("<", w, ir.Constant(v32, [0] * 32))
-                    w = builder.select(negative, builder.neg(w), w)
-                elif kind == WQ5_0 or kind == WQ5_1:  # 4 bytes of fifth bits (bit j: weight j), nibbles
-                    high = vector(qa.data, quants, ir.VectorType(_I8, 4))
-                    v = vector(qa.data, builder.add(quants, i64(4)), v16)
-                    w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
-                    bits = builder.bitcast(high, ir.VectorType(ir.IntType(1), 32))  # x86 is little-endian
+                    return builder.select(negative, builder.neg(w), w), negative
+                v = vector(qa.data, builder.add(quants, i64(4)) if kind in (WQ5_0, WQ5_1) else quants, v16)
+                w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
+                if kind == WQ5_0 or kind == WQ5_1:  # 4 bytes of fifth bits (bit j: weight j) first
+                    bits = builder.bitcast(vector(qa.data, quants, ir.VectorType(_I8, 4)),
+                                           ir.VectorType(ir.IntType(1), 32))  # x86 is little-endian
                     w = builder.or_(w, builder.shl(builder.zext(bits, v32), ir.Constant(v32, [4] * 32)))
-                else:
-                    v = vector(qa.data, quants, v16)
-                    w = _concat(builder, _field(builder, v, 0, 0xF), _field(builder, v, 4, 0xF))
-                wd_b = at(wda.data, b)
+                return w, None
+
+            def unit(b, k, accs):
+                """Blocks b .. b + k - 1 (k = 1 or 2) of the row times each activation row, into
+                ``accs`` (8 k lanes per row: lanes 8j .. 8j + 7 take block b + j)."""
+                parts = [weights(builder.add(b, i64(j))) for j in range(k)]
+                w = parts[0][0] if k == 1 else _concat(builder, parts[0][0], parts[1][0])
+                vt, ft = ir.VectorType(_I8, 32 * k), ir.VectorType(_F32, 8 * k)
+                it = ir.VectorType(_I32, 8 * k)
                 for i in range(n):
-                    xv = vector(xq_rows[i], builder.mul(b, i64(32)), v32)
+                    xv = vector(xq_rows[i], builder.mul(b, i64(32)), vt)
                     if kind == WQ8_0:
+                        negative = parts[0][1] if k == 1 else _concat(builder, parts[0][1], parts[1][1])
                         xv = builder.select(negative, builder.neg(xv), xv)
                     lanes = _lanes_dot(builder, w, xv)
-                    if zero:  # quants are n + zero: subtract zero * sum(x quants) in lane 0
-                        fix = builder.mul(at(sum_rows[i], b), _I32(-zero))
-                        fix = builder.insert_element(ir.Constant(_V8I, [0] * 8), fix, _I32(0))
+                    scales, fix = ir.Constant(ft, ir.Undefined), ir.Constant(it, [0] * (8 * k))
+                    for j in range(k):
+                        bj = builder.add(b, i64(j))
+                        scale = builder.fmul(at(wda.data, bj), at(xd_rows[i], bj))
+                        scales = builder.insert_element(scales, scale, _I32(8 * j))
+                        if zero:  # quants are n + zero: subtract zero * sum(x quants) in the block's lane 0
+                            fix = builder.insert_element(fix, builder.mul(at(sum_rows[i], bj), _I32(-zero)),
+                                                         _I32(8 * j))
+                        if kind == WQ4_1 or kind == WQ5_1:  # + m * s per block
+                            term = builder.fmul(at(wma.data, bj), at(xs_rows[i], bj))
+                            builder.store(builder.fadd(builder.load(offsets[i]), term), offsets[i])
+                    if zero:
                         lanes = builder.add(lanes, fix)
-                    scale = builder.fmul(wd_b, at(xd_rows[i], b))
-                    splat = builder.insert_element(ir.Constant(_V8F, ir.Undefined), scale, _I32(0))
-                    splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I, [0] * 8))
-                    acc = accs[i][parity]
-                    scaled = builder.fmul(builder.sitofp(lanes, _V8F), splat)
-                    builder.store(builder.fadd(builder.load(acc), scaled), acc)
-                    if kind == WQ4_1 or kind == WQ5_1:  # + m * s per block
-                        term = builder.fmul(at(wma.data, b), at(xs_rows[i], b))
-                        builder.store(builder.fadd(builder.load(offsets[i]), term), offsets[i])
+                    spread = ir.Constant(it, [8 * (m // 8) for m in range(8 * k)])
+                    scales = builder.shuffle_vector(scales, scales, spread)
+                    scaled = builder.fmul(builder.sitofp(lanes, ft), scales)
+                    builder.store(builder.fadd(builder.load(accs[i]), scaled), accs[i])
 
-            # even and odd blocks into two accumulators: two dependency chains of float adds
             with cgutils.for_range(builder, builder.udiv(nb, i64(2))) as loop:
-                b = builder.mul(loop.index, i64(2))
-                block(b, 0)
-                block(builder.add(b, i64(1)), 1)
+                unit(builder.mul(loop.index, i64(2)), 2, pair_accs)
             with builder.if_then(builder.icmp_unsigned("==", builder.urem(nb, i64(2)), i64(1))):
-                block(builder.sub(nb, i64(1)), 0)
+                unit(builder.sub(nb, i64(1)), 1, tail_accs)
             sums = []
             for i in range(n):
-                acc = builder.fadd(builder.load(accs[i][0]), builder.load(accs[i][1]))
+                pair = builder.load(pair_accs[i])
+                low, high = (builder.shuffle_vector(pair, pair, ir.Constant(_V8I, list(range(h, h + 8))))
+                             for h in (0, 8))
+                acc = builder.fadd(builder.fadd(low, builder.load(tail_accs[i])), high)
                 sums.append(builder.fadd(_tree_sum(builder, acc), builder.load(offsets[i])))
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, n)(q, qi, xq, t0, wd, xd, wm, xs, xsum), codegen
