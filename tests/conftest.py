@@ -12,6 +12,12 @@ import weakref
 
 import pytest
 
+# The GPU plugin registers its "cupy" backend when first imported, into whatever registry
+# core.backend holds at that moment. Several tests swap the registry for a copy; had the first
+# import happened under one, the registration would leave with the copy and later tests would
+# find "cupy" unknown. Importing it here (safe without CuPy) registers it in the real one first.
+import loomlab.gpu  # noqa: F401
+
 QT_FIXTURES = {"qtbot", "qapp"}
 
 
