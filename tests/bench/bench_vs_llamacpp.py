@@ -1,11 +1,13 @@
 """Side by side: Loom Lab and llama.cpp (llama-cpp-python) on the same GGUF, prompt and threads.
 
     python tests/bench/bench_vs_llamacpp.py [--model smollm2-135m] [--tokens 64] [--repeat 3]
-        [--llama-python /path/to/venv/bin/python]
+        [--llama-python /path/to/venv/bin/python] [--activations float32,int8]
 
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
 (`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. Both engines
-decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON.
+decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
+in each activation mode asked for (``float32``, exact against transformers; ``int8``, 8-bit
+activations as llama.cpp computes) with its ratios to llama.cpp.
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ print(json.dumps(best))
 """
 
 
-def loomlab_run(alias: str, tokens: int, repeat: int) -> dict:
+def loomlab_run(alias: str, tokens: int, repeat: int, activations: str) -> dict:
     best = None
     with load_model(alias) as model:
+        model.activations = activations
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt, as llama.cpp's
         list(model.generate(PROMPT, max_tokens=2))  # JIT warm-up
         for _ in range(repeat):
@@ -69,9 +72,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--llama-python", default=sys.executable)
+    ap.add_argument("--activations", default="float32,int8", help="Loom Lab's modes, comma-separated")
     args = ap.parse_args()
     path = registry.fetch(args.model)
-    ours = loomlab_run(args.model, args.tokens, args.repeat)
+    modes = args.activations.split(",")
+    ours = {mode: loomlab_run(args.model, args.tokens, args.repeat, mode) for mode in modes}
     done = subprocess.run([args.llama_python, "-c", LLAMA_CPP, str(path), PROMPT, str(args.tokens),
                            str(args.repeat)], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -79,9 +84,10 @@ def main() -> None:
     theirs = json.loads(done.stdout)
     print(json.dumps({
         "machine": machine(), "python": platform.python_version(), "model": args.model,
-        "loomlab": {k: round(v, 1) for k, v in ours.items()},
+        "loomlab": {mode: {k: round(v, 1) for k, v in run.items()} for mode, run in ours.items()},
         "llama_cpp": {k: round(v, 1) for k, v in theirs.items()},
-        "decode_ratio": round(ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"], 2),
+        "ratios": {mode: {kind: round(run[f"{kind}_tokens_per_s"] / theirs[f"{kind}_tokens_per_s"], 2)
+                          for kind in ("prefill", "decode")} for mode, run in ours.items()},
     }, indent=2))
 
 
