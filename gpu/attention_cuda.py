@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from loomlab.core.errors import LoomShapeError
+from loomlab.core.llm.attention_kernel import check_attend_args
 
 from .cuda_common import (
     MAX_THREADS,
@@ -38,7 +38,6 @@ from .cuda_common import (
 
 F32 = np.float32
 THREADS = 128
-KV_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16))  # float16 travels as its bits
 
 
 def _half(bits):
@@ -126,22 +125,7 @@ def attend(q, keys, values, start: int, window: int | None, scale: float, *, thr
         LoomShapeError: shapes, dtypes, heads or positions do not fit together.
         LoomConfigError: no CUDA device (and no simulator), or a bad ``threads``.
     """
-    qs, ks, vs = (tuple(getattr(a, "shape", ())) for a in (q, keys, values))
-    if len(qs) != 3 or len(ks) != 3 or ks != vs:
-        raise LoomShapeError(f"attend needs q [T, H, hd] and keys/values [Hkv, S, hd] alike; got "
-                             f"{qs}, {ks}, {vs}")
-    (T, H, hd), (Hkv, S, khd) = qs, ks
-    if khd != hd or Hkv == 0 or H % Hkv:
-        raise LoomShapeError(f"attend: {H} query heads of {hd} need a divisor of them as KV heads "
-                             f"of the same size; got {Hkv} of {khd}")
-    if np.dtype(keys.dtype) not in KV_DTYPES or values.dtype != keys.dtype:
-        raise LoomShapeError(f"attend: keys/values must both be float32 or float16 bits (uint16); got "
-                             f"{keys.dtype} and {values.dtype}")
-    if start < 0 or start + T > S:
-        raise LoomShapeError(f"attend: queries at {start}..{start + T - 1} need keys up to there; "
-                             f"{S} positions given")
-    if window is not None and window < 1:
-        raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
+    T, H, hd = check_attend_args(q, keys, values, start, window)
     check_threads(threads)
     kernel = _attend_kernel(np.dtype(keys.dtype) == np.uint16)
     d_q = device_input(q, F32, "q")

@@ -31,6 +31,16 @@ def smollm2():
 
 
 @pytest.fixture
+def registry(monkeypatch):
+    """core.backend's registry of backends as a test may change it; restored afterwards."""
+    from loomlab.core import backend
+
+    factories = dict(backend._FACTORIES)
+    monkeypatch.setattr(backend, "_FACTORIES", factories)
+    return factories
+
+
+@pytest.fixture
 def gpu(monkeypatch):
     """A machine where CuPy works: the "cupy" backend is a CuPy-like stand-in with memory numbers
     (1 GiB used, 2 GiB peak, 70 of 80 GiB free; tests/core/fake_cupy.py)."""

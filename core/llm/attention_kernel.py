@@ -125,6 +125,32 @@ def _attend(q, keys_t, values, start, window, scale, out):
             out[t, h * hd + d] = acc[d] / total
 
 
+def check_attend_args(q, keys, values, start: int, window: int | None) -> tuple[int, int, int]:
+    """:func:`attend`'s argument checks, for any array with ``shape`` and ``dtype`` (the GPU
+    kernel's device arrays too); returns q's ``(T, H, hd)``.
+
+    Raises:
+        LoomShapeError: shapes, dtypes, heads or positions do not fit together.
+    """
+    qs, ks, vs = (tuple(getattr(a, "shape", ())) for a in (q, keys, values))
+    if len(qs) != 3 or len(ks) != 3 or ks != vs:
+        raise LoomShapeError(f"attend needs q [T, H, hd] and keys/values [Hkv, S, hd] alike; got "
+                             f"{qs}, {ks}, {vs}")
+    (T, H, hd), (Hkv, S, khd) = qs, ks
+    if khd != hd or Hkv == 0 or H % Hkv:
+        raise LoomShapeError(f"attend: {H} query heads of {hd} need a divisor of them as KV heads "
+                             f"of the same size; got {Hkv} of {khd}")
+    if np.dtype(keys.dtype) not in KV_DTYPES or np.dtype(values.dtype) != np.dtype(keys.dtype):
+        raise LoomShapeError(f"attend: keys/values must both be float32 or float16 bits (uint16); got "
+                             f"{keys.dtype} and {values.dtype}")
+    if start < 0 or start + T > S:
+        raise LoomShapeError(f"attend: queries at {start}..{start + T - 1} need keys up to there; "
+                             f"{S} positions given")
+    if window is not None and window < 1:
+        raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
+    return T, H, hd
+
+
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, window: int | None,
            scale: float) -> np.ndarray:
     """Causal attention of queries ``q[T, H, hd]`` at positions ``start..start+T-1``.
@@ -144,22 +170,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, wind
         LoomShapeError: shapes, dtypes, heads or positions do not fit together.
     """
     q = np.ascontiguousarray(q, dtype=F32)
-    if q.ndim != 3 or keys.ndim != 3 or keys.shape != values.shape:
-        raise LoomShapeError(f"attend needs q [T, H, hd] and keys/values [Hkv, S, hd] alike; got "
-                             f"{q.shape}, {keys.shape}, {values.shape}")
-    T, H, hd = q.shape
-    Hkv, S, khd = keys.shape
-    if khd != hd or Hkv == 0 or H % Hkv:
-        raise LoomShapeError(f"attend: {H} query heads of {hd} need a divisor of them as KV heads "
-                             f"of the same size; got {Hkv} of {khd}")
-    if keys.dtype not in KV_DTYPES or values.dtype != keys.dtype:
-        raise LoomShapeError(f"attend: keys/values must both be float32 or float16 bits (uint16); got "
-                             f"{keys.dtype} and {values.dtype}")
-    if start < 0 or start + T > S:
-        raise LoomShapeError(f"attend: queries at {start}..{start + T - 1} need keys up to there; "
-                             f"{S} positions given")
-    if window is not None and window < 1:
-        raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
+    T, H, hd = check_attend_args(q, keys, values, start, window)
     out = np.empty((T, H * hd), F32)
     # a KVCache's keys are a transposed view of a head_dim-major buffer: no copy here
     _attend(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values), int(start),

@@ -18,14 +18,6 @@ from loomlab.core.backend import NUMPY, Backend, get_backend, register_backend
 from loomlab.core.errors import LoomConfigError
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """The registry as a test may change it; restored afterwards."""
-    factories = dict(backend._FACTORIES)
-    monkeypatch.setattr(backend, "_FACTORIES", factories)
-    return factories
-
-
 def test_numpy_is_built_in_and_unknown_names_list_the_known_ones():
     assert get_backend() is NUMPY and get_backend("numpy").xp is np
     known = r"\['cupy', 'numpy', 'strict', 'strict-no-float64'\]"

@@ -9,19 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loomlab.core import backend
 from loomlab.core.backend import NUMPY, Backend, DeviceMemory, backend_names, device_memory
 from loomlab.core.errors import LoomConfigError, ModelNotFoundError
 from loomlab.core.llm.textmodel import load_model
 
 from .fake_cupy import GiB, MiB, cupy_like
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    factories = dict(backend._FACTORIES)
-    monkeypatch.setattr(backend, "_FACTORIES", factories)
-    return factories
 
 
 def test_numpy_has_no_device_memory():
