@@ -93,7 +93,8 @@ def main() -> None:
     best = {k: round(v, 3) if isinstance(v, float) else v for k, v in best.items()}
     best["python_and_small_ops_share"] = round(
         (best["step_outside_kernels_ms"] + best["loop_outside_step_ms"]) / best["token_ms"], 3)
-    print(json.dumps({"machine": machine(), "model": args.model, "activations": model.activations, **best}, indent=1))
+    report = {"machine": machine(), "model": args.model, "activations": model.activations, **best}
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
