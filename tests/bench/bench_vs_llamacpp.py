@@ -1,7 +1,7 @@
 """Side by side: Loom Lab and llama.cpp (llama-cpp-python) on the same GGUF, prompt and threads.
 
     python tests/bench/bench_vs_llamacpp.py [--model smollm2-135m] [--tokens 64] [--repeat 3]
-        [--llama-python /path/to/venv/bin/python] [--activations float32,int8]
+        [--llama-python /path/to/venv/bin/python] [--activations float32,int8] [--llama-batch 512]
 
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
 (`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. Both engines
@@ -29,8 +29,9 @@ PROMPT = ("The history of computing is a story of people and machines: from mech
 LLAMA_CPP = r"""
 import json, sys, time
 from llama_cpp import Llama
-path, prompt, n, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-llm = Llama(model_path=path, n_threads=2, n_ctx=512, verbose=False)
+path, prompt = sys.argv[1], sys.argv[2]
+n, repeat, batch = (int(a) for a in sys.argv[3:6])
+llm = Llama(model_path=path, n_threads=2, n_ctx=512, n_batch=batch, verbose=False)
 ids = llm.tokenize(prompt.encode(), add_bos=False)
 best = None
 for _ in range(repeat):
@@ -73,19 +74,23 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--llama-python", default=sys.executable)
     ap.add_argument("--activations", default="float32,int8", help="Loom Lab's modes, comma-separated")
+    ap.add_argument("--llama-batch", type=int, default=512,
+                    help="llama.cpp's n_batch; 1 feeds the prompt a token at a time (its prefill then "
+                         "understated), for builds that crash evaluating batched prompts")
     args = ap.parse_args()
     path = registry.fetch(args.model)
     modes = args.activations.split(",")
     ours = {mode: loomlab_run(args.model, args.tokens, args.repeat, mode) for mode in modes}
-    done = subprocess.run([args.llama_python, "-c", LLAMA_CPP, str(path), PROMPT, str(args.tokens),
-                           str(args.repeat)], capture_output=True, text=True, timeout=900)
+    cmd = [args.llama_python, "-c", LLAMA_CPP, str(path), PROMPT, str(args.tokens), str(args.repeat),
+           str(args.llama_batch)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        sys.exit(f"llama.cpp run failed: {done.stderr.strip().splitlines()[-1:]}")
+        sys.exit(f"llama.cpp run failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
     theirs = json.loads(done.stdout)
     print(json.dumps({
         "machine": machine(), "python": platform.python_version(), "model": args.model,
         "loomlab": {mode: {k: round(v, 1) for k, v in run.items()} for mode, run in ours.items()},
-        "llama_cpp": {k: round(v, 1) for k, v in theirs.items()},
+        "llama_cpp": {k: round(v, 1) for k, v in theirs.items()}, "llama_batch": args.llama_batch,
         "ratios": {mode: {kind: round(run[f"{kind}_tokens_per_s"] / theirs[f"{kind}_tokens_per_s"], 2)
                           for kind in ("prefill", "decode")} for mode, run in ours.items()},
     }, indent=2))
