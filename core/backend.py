@@ -46,10 +46,7 @@ class Backend:
     @cached_property
     def has_float64(self) -> bool:
         """Whether the device computes in float64 (many consumer GPUs, and ``no_float64``, do not)."""
-        info = getattr(self.xp, "__array_namespace_info__", None)
-        if info is None:  # a namespace predating the inspection API: assume the common case
-            return True
-        return "float64" in info().dtypes(device=self.device, kind="real floating")
+        return device_has_float64(self.xp, self.device)
 
 
 NUMPY = Backend("numpy", np)
@@ -228,3 +225,17 @@ def device_memory(backend: Backend) -> DeviceMemory | None:
     free, total = backend.xp.cuda.runtime.memGetInfo()
     return DeviceMemory(used=int(pool.used_bytes()), free=int(free), total=int(total),
                         peak=int(pool.total_bytes()))
+
+
+# ----- float width of a device ----------------------------------------------------------------
+def device_has_float64(xp, device=None) -> bool:
+    """Whether ``device`` of namespace ``xp`` computes in float64 (``no_float64`` and many GPUs do not)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:  # a namespace predating the inspection API: assume the common case
+        return True
+    return "float64" in info().dtypes(device=device, kind="real floating")
+
+
+def widest_float(xp, device=None):
+    """float64 where ``device`` has it, else float32: the accumulator of losses and statistics."""
+    return xp.float64 if device_has_float64(xp, device) else xp.float32

@@ -5,7 +5,9 @@ loss and dL/dy on the final output, backward, and an update of every weighted la
 master. With the defaults (``optimizer="sgd"``) the numbers match Loom: plain SGD with a
 per-element gradient clamp. AdamW is this project's addition.
 
-Gradients and masters are host (numpy) arrays, so the maths here is numpy whatever the backend.
+The loss runs on the output's device and hands backward dL/dy there; parameter gradients and
+float32 masters are host (numpy) arrays (see ``Layer.add_grad``), so the optimizers'
+maths is numpy whatever the backend.
 """
 
 from __future__ import annotations
@@ -16,46 +18,73 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backend import array_module, to_host, widest_float
 from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
 from .network import VolumetricNetwork
 
-LossFn = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
+LossFn = Callable[[object, object], tuple[float, object]]  # (y, t) on one device -> (loss, dL/dy)
 Batch = tuple[np.ndarray, np.ndarray]
 
 
 # ----- losses: (y, t) -> (loss, dL/dy); y is the network's output, dL/dy comes back in y.dtype ---
+# Each loss computes on y's device (numpy, CuPy or array-api-strict) in the widest float it has,
+# float64 as Loom on the host; only the loss value crosses to the host, dL/dy stays on the device.
 
-def mse(y: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray]:
+def mse(y, t) -> tuple[float, object]:
     """Loom's "mse": ``sum((y-t)^2)/N`` over every element; the difference is taken in y.dtype."""
-    d = y - t.astype(y.dtype)
-    n = d.size
-    return float(np.sum(np.square(d, dtype=np.float64)) / n), d * y.dtype.type(2 / n)
+    xp, wide, t = _operands(y, t)
+    d = y - xp.astype(t, y.dtype)
+    n = _size(d)
+    return _host_scalar(xp.sum(xp.square(xp.astype(d, wide))) / n), d * (2 / n)
 
 
-def crossentropy(y: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray]:
+def crossentropy(y, t) -> tuple[float, object]:
     """Loom's "crossentropy" on probabilities y: ``-sum(t*ln(y+1e-10))/N`` (y <= 0 gives NaN)."""
-    y64, t64 = y.astype(np.float64), t.astype(np.float64)
-    n = y.size
+    xp, wide, t = _operands(y, t)
+    y_wide = xp.astype(y, wide)
+    n = _size(y)
     with np.errstate(invalid="ignore", divide="ignore"):  # Loom lets y <= 0 produce NaN/Inf
-        loss = -np.sum(t64 * np.log(y64 + 1e-10)) / n
-        grad = -t64 / (y64 + 1e-10) / n
-    return float(loss), grad.astype(y.dtype)
+        loss = -xp.sum(t * xp.log(y_wide + 1e-10)) / n
+        grad = -t / (y_wide + 1e-10) / n
+    return _host_scalar(loss), xp.astype(grad, y.dtype)
 
 
-def softmax_crossentropy(y: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray]:
+def softmax_crossentropy(y, t) -> tuple[float, object]:
     """Softmax over the last axis of raw outputs, then CE averaged over rows.
 
     ``t`` holds one distribution per row (one-hot or soft); the gradient ``(p - t)/rows`` assumes
     each row of ``t`` sums to 1.
     """
-    z = y.astype(np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    log_p = z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
-    rows = y.size // y.shape[-1]
-    t64 = t.astype(np.float64)
-    return float(-np.sum(t64 * log_p) / rows), ((np.exp(log_p) - t64) / rows).astype(y.dtype)
+    xp, wide, t = _operands(y, t)
+    z = xp.astype(y, wide)
+    z = z - xp.max(z, axis=-1, keepdims=True)
+    log_p = z - xp.log(xp.sum(xp.exp(z), axis=-1, keepdims=True))
+    rows = _size(y) // y.shape[-1]
+    return _host_scalar(-xp.sum(t * log_p) / rows), xp.astype((xp.exp(log_p) - t) / rows, y.dtype)
+
+
+def _operands(y, t):
+    """``(xp, wide, t)``: y's namespace, the widest float of its device, and t there in that float."""
+    xp = array_module(y)
+    wide = widest_float(xp, y.device)
+    return xp, wide, xp.asarray(t if _beside(t, y) else np.asarray(t), dtype=wide)
+
+
+def _beside(t, y) -> bool:
+    """Whether ``t`` is already an array of ``y``'s kind (else it is host data to copy over)."""
+    return type(t) is type(y)
+
+
+def _size(a) -> int:
+    return math.prod(a.shape)
+
+
+def _host_scalar(a) -> float:
+    """A 0-d device array as a Python float: the one host transfer of a loss. It must cross,
+    because the loop decides on it in Python (a NaN/Inf loss stops the epoch) and returns it."""
+    return float(to_host(a))
 
 
 LOSSES: dict[str, LossFn] = {
@@ -264,9 +293,12 @@ def evaluate(net: VolumetricNetwork, batches: Sequence[Batch], loss: str = "mse"
     return sum(_loss(loss_fn, net.forward(x), t)[0] for x, t in batches) / len(batches)
 
 
-def _loss(loss_fn: LossFn, y, target) -> tuple[float, np.ndarray]:
-    y = y.get() if hasattr(y, "get") else np.asarray(y)  # a CuPy output comes to the host
-    t = np.asarray(target)
-    if t.size != y.size:
+def _loss(loss_fn: LossFn, y, target) -> tuple[float, object]:
+    """The loss on the output's device; a host target is copied there once, y never leaves."""
+    xp = array_module(y)
+    t = target if _beside(target, y) else np.asarray(target)
+    if _size(t) != _size(y):
         raise LoomShapeError(f"target of shape {t.shape} does not fit output of shape {y.shape}")
-    return loss_fn(y, t.reshape(y.shape))
+    # a host target is reshaped on the host: its float64 may not exist on the device before the
+    # loss casts it to the device's widest float
+    return loss_fn(y, xp.reshape(t, y.shape) if _beside(t, y) else t.reshape(y.shape))

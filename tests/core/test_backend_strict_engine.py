@@ -1,0 +1,164 @@
+"""The engine beyond single layers under array-api-strict: training, observers' statistics, target
+propagation, the systolic step mesh and batched population evaluation.
+
+Oracle: the same computation on numpy (whose numerics the engine's own tests pin to Loom), equal
+within float32 tolerance. ``strict`` runs on the simulated ``device1`` (implicit host copies and
+non-standard calls raise), ``strict-no-float64`` on a device without float64, in precision "fast".
+Host transfers are counted by wrapping array_api_strict's ways off a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomlab.core import make_layer
+from loomlab.core.network import VolumetricNetwork
+from loomlab.core.observe import CallbackObserver, LayerStats
+from loomlab.core.train import TrainConfig, evaluate, train
+
+pytest.importorskip("array_api_strict", reason="the strict backend needs array-api-strict (dev extra)")
+
+STRICT = ["strict", "strict-no-float64"]
+
+
+def _mlp(backend, seed=1):
+    r = np.random.default_rng(seed)
+    net = VolumetricNetwork(1, 1, 3, 1, backend=backend, precision="fast")
+    net[0, 0, 0, 0] = make_layer("Dense", input_height=3, output_height=5, activation="Tanh", rng=r)
+    net[0, 0, 1, 0] = make_layer("RMSNorm", input_height=5, output_height=5, rng=r, init_scale=1.0)
+    net[0, 0, 2, 0] = make_layer("Dense", input_height=5, output_height=2, activation="Sigmoid", rng=r)
+    return net
+
+
+def _batches(n=3, seed=2):
+    r = np.random.default_rng(seed)
+    return [(r.standard_normal((4, 3)).astype(np.float32), r.random((4, 2))) for _ in range(n)]
+
+
+def _masters(net):
+    return [la.weights.master.copy() for la in net.weighted_layers()]
+
+
+class TransferCounter:
+    """Counts every way an array_api_strict array leaves its device for the host: ``to_device``
+    onto the CPU device (what ``to_host`` does) and Python scalar conversions (float, int, bool)."""
+
+    def __init__(self, monkeypatch):
+        import array_api_strict
+
+        self.transfers: list[int] = []  # elements per transfer
+        array_cls = type(array_api_strict.asarray(0.0))
+        cpu = array_api_strict.Device()
+        to_device = array_cls.to_device
+
+        def counted_to_device(a, device, /, *, stream=None):
+            if device == cpu and a.device != cpu:
+                self.transfers.append(int(np.prod(a.shape)))
+            return to_device(a, device, stream=stream)
+
+        monkeypatch.setattr(array_cls, "to_device", counted_to_device)
+        for dunder in ("__float__", "__int__", "__bool__", "__index__"):
+            original = getattr(array_cls, dunder)
+
+            def counted(a, _f=original):
+                if a.device != cpu:
+                    self.transfers.append(int(np.prod(a.shape)))
+                return _f(a)
+
+            monkeypatch.setattr(array_cls, dunder, counted)
+
+    def during(self, fn) -> list[int]:
+        start = len(self.transfers)
+        fn()
+        return self.transfers[start:]
+
+
+# ----- training -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", STRICT)
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("loss", ["mse", "crossentropy", "softmax_crossentropy"])
+def test_training_on_strict_equals_numpy(loss, optimizer, backend):
+    config = TrainConfig(epochs=3, loss=loss, optimizer=optimizer, learning_rate=0.05, gradient_clip=0.5)
+    nets = {b: _mlp(b) for b in ("numpy", backend)}
+    histories = {b: train(net, _batches(), config) for b, net in nets.items()}
+    np.testing.assert_allclose(histories[backend], histories["numpy"], rtol=1e-5)
+    assert histories["numpy"][-1] != histories["numpy"][0]  # the weights did move
+    for a, b in zip(_masters(nets[backend]), _masters(nets["numpy"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    x, t = _batches(1, seed=5)[0]
+    assert evaluate(nets[backend], [(x, t)], loss) == pytest.approx(evaluate(nets["numpy"], [(x, t)], loss),
+                                                                    rel=1e-5)
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_loss_gradient_stays_on_the_device_and_only_the_loss_crosses(backend, monkeypatch):
+    counter = TransferCounter(monkeypatch)
+    net = _mlp(backend)
+    x, t = _batches(1)[0]
+    y = net.forward(x, train=True)
+    from loomlab.core.train import _loss, get_loss
+
+    crossed = counter.during(lambda: _loss(get_loss("mse"), y, t))
+    assert crossed == [1]  # one 0-d loss value; y and dL/dy never come to the host
+    loss, grad = _loss(get_loss("mse"), y, t)
+    assert str(grad.device) == str(net.backend.device)
+    ref_loss, ref_grad = _loss(get_loss("mse"), net.backend.to_numpy(y), t)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    np.testing.assert_allclose(net.backend.to_numpy(grad), ref_grad, rtol=1e-6)
+
+
+# ----- observers ------------------------------------------------------------------------------
+
+def _observed_pass(backend):
+    net = _mlp(backend)
+    events = []
+    net.attach(CallbackObserver(events.append))
+    x, _ = _batches(1)[0]
+    y = net.forward(x, train=True)
+    net.backward(np.ones(y.shape, np.float32))
+    return events
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_observer_statistics_on_strict_equal_the_host_kernels(backend):
+    host, device = _observed_pass("numpy"), _observed_pass(backend)
+    assert len(device) == len(host) == 6  # three layers, forward and backward
+    for d, h in zip(device, host, strict=True):
+        assert (d.type, d.z, d.y, d.x, d.l, d.stats.active, d.stats.total) == \
+               (h.type, h.z, h.y, h.x, h.l, h.stats.active, h.stats.total)
+        np.testing.assert_allclose([d.stats.avg, d.stats.std, d.stats.min, d.stats.max],
+                                   [h.stats.avg, h.stats.std, h.stats.min, h.stats.max], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_observer_statistics_cross_as_one_small_transfer_per_layer_event(backend, monkeypatch):
+    counter = TransferCounter(monkeypatch)
+    x, _ = _batches(1)[0]
+    bare = _mlp(backend)
+    without = counter.during(lambda: bare.forward(x))
+    observed = _mlp(backend)
+    events = []
+    observed.attach(CallbackObserver(events.append))
+    with_obs = counter.during(lambda: observed.forward(x))
+    assert len(events) == 3
+    extra = list(with_obs)
+    for n in without:
+        extra.remove(n)
+    assert extra == [5] * len(events)  # avg, std, min, max, active: never the activations
+
+
+def test_device_statistics_of_a_large_tensor_equal_the_host_kernel():
+    from loomlab.core.backend import get_backend
+
+    a = np.random.default_rng(4).standard_normal((64, 257)).astype(np.float32)
+    a[a > 2.5] = 0.0  # some inactive elements
+    host = LayerStats.of(a)
+    for name in STRICT:
+        device = LayerStats.of(get_backend(name).xp.asarray(a))
+        assert (device.active, device.total) == (host.active, host.total)
+        np.testing.assert_allclose([device.avg, device.std, device.min, device.max],
+                                   [host.avg, host.std, host.min, host.max], rtol=1e-4, atol=1e-6)
+    empty = get_backend("strict").xp.zeros((0, 3))
+    assert LayerStats.of(empty) == LayerStats()
