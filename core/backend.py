@@ -239,3 +239,10 @@ def device_has_float64(xp, device=None) -> bool:
 def widest_float(xp, device=None):
     """float64 where ``device`` has it, else float32: the accumulator of losses and statistics."""
     return xp.float64 if device_has_float64(xp, device) else xp.float32
+
+
+def host_floats(*values) -> list[float]:
+    """0-d arrays of one device as Python floats, in one transfer: for the decisions and reports a
+    trainer makes in Python (skip a layer, stop an epoch) on numbers reduced on the device."""
+    xp = array_module(values[0])
+    return to_host(xp.stack(values)).tolist()

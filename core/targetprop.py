@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backend import host_floats, widest_float
 from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
@@ -102,29 +103,37 @@ def _targets(rec: Trace, t, config: TweenConfig) -> list:
     if not targets:
         return targets
     targets[-1] = t
-    delta = t - rec.output.astype(rec.compute)
+    delta = t - xp.astype(rec.output, rec.compute)
     for j in range(len(targets) - 1, 0, -1):
         delta = rec.run.back(rec.tokens[j], delta)
-        targets[j - 1] = xp.clip(rec.outputs[j - 1].astype(rec.compute) + s * delta, -c, c)
+        targets[j - 1] = xp.clip(xp.astype(rec.outputs[j - 1], rec.compute) + s * delta, -c, c)
     return targets
 
 
 def _link(xp, fwd, target) -> LinkMetric:
-    a, b = fwd.astype(np.float64).reshape(-1), target.astype(np.float64).reshape(-1)
-    norms = float(xp.linalg.norm(a) * xp.linalg.norm(b))
-    cos = float(a @ b) / norms if norms > 0 else 0.0
-    gap = math.sqrt(float(xp.mean(xp.square(a - b)))) if a.size else 0.0
-    return LinkMetric((cos + 1) / 2, gap)
+    """Reduced on the device in its widest float; the three sums cross to the host in one
+    transfer, because the update decides in Python whether the layer's budget allows a step."""
+    if math.prod(fwd.shape) == 0:
+        return LinkMetric(0.5, 0.0)
+    wide = widest_float(xp, fwd.device)
+    a, b = (xp.reshape(xp.astype(v, wide), (-1,)) for v in (fwd, target))
+    norms, dot, mean_sq = host_floats(xp.linalg.vector_norm(a) * xp.linalg.vector_norm(b), a @ b,
+                                      xp.mean(xp.square(a - b)))
+    cos = dot / norms if norms > 0 else 0.0
+    return LinkMetric((cos + 1) / 2, math.sqrt(mean_sq))
 
 
 def _prepare(net: VolumetricNetwork, x, target, config: TweenConfig):
     """Recorded forward, target tensor (in compute dtype), per-layer targets and link metrics."""
     rec = net.trace(x)
-    t = rec.run.xp.asarray(target)
-    if t.size != rec.output.size:
+    xp = rec.run.xp
+    t = target if type(target) is type(rec.output) else np.asarray(target)
+    if math.prod(t.shape) != math.prod(rec.output.shape):
         raise LoomShapeError(f"target of shape {t.shape} does not fit output of shape "
                              f"{rec.output.shape}")
-    t = t.reshape(rec.output.shape).astype(rec.compute)
+    # cast on the way to the device: a float64 host target may not exist on it
+    t = xp.asarray(xp.reshape(t, rec.output.shape) if type(t) is type(rec.output)
+                   else t.reshape(rec.output.shape), dtype=rec.compute)
     targets = _targets(rec, t, config)
     links = [_link(rec.run.xp, y, tgt) for y, tgt in zip(rec.outputs, targets, strict=True)]
     return rec, t, targets, links
@@ -161,7 +170,7 @@ def _tween_step(net: VolumetricNetwork, x, target, config: TweenConfig,
     """One step; returns the pre-update sum of squared errors, the element count and links."""
     rec, t, targets, links = _prepare(net, x, target, config)
     xp = rec.run.xp
-    sse = float(xp.sum(xp.square(rec.output.astype(np.float64) - t)))
+    sse, = host_floats(xp.sum(xp.square(xp.astype(rec.output, widest_float(xp, t.device)) - t)))
     weighted = net.weighted_layers()
     net.zero_grad()
     steps: dict[Layer, np.ndarray] = {}
@@ -171,14 +180,14 @@ def _tween_step(net: VolumetricNetwork, x, target, config: TweenConfig,
             continue
         rate = config.learning_rate * (0.5 + 0.5 * link.budget) \
             * config.depth_scale_factor ** (depth - 1 - j)
-        rec.run.back(token, rec.outputs[j].astype(rec.compute) - targets[j])
+        rec.run.back(token, xp.astype(rec.outputs[j], rec.compute) - targets[j])
         for layer in weighted:  # remote links may route a layer's gradient into another cell
             if layer.grad is not None:
                 steps[layer] = steps.get(layer, 0.0) - rate * layer.grad
                 layer.grad = None
     if math.isfinite(sse) and all(np.isfinite(s).all() for s in steps.values()):
         momentum.apply(steps)
-    return sse, int(rec.output.size), dict(zip(rec.cells, links, strict=True))
+    return sse, math.prod(rec.output.shape), dict(zip(rec.cells, links, strict=True))
 
 
 def _steps(batches: Sequence[Batch], size: int):

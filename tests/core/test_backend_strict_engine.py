@@ -162,3 +162,39 @@ def test_device_statistics_of_a_large_tensor_equal_the_host_kernel():
                                    [host.avg, host.std, host.min, host.max], rtol=1e-4, atol=1e-6)
     empty = get_backend("strict").xp.zeros((0, 3))
     assert LayerStats.of(empty) == LayerStats()
+
+
+# ----- target propagation ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_target_propagation_on_strict_equals_numpy(backend):
+    from loomlab.core.targetprop import TweenConfig, link_metrics, tween_train
+
+    config = TweenConfig(epochs=3, batch_size=2, learning_rate=0.1)
+    nets = {b: _mlp(b) for b in ("numpy", backend)}
+    results = {b: tween_train(net, _batches(), config) for b, net in nets.items()}
+    np.testing.assert_allclose(results[backend].losses, results["numpy"].losses, rtol=1e-5)
+    assert results["numpy"].losses[-1] < results["numpy"].losses[0]
+    for a, b in zip(_masters(nets[backend]), _masters(nets["numpy"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    x, t = _batches(1, seed=6)[0]
+    links = {b: link_metrics(net, x, t, config) for b, net in nets.items()}
+    assert links[backend].keys() == links["numpy"].keys() == {0, 1, 2}
+    for cell, ref in links["numpy"].items():
+        assert (links[backend][cell].budget, links[backend][cell].gap) == \
+               pytest.approx((ref.budget, ref.gap), rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_a_tween_step_sends_the_host_only_reduced_numbers(backend, monkeypatch):
+    from loomlab.core.targetprop import TweenConfig, tween_train
+
+    counter = TransferCounter(monkeypatch)
+    net = _mlp(backend)
+    x, t = _batches(1)[0]
+    crossed = counter.during(lambda: tween_train(net, [(x, t)], TweenConfig(epochs=1, batch_size=4)))
+    sizes = [la.weights.master.size for la in net.weighted_layers()]  # 15, 5, 10
+    assert crossed == [*sizes[:0:-1],  # the target pass's backward: gradients of layers 2, 1 (host)
+                       3, 3, 3,  # one [norms, dot, mean square] per executed layer
+                       1,  # the step's squared error
+                       *sizes]  # each layer's local update gradient, to its host float32 master
