@@ -16,13 +16,12 @@ that does not fit its layer, is skipped and keeps its slot. With history recorde
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
-from .network import Run, VolumetricNetwork
+from .network import Run, VolumetricNetwork, compute_dtypes
 
 
 @dataclass
@@ -61,7 +60,7 @@ class StepMesh:
         self._history: list[_TickRecord] = []
         self._input_shapes: list[tuple[int, ...]] = []
         self._pending: int | None = None
-        self._act = np.float32
+        self._act = self.net.backend.xp.float32
         self.ticks = 0
 
     @property
@@ -75,9 +74,10 @@ class StepMesh:
 
     def set_input(self, x) -> None:
         """Write ``x`` into slot 0; cells 0 and 1 read it on the next tick (spec §9.2)."""
-        x = self.net.backend.xp.asarray(x)
-        self._act = np.float64 if x.dtype == np.float64 else np.float32
-        self._slots[0] = x.astype(self._act)
+        xp = self.net.backend.xp
+        x = xp.asarray(x)
+        self._act, _ = compute_dtypes(x.dtype, self.net.precision, xp)
+        self._slots[0] = xp.astype(x, self._act)
         if self.record_history:
             self._pending = len(self._input_shapes)
             self._input_shapes.append(tuple(x.shape))
@@ -109,12 +109,12 @@ class StepMesh:
         if layer.cfg.is_disabled:
             return x, (src, None)
         try:
-            y, token = run.call(layer, x.astype(compute, copy=False))
+            y, token = run.call(layer, run.xp.astype(x, compute, copy=False))
         except LoomShapeError:
             # Loom feeds cell 1 the raw input on tick 1 and cell 0 its own output later; these
             # fit only where widths agree, so a misfit counts as an input that has not arrived
             return None, (idx, None)
-        return y.astype(self._act, copy=False), (src, token)
+        return run.xp.astype(y, self._act, copy=False), (src, token)
 
     def run(self, n_ticks: int):
         """Run ``n_ticks`` ticks; returns the last slot (None if nothing reached it)."""
@@ -153,7 +153,7 @@ class StepMesh:
                 # slot 0 held the injected tensor, not cell 0's previous output, during this tick
                 g_inputs[record.injection] = _add(g_inputs[record.injection], g_slots[0])
                 g_slots[0] = None
-        return [xp.zeros(shape, self._act) if g is None else g.astype(self._act, copy=False)
+        return [xp.zeros(shape, dtype=self._act) if g is None else xp.astype(g, self._act, copy=False)
                 for g, shape in zip(g_inputs, self._input_shapes, strict=True)]
 
     @staticmethod
@@ -181,15 +181,16 @@ class StepMesh:
         shape = record.shapes[out]
         if shape is None:
             raise LoomConfigError(f"slot {out} was still empty after tick {t + 1}; it has no gradient")
-        g = self.net.backend.xp.asarray(g)
-        if g.size != int(np.prod(shape)):
+        xp = self.net.backend.xp
+        g = xp.asarray(g, dtype=self._compute_dtype())  # a float64 host gradient may not fit the device
+        if math.prod(g.shape) != math.prod(shape):
             raise LoomShapeError(f"gradient of shape {tuple(g.shape)} does not fit slot {out} "
                                  f"of shape {shape} after tick {t + 1}")
-        return g.reshape(shape).astype(self._compute_dtype())
+        return xp.reshape(g, shape)
 
     # ----- helpers -----------------------------------------------------------------
     def _compute_dtype(self):
-        return np.float64 if self.net.precision == "loom" else self._act
+        return compute_dtypes(self._act, self.net.precision, self.net.backend.xp)[1]
 
     def _slot_index(self, idx: int) -> int:
         n = len(self._slots)

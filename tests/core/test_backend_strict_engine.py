@@ -198,3 +198,53 @@ def test_a_tween_step_sends_the_host_only_reduced_numbers(backend, monkeypatch):
                        3, 3, 3,  # one [norms, dot, mean square] per executed layer
                        1,  # the step's squared error
                        *sizes]  # each layer's local update gradient, to its host float32 master
+
+
+# ----- the systolic step mesh -----------------------------------------------------------------
+
+def _ring(backend):
+    """Cells 1 -> 2 (disabled) -> 3 -> 0 -> 1: cell 0 reads the later cell 3 (a feedback loop)."""
+    r = np.random.default_rng(7)
+
+    def dense(n_in, n_out, act, **cfg):
+        return make_layer("Dense", input_height=n_in, output_height=n_out, activation=act, rng=r,
+                          init_scale=0.8, **cfg)
+
+    net = VolumetricNetwork(1, 1, 1, 4, backend=backend, precision="fast")
+    for i, layer in enumerate([dense(2, 3, "Tanh", is_remote_link=True, target_l=3), dense(3, 4, "Tanh"),
+                               dense(4, 4, "Tanh", is_disabled=True), dense(4, 2, "Sigmoid")]):
+        net[0, 0, 0, i] = layer
+    return net
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_step_mesh_forward_and_bptt_on_strict_equal_numpy(backend):
+    from loomlab.core.systolic import StepMesh
+
+    r = np.random.default_rng(8)
+    schedule = [r.standard_normal((2, 3)).astype(np.float32), None, None, None,
+                r.standard_normal((2, 3)).astype(np.float32), None, None, None, None]
+    weights = [None, None] + [r.standard_normal((2, 2)).astype(np.float32) for _ in range(7)]
+    runs = {}
+    for b in ("numpy", backend):
+        net = _ring(b)
+        mesh = StepMesh(net, record_history=True)
+        outs = []
+        for x in schedule:
+            if x is not None:
+                mesh.set_input(x)
+            mesh.tick()
+            outs.append([None if s is None else net.backend.to_numpy(s) for s in mesh.slots])
+        net.zero_grad()
+        g_inputs = [net.backend.to_numpy(g) for g in mesh.backward(weights)]
+        runs[b] = outs, g_inputs, [la.grad for la in net.weighted_layers() if not la.cfg.is_disabled]
+    (o0, gi0, gw0), (o1, gi1, gw1) = runs["numpy"], runs[backend]
+    for tick0, tick1 in zip(o0, o1, strict=True):
+        assert [s is None for s in tick1] == [s is None for s in tick0]
+        for a, b in zip(tick1, tick0, strict=True):
+            if b is not None:
+                assert a.dtype == np.float32
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert all(np.abs(g).max() > 1e-3 for g in gi0)  # both inputs reach the loss
+    for a, b in zip([*gi1, *gw1], [*gi0, *gw0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
