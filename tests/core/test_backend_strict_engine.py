@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import make_layer
+from loomlab.core.backend import get_backend
 from loomlab.core.network import VolumetricNetwork
 from loomlab.core.observe import CallbackObserver, LayerStats
 from loomlab.core.train import TrainConfig, evaluate, train
@@ -150,8 +151,6 @@ def test_observer_statistics_cross_as_one_small_transfer_per_layer_event(backend
 
 
 def test_device_statistics_of_a_large_tensor_equal_the_host_kernel():
-    from loomlab.core.backend import get_backend
-
     a = np.random.default_rng(4).standard_normal((64, 257)).astype(np.float32)
     a[a > 2.5] = 0.0  # some inactive elements
     host = LayerStats.of(a)
@@ -248,3 +247,64 @@ def test_step_mesh_forward_and_bptt_on_strict_equal_numpy(backend):
     assert all(np.abs(g).max() > 1e-3 for g in gi0)  # both inputs reach the loss
     for a, b in zip([*gi1, *gw1], [*gi0, *gw0], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# ----- batched population evaluation ----------------------------------------------------------
+
+def _population(backend, n=60):
+    """Mutated float32 MLPs (mixed activations, morphed dtypes, disabled layers), the same on
+    every call, placed on ``backend``."""
+    from .mutants import mlp, mutate
+
+    rng = np.random.default_rng(2)
+    nets = [mutate(mlp([4, 4, 4, 4], rng, precision="fast"), rng, 4, 0.3) for _ in range(n)]
+    for net in nets:
+        net.backend = get_backend(backend)
+    return nets
+
+
+@pytest.mark.parametrize("backend", STRICT)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_batched_population_on_strict_equals_numpy(backend, rows):
+    from loomlab.core.errors import LoomError
+    from loomlab.core.evolve.batched import as_numpy, forward_many, forward_stacked
+
+    x = np.random.default_rng(3).standard_normal((rows, 4)).astype(np.float32)
+    host, device = _population("numpy"), _population(backend)
+    ref, got = forward_many(host, x, catch=LoomError), forward_many(device, x, catch=LoomError)
+    assert sum(not isinstance(y, Exception) for y in ref) > 30
+    for a, b in zip(got, ref, strict=True):
+        if isinstance(b, Exception):
+            assert type(a) is type(b)
+            continue
+        assert str(a.device) == str(device[0].backend.device)  # outputs stay on the device
+        np.testing.assert_allclose(as_numpy(a), b, rtol=2e-5, atol=2e-6)
+    groups = [(m, r) for m, r in forward_stacked(device, x, catch=LoomError) if len(m) > 1]
+    assert sum(len(m) for m, _ in groups) > 20  # most members really share a batched matmul
+    for members, result in groups:
+        np.testing.assert_allclose(as_numpy(result), np.stack([ref[i] for i in members]), rtol=2e-5,
+                                   atol=2e-6)
+
+
+@pytest.mark.parametrize("backend", STRICT)
+def test_task_fitness_of_a_population_on_strict_equals_numpy(backend, monkeypatch):
+    from loomlab.core.evolve.tasks import get_task
+
+    task = get_task("xor", precision="fast")
+    seed = task.seed_network()
+    host = []
+    for k in range(12):
+        net = type(seed)(1, 1, 1, len(seed.cells), precision="fast")
+        for i, layer in enumerate(task.seed_network().cells):
+            layer.weights.master *= np.float32(1 + 0.1 * k)
+            layer.weights.touch()
+            net[0, 0, 0, i] = layer
+        host.append(net)
+    fitness = task.evaluate(host)
+    for net in host:
+        net.backend = get_backend(backend)
+    counter = TransferCounter(monkeypatch)
+    on_device = []
+    assert counter.during(lambda: on_device.extend(task.evaluate(host))) == [12 * 4]  # one group's outputs
+    np.testing.assert_allclose(on_device, fitness, rtol=1e-5)
+    assert len(set(np.round(fitness, 6))) > 1  # the members really differ
