@@ -46,7 +46,7 @@ from .block_morph import (
 )
 from .kv_cache import CachedRun
 from .quant import MATMUL_MIN_T, float_matmul
-from .quant_int8 import int8_enabled, int8_matmul, supports
+from .quant_int8 import int8_enabled, int8_product, supports
 from .rope import Rope
 
 Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
@@ -60,8 +60,8 @@ def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
     if isinstance(w, np.ndarray):
         y = float_matmul(w, rows)  # row-invariant: BLAS's row t changes with the rows beside it
-    elif int8_enabled() and supports(w) and rows.shape[0] <= MATMUL_MIN_T:
-        y = int8_matmul(w, rows)  # the opt-in llama.cpp-style mode (8-bit activations)
+    elif rows.shape[0] <= MATMUL_MIN_T and int8_enabled() and supports(w):
+        y = int8_product(w, rows)  # the opt-in llama.cpp-style mode (8-bit activations)
     elif rows.shape[0] == 1:  # decode: the fused dequantize-and-multiply kernel
         y = w.matvec(rows[0])[None, :]
     else:

@@ -58,10 +58,22 @@ class Rope:
 
     def __call__(self, positions: np.ndarray, *vs: np.ndarray) -> list[np.ndarray]:
         """Rotate each ``v[B, T, heads, head_dim]`` at ``positions[B, T]``."""
-        # float32 angles, as transformers computes them
+        cos, sin = self._angles(positions)
+        return [self._rotate(v, cos, sin) for v in vs]
+
+    def _angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of the float32 angles, as transformers computes them. Every attention layer
+        of a decode step asks for the same positions: the last answer is kept (one tuple, swapped
+        whole, so threads sharing the model never see half of one)."""
+        key = (positions.shape, positions.tobytes())
+        last = self.__dict__.get("_last")
+        if last is not None and last[0] == key:
+            return last[1], last[2]
         angle = positions.astype(np.float32)[:, :, None, None] * self.inv_freq
         cos, sin = np.cos(angle), np.sin(angle)
-        return [self._rotate(v, cos, sin) for v in vs]
+        cos.flags.writeable = sin.flags.writeable = False  # shared by the layers that ask next
+        self.__dict__["_last"] = (key, cos, sin)  # a frozen dataclass: its cache goes in by the dict
+        return cos, sin
 
     def _rotate(self, v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         half = self.inv_freq.size

@@ -66,7 +66,7 @@ def one_round(model, prompt: str, tokens: int) -> dict:
           patched(qm, "matmul", clock.timed(qm.matmul, "kernels")),
           patched(qm, "rows", clock.timed(qm.rows, "kernels")),
           patched(att, "_attend", clock.timed(att._attend, "kernels")),
-          patched(llm_layers, "int8_matmul", clock.timed(llm_layers.int8_matmul, "kernels")),
+          patched(llm_layers, "int8_product", clock.timed(llm_layers.int8_product, "kernels")),
           patched(model.net, "step", step)):
         records = list(model.generate(prompt, max_tokens=tokens))
     m = model.metrics()

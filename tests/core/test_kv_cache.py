@@ -130,3 +130,25 @@ def test_attention_continues_a_sequence_only_under_a_cached_run():
     alone = net.forward(x[:, -1:])
     np.testing.assert_allclose(alone, CachedRun(net, None).call(layer, x[:, -1:])[0], atol=0)
     assert not np.allclose(alone, full[:, -1:], atol=1e-3)
+
+
+def test_rope_keeps_the_last_angles_and_recomputes_for_new_positions():
+    """Every layer of a step asks for the same positions: the kept cos/sin must be those of the
+    positions asked, never the previous step's (oracle: the rotation written out in float64)."""
+    inv = RopeConfig().inv_freq(8)
+    rope = Rope(inv)
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+
+    def reference(pos):
+        angle = pos.astype(np.float32)[:, :, None, None] * inv  # float32 angles, as transformers
+        a, b = v[..., :4].astype(np.float64), v[..., 4:].astype(np.float64)
+        c, s = np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))
+        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+    for pos in ([[5, 6]], [[5, 6]], [[7, 8]], [[5, 6]]):
+        positions = np.array(pos)
+        (got,) = rope(positions, v)
+        np.testing.assert_allclose(got, reference(positions), rtol=1e-5, atol=1e-6)
+    (again,) = rope(np.array([[5, 6]]), v)  # a hit gives the bits a fresh computation gives
+    np.testing.assert_array_equal(again, Rope(inv)(np.array([[5, 6]]), v)[0])
