@@ -35,7 +35,7 @@ class LayerStats:
     @classmethod
     def of(cls, a) -> LayerStats:
         """Statistics of any array; a device array is reduced where it lives (:func:`_device_stats`)."""
-        if not isinstance(a, np.ndarray):
+        if not isinstance(a, np.ndarray) and hasattr(a, "__array_namespace__"):  # CuPy, strict
             return cls._of_device(a)
         f = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
         if f.size == 0:
