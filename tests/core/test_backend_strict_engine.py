@@ -110,6 +110,17 @@ def test_loss_gradient_stays_on_the_device_and_only_the_loss_crosses(backend, mo
     np.testing.assert_allclose(net.backend.to_numpy(grad), ref_grad, rtol=1e-6)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_training_step_sends_the_host_the_loss_and_the_parameter_gradients_only(optimizer, monkeypatch):
+    counter = TransferCounter(monkeypatch)
+    net = _mlp("strict")
+    crossed = counter.during(lambda: train(net, _batches(1), TrainConfig(epochs=1, optimizer=optimizer)))
+    sizes = [la.weights.master.size for la in net.weighted_layers()]
+    # the 0-d loss, then each layer's gradient (last layer first) to its host float32 master:
+    # no activation, no dL/dy
+    assert crossed == [1, *sizes[::-1]]
+
+
 # ----- observers ------------------------------------------------------------------------------
 
 def _observed_pass(backend):
