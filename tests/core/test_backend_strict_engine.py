@@ -43,7 +43,8 @@ def _masters(net):
 
 class TransferCounter:
     """Counts every way an array_api_strict array leaves its device for the host: ``to_device``
-    onto the CPU device (what ``to_host`` does) and Python scalar conversions (float, int, bool)."""
+    onto the CPU device (what ``to_host`` does), Python scalar conversions (float, int, bool) and
+    DLPack export (``np.from_dlpack``). ``np.asarray`` of a device array raises by itself."""
 
     def __init__(self, monkeypatch):
         import array_api_strict
@@ -59,13 +60,13 @@ class TransferCounter:
             return to_device(a, device, stream=stream)
 
         monkeypatch.setattr(array_cls, "to_device", counted_to_device)
-        for dunder in ("__float__", "__int__", "__bool__", "__index__"):
+        for dunder in ("__float__", "__int__", "__bool__", "__index__", "__complex__", "__dlpack__"):
             original = getattr(array_cls, dunder)
 
-            def counted(a, _f=original):
+            def counted(a, *args, _f=original, **kwargs):
                 if a.device != cpu:
                     self.transfers.append(int(np.prod(a.shape)))
-                return _f(a)
+                return _f(a, *args, **kwargs)
 
             monkeypatch.setattr(array_cls, dunder, counted)
 
