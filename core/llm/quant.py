@@ -780,8 +780,8 @@ class QuantMatrix:
 
 
 def warm_up() -> None:
-    """Run every kernel once on a one-block matrix (and the encoders a morph to a block format
-    uses), so none is loaded on first use.
+    """Run every kernel once on a one-block matrix (the 8-bit-activation ones too, attention, and
+    the encoders a morph to a block format uses), so none is loaded on first use.
 
     numba's first call initialises its compiler and loads the cached machine code, holding the
     GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
@@ -795,6 +795,8 @@ def warm_up() -> None:
     """
     def run() -> None:
         from ..stats_kernel import error_sums
+        from .attention_kernel import attend
+        from .quant_int8 import int8_matmul, supports
         from .quantize import QUANTIZE_FORMATS, quantize  # a morph to a block format: encoder, report
 
         for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
@@ -803,7 +805,12 @@ def warm_up() -> None:
             m.matvec(np.zeros(fmt.block_elems, F32))
             m.matmul(np.zeros((2, fmt.block_elems), F32))  # the batch kernel
             m.rows(np.zeros(1, np.int64))
+            if supports(m):  # the 8-bit-activation mode's kernel
+                int8_matmul(m, np.zeros((1, fmt.block_elems), F32))
         float_matmul(np.zeros((1, 1), F32), np.zeros((1, 1), F32))
+        for storage in (F32, np.uint16):  # attention over float32 and float16 (bits) KV caches
+            kv = np.zeros((1, 1, 8), storage)
+            attend(np.zeros((1, 1, 8), F32), kv, kv, 0, None, 1.0)
         for name in QUANTIZE_FORMATS:
             quantize(np.zeros((1, 256), F32), name)
         error_sums(np.zeros(1, F32), np.zeros(1, F32))
