@@ -1,6 +1,6 @@
 """Benchmark: speculative greedy decoding against plain greedy decoding on SmolLM2-135M.
 
-    python tests/bench/bench_speculative.py [--max-tokens 128] [--rounds 2]
+    python tests/bench/bench_speculative.py [--max-tokens 128] [--rounds 2] [--int8]
 
 Two chat prompts: a short creative one and a summarisation-style one (a paragraph + "Summarise
 the text above", where prompt lookup can copy from the prompt). Three ways: plain, prompt lookup
@@ -35,10 +35,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--int8", action="store_true", help="8-bit activations in both models")
     args = ap.parse_args()
     model = load_model("smollm2-135m")
     draft = load_model("smollm2-135m")
     apply_recipe(draft.net, "Q4_0")
+    model.activations = draft.activations = "int8" if args.int8 else "float32"
     ways = {"plain": None, "prompt-lookup": PromptLookup(),
             "prompt-lookup-n3..1": PromptLookup(min_ngram=1),
             "draft-model-q4_0-k4": DraftModel(draft, num_draft=4),
@@ -61,7 +63,8 @@ def main() -> None:
                          "drafted": best.drafted_tokens, "accepted": best.accepted_tokens,
                          "acceptance_rate": round(best.acceptance_rate, 3)})
             print(json.dumps(rows[-1]), flush=True)
-    print(json.dumps({"machine": machine(), "max_tokens": args.max_tokens, "results": rows}, indent=1))
+    print(json.dumps({"machine": machine(), "max_tokens": args.max_tokens, "activations": model.activations,
+                      "results": rows}, indent=1))
 
 
 if __name__ == "__main__":
