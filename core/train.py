@@ -5,9 +5,12 @@ loss and dL/dy on the final output, backward, and an update of every weighted la
 master. With the defaults (``optimizer="sgd"``) the numbers match Loom: plain SGD with a
 per-element gradient clamp. AdamW is this project's addition.
 
-The loss runs on the output's device and hands backward dL/dy there; parameter gradients and
-float32 masters are host (numpy) arrays (see ``Layer.add_grad``), so the optimizers'
-maths is numpy whatever the backend.
+Everything of a step stays on the output's device: the loss and dL/dy, the parameter gradients
+(``Layer.device_grad``), the float32 masters the optimizers update (``WeightStore.master_on``) and
+AdamW's moments. What crosses to the host per step is one transfer of two numbers, the loss and
+whether every gradient is finite: the loop decides on both in Python (Loom's rules below). A
+float32 layer's master comes home only when something reads it (``WeightStore.master``); a morphed
+layer's comes home each update, as quantizing is host code.
 """
 
 from __future__ import annotations
@@ -18,29 +21,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import array_module, to_host, widest_float
+from .backend import array_module, host_floats, to_host, widest_float
 from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
 from .network import VolumetricNetwork
 
-LossFn = Callable[[object, object], tuple[float, object]]  # (y, t) on one device -> (loss, dL/dy)
+LossFn = Callable[[object, object], tuple[object, object]]  # (y, t) on one device -> (loss, dL/dy)
 Batch = tuple[np.ndarray, np.ndarray]
 
 
 # ----- losses: (y, t) -> (loss, dL/dy); y is the network's output, dL/dy comes back in y.dtype ---
 # Each loss computes on y's device (numpy, CuPy or array-api-strict) in the widest float it has,
-# float64 as Loom on the host; only the loss value crosses to the host, dL/dy stays on the device.
+# float64 as Loom on the host. Both results stay there: the loss is a 0-d array (on numpy a
+# np.float64, which is a float); the caller brings it to the host with what else it needs.
 
-def mse(y, t) -> tuple[float, object]:
+def mse(y, t) -> tuple[object, object]:
     """Loom's "mse": ``sum((y-t)^2)/N`` over every element; the difference is taken in y.dtype."""
     xp, wide, t = _operands(y, t)
     d = y - xp.astype(t, y.dtype)
     n = _size(d)
-    return _host_scalar(xp.sum(xp.square(xp.astype(d, wide))) / n), d * (2 / n)
+    return xp.sum(xp.square(xp.astype(d, wide))) / n, d * (2 / n)
 
 
-def crossentropy(y, t) -> tuple[float, object]:
+def crossentropy(y, t) -> tuple[object, object]:
     """Loom's "crossentropy" on probabilities y: ``-sum(t*ln(y+1e-10))/N`` (y <= 0 gives NaN)."""
     xp, wide, t = _operands(y, t)
     y_wide = xp.astype(y, wide)
@@ -48,10 +52,10 @@ def crossentropy(y, t) -> tuple[float, object]:
     with np.errstate(invalid="ignore", divide="ignore"):  # Loom lets y <= 0 produce NaN/Inf
         loss = -xp.sum(t * xp.log(y_wide + 1e-10)) / n
         grad = -t / (y_wide + 1e-10) / n
-    return _host_scalar(loss), xp.astype(grad, y.dtype)
+    return loss, xp.astype(grad, y.dtype)
 
 
-def softmax_crossentropy(y, t) -> tuple[float, object]:
+def softmax_crossentropy(y, t) -> tuple[object, object]:
     """Softmax over the last axis of raw outputs, then CE averaged over rows.
 
     ``t`` holds one distribution per row (one-hot or soft); the gradient ``(p - t)/rows`` assumes
@@ -62,7 +66,7 @@ def softmax_crossentropy(y, t) -> tuple[float, object]:
     z = z - xp.max(z, axis=-1, keepdims=True)
     log_p = z - xp.log(xp.sum(xp.exp(z), axis=-1, keepdims=True))
     rows = _size(y) // y.shape[-1]
-    return _host_scalar(-xp.sum(t * log_p) / rows), xp.astype((xp.exp(log_p) - t) / rows, y.dtype)
+    return -xp.sum(t * log_p) / rows, xp.astype((xp.exp(log_p) - t) / rows, y.dtype)
 
 
 def _operands(y, t):
@@ -82,8 +86,7 @@ def _size(a) -> int:
 
 
 def _host_scalar(a) -> float:
-    """A 0-d device array as a Python float: the one host transfer of a loss. It must cross,
-    because the loop decides on it in Python (a NaN/Inf loss stops the epoch) and returns it."""
+    """A 0-d device array (a loss) as a Python float: one host transfer."""
     return float(to_host(a))
 
 
@@ -102,11 +105,12 @@ def get_loss(name: str) -> LossFn:
         raise LoomConfigError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}") from None
 
 
-# ----- optimizers: step(layers) updates each layer's float32 master from layer.grad -----------
+# ----- optimizers: step(layers) updates each layer's float32 master from its gradient ---------
+# on the gradient's device: the master there (WeightStore.master_on), the moments beside it.
 
-def clip(g: np.ndarray, limit: float) -> np.ndarray:
+def clip(g, limit: float):
     """Loom's gradient clip: clamp each element to [-limit, limit]; ``limit <= 0`` means off."""
-    return np.clip(g, -limit, limit) if limit > 0 else g
+    return array_module(g).clip(g, -limit, limit) if limit > 0 else g
 
 
 class SGD:
@@ -117,16 +121,18 @@ class SGD:
         self.gradient_clip = gradient_clip
 
     def step(self, layers: Sequence[Layer]) -> None:
-        lr = np.float32(self.learning_rate)
         for layer in _with_grad(layers):
-            layer.weights.master -= lr * clip(layer.grad, self.gradient_clip).astype(np.float32)
+            xp = array_module(layer.device_grad)
+            w = layer.weights.master_on(xp)  # updated in place, where it lives
+            # a Python float times a float32 array is float32 maths (as np.float32(lr) would be)
+            w -= self.learning_rate * xp.astype(clip(layer.device_grad, self.gradient_clip), xp.float32)
             layer.weights.after_update(layer.cfg.dtype)  # spec §4.8 for non-float32 layers
 
 
 @dataclass
 class _Moments:
-    m: np.ndarray
-    v: np.ndarray
+    m: object  # on the gradient's device, in its float
+    v: object
     t: int = 0
 
 
@@ -149,22 +155,34 @@ class AdamW:
     def step(self, layers: Sequence[Layer]) -> None:
         b1, b2 = self.beta1, self.beta2
         for layer in _with_grad(layers):
-            g = clip(layer.grad, self.gradient_clip)
+            xp = array_module(layer.device_grad)
+            g = clip(layer.device_grad, self.gradient_clip)
             s = self.state.get(layer)
             if s is None:
-                s = self.state[layer] = _Moments(np.zeros_like(g), np.zeros_like(g))
+                s = self.state[layer] = _Moments(xp.zeros_like(g), xp.zeros_like(g))
             s.t += 1
             s.m = b1 * s.m + (1 - b1) * g
             s.v = b2 * s.v + (1 - b2) * g * g
             m_hat, v_hat = s.m / (1 - b1 ** s.t), s.v / (1 - b2 ** s.t)
-            w = layer.weights.master.astype(np.float64)
-            w -= self.learning_rate * (m_hat / (np.sqrt(v_hat) + self.eps) + self.weight_decay * w)
-            layer.weights.master[...] = w
+            master = layer.weights.master_on(xp)
+            w = xp.astype(master, g.dtype)  # the gradient's float: float64 where the device has it
+            w -= self.learning_rate * (m_hat / (xp.sqrt(v_hat) + self.eps) + self.weight_decay * w)
+            master[...] = xp.astype(w, xp.float32)
             layer.weights.after_update(layer.cfg.dtype)  # spec §4.8 for non-float32 layers
 
 
 def _with_grad(layers: Sequence[Layer]):
-    return (la for la in layers if la.weights is not None and la.grad is not None)
+    return (la for la in layers if la.weights is not None and la.device_grad is not None)
+
+
+def _gradients_finite(layers: Sequence[Layer], like):
+    """A 0-d array beside ``like`` (in its dtype): 1 when every layer's gradient is finite, else 0.
+    Reduced on the device, so only this number crosses."""
+    xp = array_module(like)
+    grads = [la.device_grad for la in layers if la.device_grad is not None]
+    if not grads:
+        return xp.ones((), dtype=like.dtype)
+    return xp.astype(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in grads])), like.dtype)
 
 
 # ----- configuration ----------------------------------------------------------------------
@@ -271,14 +289,19 @@ def train(net: VolumetricNetwork, batches: Sequence[Batch], config: TrainConfig 
 
 
 def _train_batch(net: VolumetricNetwork, x, target, loss_fn: LossFn, optimizer) -> float:
-    """One step; returns the loss to add (0 when the update was skipped, NaN/Inf to stop)."""
+    """One step; returns the loss to add (0 when the update was skipped, NaN/Inf to stop).
+
+    Backward runs before the loss is looked at, so that the loss and the gradients' finiteness
+    cross to the host in one transfer; a NaN/Inf loss still updates nothing.
+    """
     net.zero_grad()
     loss, grad = _loss(loss_fn, net.forward(x, train=True), target)
-    if not math.isfinite(loss):
-        return loss
     net.backward(grad)
     layers = net.weighted_layers()
-    if not all(la.grad is None or np.isfinite(la.grad).all() for la in layers):
+    loss, finite = host_floats(loss, _gradients_finite(layers, loss))
+    if not math.isfinite(loss):
+        return loss
+    if not finite:
         return 0.0
     optimizer.step(layers)
     return loss
@@ -290,7 +313,7 @@ def evaluate(net: VolumetricNetwork, batches: Sequence[Batch], loss: str = "mse"
     batches = list(batches)
     if not batches:
         raise LoomConfigError("evaluate() needs at least one batch")
-    return sum(_loss(loss_fn, net.forward(x), t)[0] for x, t in batches) / len(batches)
+    return sum(_host_scalar(_loss(loss_fn, net.forward(x), t)[0]) for x, t in batches) / len(batches)
 
 
 def _loss(loss_fn: LossFn, y, target) -> tuple[float, object]:

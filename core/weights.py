@@ -8,6 +8,12 @@ multiplies with the dequantized native version of the layer's dtype (spec §4.5)
 Layers read their parameters through :meth:`WeightStore.values`, which hands out a cached copy
 on the requested array module and dtype; any change of the master bumps ``version`` and drops
 those copies and the native versions, as Loom clears its caches on a gradient update.
+
+Training on a device keeps the master there: an optimizer updates :meth:`WeightStore.master_on`
+in place, and from then on that device copy is the truth. ``master`` stays the host float32
+vector everything else reads (morphing, saving, DNA, the GUI): reading it after a device update
+copies the device master back first (:meth:`WeightStore.copy_master_to_host`, the one
+device-to-host path of weights).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes
+from .backend import array_module, to_host
 from .errors import LoomConfigError
 
 
@@ -51,15 +58,58 @@ _UNSIGNED_MAX = {"uint8": 255, "uint4": 15, "uint2": 3, "uint16": 65535,
 class WeightStore:
     """Float32 master weights, their scale, native versions and cached compute copies."""
 
+    # The master on a device, where an optimizer updates it (None: the host master is the only one),
+    # and whether the host master is behind it. Class defaults, so a subclass that builds its
+    # master otherwise (the language models' MatrixStore) starts without one.
+    _device = None
+    _host_stale = False
+
     def __init__(self, master, scale: float = 1.0):
-        self.master = np.ascontiguousarray(master, dtype=np.float32).reshape(-1)
+        self.master = master
         self.scale = float(np.float32(scale))
         self.version = 0
         self.native: dict[str, np.ndarray] = {}
         self._compute: dict[tuple, tuple[int, object]] = {}
 
     def __len__(self) -> int:
-        return self.master.size
+        return self._master.size
+
+    # ----- where the master lives ------------------------------------------------------------
+    @property
+    def master(self) -> np.ndarray:
+        """The float32 master on the host; after an update on a device, copied back first."""
+        if self._host_stale:
+            self.copy_master_to_host()
+        return self._master
+
+    @master.setter
+    def master(self, value) -> None:
+        self._master = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+        self._device, self._host_stale = None, False  # a new host master: a device copy is old
+
+    def copy_master_to_host(self) -> None:
+        """Copy the device master into the host one: a device-to-host transfer of the layer's
+        weights, made only when something reads ``master`` after a device update."""
+        self._master[...] = to_host(self._device)
+        self._host_stale = False
+
+    def master_on(self, xp):
+        """The float32 master as an array of ``xp``, for an optimizer to update in place.
+
+        numpy: the host master itself. Another namespace: a copy on its device, uploaded on first
+        use and kept there; it is the truth from now on, so the host master is marked behind it.
+        """
+        if xp is np:
+            return self.master
+        if self._device is None or array_module(self._device) is not xp:
+            self._device = xp.asarray(self.master, copy=True)
+        self._host_stale = True
+        return self._device
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the master is kept on a device (see :meth:`master_on`)."""
+        return self._device is not None
 
     # ----- morphing (spec §4.1) ----------------------------------------------------------
     def morph(self, dtype: str) -> np.ndarray | None:
@@ -125,7 +175,10 @@ class WeightStore:
         hit = self._compute.get(key)
         if hit is not None and hit[0] == self.version:
             return hit[1]
-        arr = xp.asarray(self.dequantized(layer_dtype).astype(dtype, copy=False))
+        if layer_dtype == "float32" and self._device is not None and array_module(self._device) is xp:
+            arr = xp.astype(self._device, getattr(xp, np.dtype(dtype).name), copy=False)  # stays there
+        else:
+            arr = xp.asarray(self.dequantized(layer_dtype).astype(dtype, copy=False))
         self._compute[key] = (self.version, arr)
         return arr
 
@@ -163,17 +216,31 @@ class WeightStore:
 
     # ----- updates -----------------------------------------------------------------------
     def touch(self) -> None:
-        """Record that the master changed in place: drop native versions and compute copies."""
+        """Record that the host master changed in place: drop native versions, compute copies
+        and the device master (the next device update uploads the host one again)."""
+        self._use_host_master()
+        self._changed()
+
+    def _changed(self) -> None:
         self.version += 1
         self._compute.clear()
         self.native.clear()
 
+    def _use_host_master(self) -> None:
+        """Make the host master the only one; a device update is copied home first."""
+        if self._host_stale:
+            self.copy_master_to_host()
+        self._device = None
+
     def after_update(self, dtype: str) -> None:
-        """Loom's step after a gradient update of a non-float32 layer (spec §4.8): clamp the
-        master of unsigned types to ``[0, scale*max]`` and re-morph with the existing scale."""
-        self.touch()
+        """After an optimizer updated the master (on the host, or in place on
+        :meth:`master_on`'s device): drop what was derived from it. For a non-float32 layer, Loom's
+        step (spec §4.8): clamp the master of unsigned types to ``[0, scale*max]`` and re-morph
+        with the existing scale; quantizing is host code, so such a layer's master comes home."""
+        self._changed()
         if dtype == "float32":
             return
+        self._use_host_master()
         top = _UNSIGNED_MAX.get(dtype)
         if top is not None:
             np.clip(self.master, 0, np.float32(self.scale * top), out=self.master)

@@ -9,8 +9,9 @@ Contract of a family:
 * ``check(path)`` — reject an impossible configuration with :class:`LoomFormatError`.
 * ``forward(x, ctx, skip=None) -> (y, cache)`` — ``x`` is an array on ``ctx.xp``; the math runs in
   ``x.dtype``; ``cache`` is whatever backward needs (None when ``ctx.train`` is false is fine).
-* ``backward(cache, gy, ctx) -> gx`` — returns dL/dx and *adds* dL/dparams into ``self.grad``
-  (a flat float64 vector in the master's layout).
+* ``backward(cache, gy, ctx) -> gx`` — returns dL/dx and *adds* dL/dparams with :meth:`Layer.add_grad`
+  into ``self.device_grad`` (a flat vector in the master's layout, on the device it was computed
+  on, in the widest float there: float64 on the host); ``self.grad`` is its host float64 copy.
 * ``skip_grad(cache, gy)`` — dL/dskip for layers that consume a skip tensor (Residual).
 """
 
@@ -101,13 +102,17 @@ class Layer:
 
     type_name: ClassVar[str] = ""
     weighted: ClassVar[bool] = False
+    # dL/dparams where backward computed it (the backend's device; numpy: the host); optimizers
+    # update from it there. ``grad`` is its host copy, made when something reads it.
+    device_grad = None
+    _host_grad: np.ndarray | None = None
 
     def __init__(self, cfg: LayerConfig, weights: WeightStore | None = None,
                  children: list[Layer] | None = None):
         self.cfg = cfg
         self.weights = weights
         self.children: list[Layer] = list(children or [])
-        self.grad: np.ndarray | None = None
+        self.grad = None
         # Loom's JSON key for the children: a Sequential's are "sequential_layers"; any other
         # layer's are "parallel_branches" (NEAT hangs remote links there on any layer type)
         self.children_key = "sequential_layers" if self.type_name == "Sequential" else "parallel_branches"
@@ -134,12 +139,27 @@ class Layer:
         return self.weights.values(xp, host_dtype(dtype), self.cfg.dtype)
 
     def add_grad(self, g) -> None:
-        """Accumulate a flat parameter gradient (any array module) into ``self.grad`` on the host."""
-        g = to_host(g).astype(np.float64, copy=False).reshape(-1)
-        if self.grad is None:
-            self.grad = g.copy()
+        """Accumulate a flat parameter gradient into ``device_grad``, on g's device, in the widest
+        float it computes in (float64 on the host, as Loom; float32 on a device without float64)."""
+        xp = array_module(g)
+        wide = widest_float(xp, g.device)
+        if self.device_grad is None:
+            self.device_grad = xp.reshape(xp.astype(g, wide, copy=True), (-1,))
         else:
-            self.grad += g
+            self.device_grad += xp.reshape(xp.astype(g, wide, copy=False), (-1,))
+        self._host_grad = None
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        """The accumulated parameter gradient as a host float64 vector (None before backward).
+        From a device this copies it to the host, once per change; on numpy it is ``device_grad``."""
+        if self._host_grad is None and self.device_grad is not None:
+            self._host_grad = to_host(self.device_grad).astype(np.float64, copy=False)
+        return self._host_grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        self.device_grad, self._host_grad = value, None
 
     def walk(self):
         """This layer and every nested child, depth first."""

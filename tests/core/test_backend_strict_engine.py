@@ -95,7 +95,7 @@ def test_training_on_strict_equals_numpy(loss, optimizer, backend):
 
 
 @pytest.mark.parametrize("backend", STRICT)
-def test_loss_gradient_stays_on_the_device_and_only_the_loss_crosses(backend, monkeypatch):
+def test_the_loss_and_its_gradient_stay_on_the_device(backend, monkeypatch):
     counter = TransferCounter(monkeypatch)
     net = _mlp(backend)
     x, t = _batches(1)[0]
@@ -103,23 +103,65 @@ def test_loss_gradient_stays_on_the_device_and_only_the_loss_crosses(backend, mo
     from loomlab.core.train import _loss, get_loss
 
     crossed = counter.during(lambda: _loss(get_loss("mse"), y, t))
-    assert crossed == [1]  # one 0-d loss value; y and dL/dy never come to the host
+    assert crossed == []  # the loss, y and dL/dy stay; the training step brings the loss home
     loss, grad = _loss(get_loss("mse"), y, t)
-    assert str(grad.device) == str(net.backend.device)
+    assert str(loss.device) == str(grad.device) == str(net.backend.device) and loss.shape == ()
     ref_loss, ref_grad = _loss(get_loss("mse"), net.backend.to_numpy(y), t)
-    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert float(net.backend.to_numpy(loss)) == pytest.approx(ref_loss, rel=1e-6)
     np.testing.assert_allclose(net.backend.to_numpy(grad), ref_grad, rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", STRICT)
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_a_training_step_sends_the_host_the_loss_and_the_parameter_gradients_only(optimizer, monkeypatch):
+def test_a_training_step_sends_the_host_one_transfer_of_the_loss_and_a_finite_flag(optimizer, backend,
+                                                                                  monkeypatch):
     counter = TransferCounter(monkeypatch)
-    net = _mlp("strict")
-    crossed = counter.during(lambda: train(net, _batches(1), TrainConfig(epochs=1, optimizer=optimizer)))
-    sizes = [la.weights.master.size for la in net.weighted_layers()]
-    # the 0-d loss, then each layer's gradient (last layer first) to its host float32 master:
-    # no activation, no dL/dy
-    assert crossed == [1, *sizes[::-1]]
+    net, ref = _mlp(backend), _mlp("numpy")
+    config = TrainConfig(epochs=2, optimizer=optimizer, learning_rate=0.05,
+                         weight_decay=0.01 if optimizer == "adamw" else 0.0)
+    crossed = counter.during(lambda: train(net, _batches(3), config))
+    # per step one transfer of [loss, all gradients finite]: no activation, no dL/dy, no gradient,
+    # no master, no AdamW moment
+    assert crossed == [2] * 6
+    layers = net.weighted_layers()
+    assert all(la.weights.on_device and str(la.device_grad.device) == str(net.backend.device)
+               for la in layers)
+    train(ref, _batches(3), config)
+    for layer, host in zip(layers, ref.weighted_layers(), strict=True):
+        # reading the master is the explicit way home: one copy of the layer's weights, then none
+        assert counter.during(lambda la=layer: la.weights.master) == [host.weights.master.size]
+        assert counter.during(lambda la=layer: la.weights.master) == []
+        np.testing.assert_allclose(layer.weights.master, host.weights.master, rtol=1e-4, atol=1e-6)
+
+
+def test_a_master_changed_on_the_host_is_what_the_device_trains_on_next():
+    """A host change after device training (a DNA splice, a mutation) wins over the device copy."""
+    nets = {b: _mlp(b) for b in ("numpy", "strict")}
+    config = TrainConfig(epochs=1, optimizer="adamw", learning_rate=0.05)
+    for net in nets.values():
+        train(net, _batches(2), config)
+        for layer in net.weighted_layers():
+            layer.weights.master *= np.float32(1.5)  # reads (copies home), changes on the host
+            layer.weights.touch()
+        train(net, _batches(2, seed=9), config)
+    for a, b in zip(_masters(nets["strict"]), _masters(nets["numpy"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert _masters(nets["numpy"])[0] @ _masters(nets["numpy"])[0] > 0
+
+
+def test_a_morphed_layer_trains_on_the_device_through_its_host_master():
+    """Quantizing is host code: a morphed layer's master comes home each update (float32 ones do not)."""
+    nets = {b: _mlp(b) for b in ("numpy", "strict")}
+    for net in nets.values():
+        net[0, 0, 0, 0].weights.morph("uint8")
+        net[0, 0, 0, 0].cfg.dtype = "uint8"
+        train(net, _batches(2), TrainConfig(epochs=2, learning_rate=0.05))
+    morphed = nets["strict"][0, 0, 0, 0].weights
+    assert not morphed.on_device and nets["strict"][0, 0, 2, 0].weights.on_device
+    for a, b in zip(_masters(nets["strict"]), _masters(nets["numpy"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert morphed.master.min() >= 0  # spec §4.8's clamp of an unsigned type ran
+    np.testing.assert_array_equal(morphed.native["uint8"], nets["numpy"][0, 0, 0, 0].weights.native["uint8"])
 
 
 # ----- observers ------------------------------------------------------------------------------
@@ -205,10 +247,9 @@ def test_a_tween_step_sends_the_host_only_reduced_numbers(backend, monkeypatch):
     x, t = _batches(1)[0]
     crossed = counter.during(lambda: tween_train(net, [(x, t)], TweenConfig(epochs=1, batch_size=4)))
     sizes = [la.weights.master.size for la in net.weighted_layers()]  # 15, 5, 10
-    assert crossed == [*sizes[:0:-1],  # the target pass's backward: gradients of layers 2, 1 (host)
-                       3, 3, 3,  # one [norms, dot, mean square] per executed layer
+    assert crossed == [3, 3, 3,  # one [norms, dot, mean square] per executed layer
                        1,  # the step's squared error
-                       *sizes]  # each layer's local update gradient, to its host float32 master
+                       *sizes]  # each layer's local update gradient (Layer.grad), for the host master
 
 
 # ----- the systolic step mesh -----------------------------------------------------------------
