@@ -246,3 +246,14 @@ def host_floats(*values) -> list[float]:
     trainer makes in Python (skip a layer, stop an epoch) on numbers reduced on the device."""
     xp = array_module(values[0])
     return to_host(xp.stack(values)).tolist()
+
+
+# ----- writing into an array of another dtype -------------------------------------------------
+def assign_cast(dst, src) -> None:
+    """``dst[...] = src`` in ``dst``'s dtype, in place (an optimizer writing a float64 update into a
+    float32 master). numpy casts while it copies, in one pass; the standard refuses mixed dtypes in
+    a setitem, so other namespaces cast first (one temporary)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src
+    else:
+        dst[...] = array_module(dst).astype(src, dst.dtype)

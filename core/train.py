@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import array_module, host_floats, to_host, widest_float
+from .backend import array_module, assign_cast, host_floats, to_host, widest_float
 from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
@@ -167,7 +167,7 @@ class AdamW:
             master = layer.weights.master_on(xp)
             w = xp.astype(master, g.dtype)  # the gradient's float: float64 where the device has it
             w -= self.learning_rate * (m_hat / (xp.sqrt(v_hat) + self.eps) + self.weight_decay * w)
-            master[...] = xp.astype(w, xp.float32)
+            assign_cast(master, w)
             layer.weights.after_update(layer.cfg.dtype)  # spec §4.8 for non-float32 layers
 
 

@@ -140,8 +140,10 @@ def test_a_master_changed_on_the_host_is_what_the_device_trains_on_next():
     config = TrainConfig(epochs=1, optimizer="adamw", learning_rate=0.05)
     for net in nets.values():
         train(net, _batches(2), config)
-        for layer in net.weighted_layers():
-            layer.weights.master *= np.float32(1.5)  # reads (copies home), changes on the host
+        first, *others = net.weighted_layers()
+        first.weights.master = first.weights.master * np.float32(1.5)  # a new host master
+        for layer in others:
+            np.multiply(layer.weights.master, np.float32(1.5), out=layer.weights.master)  # in place
             layer.weights.touch()
         train(net, _batches(2, seed=9), config)
     for a, b in zip(_masters(nets["strict"]), _masters(nets["numpy"]), strict=True):
