@@ -84,7 +84,8 @@ class WeightStore:
 
     @master.setter
     def master(self, value) -> None:
-        self._master = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+        master = np.ascontiguousarray(value, dtype=np.float32)
+        self._master = master if master.ndim == 1 else master.reshape(-1)  # ``master += v`` keeps it
         self._device, self._host_stale = None, False  # a new host master: a device copy is old
 
     def copy_master_to_host(self) -> None:
@@ -96,13 +97,16 @@ class WeightStore:
     def master_on(self, xp):
         """The float32 master as an array of ``xp``, for an optimizer to update in place.
 
-        numpy: the host master itself. Another namespace: a copy on its device, uploaded on first
-        use and kept there; it is the truth from now on, so the host master is marked behind it.
+        numpy: the host master itself (a device copy, if any, is brought home and dropped).
+        Another namespace: a copy on its device, uploaded on first use and kept there; it is the
+        truth from now on, so the host master is marked behind it.
         """
         if xp is np:
-            return self.master
+            self._use_host_master()
+            return self._master
         if self._device is None or array_module(self._device) is not xp:
-            self._device = xp.asarray(self.master, copy=True)
+            # astype copies: asarray may share the host buffer (array_api_strict) or lack copy= (CuPy)
+            self._device = xp.astype(xp.asarray(self.master), xp.float32, copy=True)
         self._host_stale = True
         return self._device
 
@@ -237,6 +241,8 @@ class WeightStore:
         :meth:`master_on`'s device): drop what was derived from it. For a non-float32 layer, Loom's
         step (spec §4.8): clamp the master of unsigned types to ``[0, scale*max]`` and re-morph
         with the existing scale; quantizing is host code, so such a layer's master comes home."""
+        # marked again after the update: a reader between master_on and now saw it half done
+        self._host_stale = self._device is not None
         self._changed()
         if dtype == "float32":
             return
