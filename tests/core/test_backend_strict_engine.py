@@ -151,6 +151,24 @@ def test_a_master_changed_on_the_host_is_what_the_device_trains_on_next():
     assert _masters(nets["numpy"])[0] @ _masters(nets["numpy"])[0] > 0
 
 
+def test_training_goes_on_where_the_backend_moves_and_a_mid_update_read_is_not_kept():
+    nets = {b: _mlp(b) for b in ("numpy", "strict")}
+    config = TrainConfig(epochs=1, optimizer="adamw", learning_rate=0.05)
+    for net in nets.values():
+        train(net, _batches(2), config)
+        net.backend = get_backend("numpy")  # the device masters come home and numpy trains them
+        train(net, _batches(2, seed=9), config)
+    assert not any(la.weights.on_device for la in nets["strict"].weighted_layers())
+    for a, b in zip(_masters(nets["strict"]), _masters(nets["numpy"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    store = _mlp("strict")[0, 0, 0, 0].weights
+    on_device = store.master_on(get_backend("strict").xp)
+    assert store.master.sum() != 0  # a reader (the GUI) between master_on and the update's end
+    on_device *= 0.0
+    store.after_update("float32")
+    np.testing.assert_array_equal(store.master, 0.0)
+
+
 def test_a_morphed_layer_trains_on_the_device_through_its_host_master():
     """Quantizing is host code: a morphed layer's master comes home each update (float32 ones do not)."""
     nets = {b: _mlp(b) for b in ("numpy", "strict")}
