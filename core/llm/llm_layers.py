@@ -69,6 +69,13 @@ def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def plus_bias(y: np.ndarray, store: MatrixStore, w: dict[str, Matrix], name: str) -> np.ndarray:
+    """``y + w[name]``, or ``y`` itself while that bias is still a filler of zeros (the model has
+    no bias there: transformers adds none, and the add is a few microseconds a layer of decode)."""
+    b = w[name]
+    return y if name in store.fillers and b is store.blocks[name] else y + b
+
+
 def dense(m: Matrix) -> np.ndarray:
     """A matrix as a float32 array (dequantized when it is a QuantMatrix)."""
     return m if isinstance(m, np.ndarray) else np.asarray(m.dequantize(), dtype=np.float32)
@@ -95,6 +102,8 @@ class MatrixStore(WeightStore):
         self.native: dict[str, np.ndarray] = {}
         self._compute: dict[tuple, tuple[int, object]] = {}
         self._master: np.ndarray | None = None
+        # zero biases the builders put where the file has none (Loom's layout has the slots)
+        self.fillers = frozenset(name for name, m in self.blocks.items() if is_filler_bias(name, m))
 
     @property
     def master(self) -> np.ndarray:
@@ -365,9 +374,10 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         s, w = self.spec, self.weights.current(self.cfg.dtype)
         x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
         B, T, _ = x3.shape
-        q = (linear(x3, w["wq"]) + w["bq"]).reshape(B, T, s.n_heads, s.head_dim)
-        k = (linear(x3, w["wk"]) + w["bk"]).reshape(B, T, s.n_kv_heads, s.head_dim)
-        v = (linear(x3, w["wv"]) + w["bv"]).reshape(B, T, s.n_kv_heads, s.head_dim)
+        st = self.weights
+        q = plus_bias(linear(x3, w["wq"]), st, w, "bq").reshape(B, T, s.n_heads, s.head_dim)
+        k = plus_bias(linear(x3, w["wk"]), st, w, "bk").reshape(B, T, s.n_kv_heads, s.head_dim)
+        v = plus_bias(linear(x3, w["wv"]), st, w, "bv").reshape(B, T, s.n_kv_heads, s.head_dim)
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], s.norm_eps), rms_norm(k, w["k_norm"], s.norm_eps)
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
@@ -382,7 +392,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                 caches[b].update_and_fetch(kb, vb)
                 kb, vb = caches[b].keys, caches[b].values
             out[b] = self._attend(q[b], kb, vb, int(starts[b]))
-        y = linear(out, w["wo"]) + w["bo"]
+        y = plus_bias(linear(out, w["wo"]), st, w, "bo")
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
 
     def _attend(self, q, keys, values, start: int) -> np.ndarray:
@@ -408,8 +418,10 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
 
     def forward(self, x, ctx, skip=None):
         w = self.weights.current(self.cfg.dtype)
-        h = activate(self.cfg.act_id, linear(x, w["gate"]) + w["b_gate"]) * (linear(x, w["up"]) + w["b_up"])
-        return linear(h, w["down"]) + w["b_down"], None
+        st = self.weights
+        h = activate(self.cfg.act_id, plus_bias(linear(x, w["gate"]), st, w, "b_gate")) * \
+            plus_bias(linear(x, w["up"]), st, w, "b_up")
+        return plus_bias(linear(h, w["down"]), st, w, "b_down"), None
 
 
 class LLMHead(InferenceOnly, Dense):

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class Rope:
 
     def _rotate(self, v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         half = self.inv_freq.size
+        if v.dtype == np.float32 and v.shape[-1] == 2 * half and v.ndim == 4:
+            out = np.empty(v.shape, np.float32)
+            _rotate_pairs(np.ascontiguousarray(v), cos, sin, self.interleaved, out)
+            return out
         if self.interleaved:
             a, b = v[..., 0:2 * half:2], v[..., 1:2 * half:2]
             out = np.empty_like(v)
@@ -85,3 +90,21 @@ class Rope:
             return out
         a, b = v[..., :half], v[..., half:2 * half]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+@njit(cache=True, nogil=True)
+def _rotate_pairs(v, cos, sin, interleaved, out):
+    """:meth:`Rope._rotate` in one compiled call (the numpy form is ~10 small array operations per
+    tensor, ~8 us a layer of decode): the same float32 products and sums in the same order (no
+    fused multiply-add without fastmath), so the same bits. ``cos``/``sin`` are ``[B, T, 1, half]``."""
+    B, T, heads, _ = v.shape
+    half = cos.shape[3]
+    for b in range(B):
+        for t in range(T):
+            for h in range(heads):
+                for i in range(half):
+                    c, s = cos[b, t, 0, i], sin[b, t, 0, i]
+                    ia, ib = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
+                    x0, x1 = v[b, t, h, ia], v[b, t, h, ib]
+                    out[b, t, h, ia] = x0 * c - x1 * s
+                    out[b, t, h, ib] = x1 * c + x0 * s

@@ -152,3 +152,23 @@ def test_rope_keeps_the_last_angles_and_recomputes_for_new_positions():
         np.testing.assert_allclose(got, reference(positions), rtol=1e-5, atol=1e-6)
     (again,) = rope(np.array([[5, 6]]), v)  # a hit gives the bits a fresh computation gives
     np.testing.assert_array_equal(again, Rope(inv)(np.array([[5, 6]]), v)[0])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_kernel_gives_the_bits_of_the_numpy_rotation(interleaved):
+    """The compiled rotation against the same formula in numpy (float32, unfused)."""
+    rng = np.random.default_rng(4)
+    rope = Rope(RopeConfig().inv_freq(64), interleaved)
+    v = rng.standard_normal((3, 5, 4, 64)).astype(np.float32)
+    positions = rng.integers(0, 4000, (3, 5))
+    (got,) = rope(positions, v)
+    angle = positions.astype(np.float32)[:, :, None, None] * rope.inv_freq
+    cos, sin = np.cos(angle), np.sin(angle)
+    if interleaved:
+        a, b = v[..., 0::2], v[..., 1::2]
+        want = np.empty_like(v)
+        want[..., 0::2], want[..., 1::2] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = v[..., :32], v[..., 32:]
+        want = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
