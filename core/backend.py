@@ -236,8 +236,10 @@ def device_has_float64(xp, device=None) -> bool:
     return "float64" in info().dtypes(device=device, kind="real floating")
 
 
+@cache  # asked per loss, per gradient and per statistic: the namespace's inspection API is slow
 def widest_float(xp, device=None):
-    """float64 where ``device`` has it, else float32: the accumulator of losses and statistics."""
+    """float64 where ``device`` has it, else float32: the accumulator of losses, gradients and
+    statistics (float64 on the host, as Loom)."""
     return xp.float64 if device_has_float64(xp, device) else xp.float32
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..backend import widest_float
 from ..errors import LoomFormatError, LoomShapeError
-from .base import Layer, LayerConfig, register, rows_to_input, widest_float
+from .base import Layer, LayerConfig, register, rows_to_input
 
 DEFAULT_MAX_POSITIONS = 512  # Loom's cache capacity (it wraps silently beyond; we raise)
 DEFAULT_ROPE_BASE = 10000.0

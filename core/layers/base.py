@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import cache
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..activations import LINEAR
-from ..backend import array_module, host_dtype, to_host
+from ..backend import array_module, host_dtype, to_host, widest_float
 from ..enums import ACTIVATIONS, lookup
 from ..errors import LoomFormatError
 from ..weights import WeightStore
@@ -226,13 +225,6 @@ def make_layer(type_name: str, *, weights=None, scale: float = 1.0, children=Non
             raise LoomFormatError("$.weights", f"{type_name} needs {n} weights, got {weights.size}")
         layer.weights = WeightStore(weights, scale)
     return layer
-
-
-@cache
-def widest_float(xp, device):
-    """float64 where ``device`` computes in it, else float32 (``no_float64``, many consumer GPUs)."""
-    info = getattr(xp, "__array_namespace_info__", None)
-    return xp.float64 if info is None else info().default_dtypes(device=device)["real floating"]
 
 
 def batch_rows(x, width: int, what: str):
