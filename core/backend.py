@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib.metadata import entry_points
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import LoomConfigError
+
+if TYPE_CHECKING:  # the kernels' module builds on this one
+    from .llm.device_kernels import LLMKernels
 
 ENTRY_POINT_GROUP = "loomlab.backends"
 
@@ -35,6 +39,9 @@ class Backend:
     name: str
     xp: ModuleType  # the array namespace: numpy, cupy or a device-bound array_api_strict
     device: object = None  # where its arrays live; None: the namespace's default device
+    # the language-model kernels' class (loomlab.core.llm.device_kernels.LLMKernels or a subclass)
+    # called with this backend; None: the array-API fallback, LLMKernels itself
+    llm_kernels: Callable[[Backend], LLMKernels] | None = None
 
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
