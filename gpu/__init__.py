@@ -26,7 +26,9 @@ def cupy_backend() -> Backend:
         raise LoomConfigError(f"CuPy cannot reach a CUDA device: {e}") from e
     if devices < 1:
         raise LoomConfigError("CuPy found no CUDA device")
-    return Backend("cupy", cupy)
+    from .llm_kernels import CudaLLMKernels  # numba's CUDA target: imported when the backend is made
+
+    return Backend("cupy", cupy, llm_kernels=CudaLLMKernels)
 
 
 register_backend("cupy", cupy_backend)
