@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import array_module, to_host, widest_float
 from ..enums import DTYPES, LAYER_TYPES, by_id, lookup
 from ..errors import LoomConfigError
 from ..layers.base import Layer
@@ -109,27 +110,34 @@ def extract_dna(net: VolumetricNetwork, *, dequantized: bool = False) -> DNA:
     """One signature per grid layer, in flat order (spec §6.1).
 
     Loom signs a layer by its float32 master weights (times its scale), whatever its dtype;
-    ``dequantized=True`` signs it by the weights its forward pass uses instead.
+    ``dequantized=True`` signs it by the weights its forward pass uses instead. Each signature is
+    computed in the network's array namespace, where its weights are (a device master stays
+    there), and only the unit vector crosses to the host: one transfer per signed grid layer.
     """
+    xp = net.backend.xp
     sigs = []
     for (z, y, x, l), layer in net.layers():  # noqa: E741
         sigs.append(LayerSignature(z, y, x, l, _type_id(layer), lookup(DTYPES, layer.cfg.dtype).id,
-                                   layer_vector(layer, dequantized)))
+                                   layer_vector(layer, dequantized, xp)))
     return DNA(tuple(sigs))
 
 
-def layer_vector(layer, dequantized: bool = False) -> np.ndarray:
-    """The unit vector that signs ``layer`` (its children's, for a container)."""
-    return signature_vector(layer, lambda leaf: _weights_vector(leaf, dequantized))
+def layer_vector(layer, dequantized: bool = False, xp=np) -> np.ndarray:
+    """The unit vector that signs ``layer`` (its children's, for a container), computed in ``xp``
+    and brought to the host."""
+    return to_host(signature_vector(layer, lambda leaf: _weights_vector(leaf, dequantized, xp)))
 
 
-def signature_vector(layer: Layer, leaf: Callable[[Layer], np.ndarray]) -> np.ndarray:
+def signature_vector(layer: Layer, leaf: Callable[[Layer], Any]) -> Any:
     """Loom's rule for a layer's signature (spec §6.1), with ``leaf`` signing each layer that
     holds weights: ``[1]`` for a weightless one, a container's children's vectors concatenated
-    and normalised again."""
+    and normalised again (in the namespace of the first child signed by ``leaf``, if any)."""
     if layer.cfg.type in _CONTAINERS:
         parts = [signature_vector(c, leaf) for c in signed_children(layer)]
-        return normalize(np.concatenate(parts)) if parts else UNIT
+        if not parts:
+            return UNIT
+        xp = next((array_module(p) for p in parts if p is not UNIT), np)
+        return normalize(xp.concat([xp.asarray(p) for p in parts]))
     return leaf(layer) if is_signed(layer) else UNIT
 
 
@@ -150,25 +158,28 @@ def is_signed(layer: Layer) -> bool:
             and len(layer.weights) > 0)
 
 
-def _weights_vector(layer: Layer, dequantized: bool) -> np.ndarray:
+def _weights_vector(layer: Layer, dequantized: bool, xp) -> Any:
     store = layer.weights
     if not isinstance(store, WeightStore):
         raise LoomConfigError(f"{layer.cfg.type} layer holds {type(store).__name__} weights (a language "
                               "model's): sign it with loomlab.core.evolve.sketch.sketch_dna")
     if dequantized:
-        return normalize(store.dequantized(layer.cfg.dtype))
-    w = store.master
-    scale = np.float32(store.scale)
+        return normalize(layer.params(xp, np.float32))
+    w = store.values(xp, np.float32)  # the float32 master: the device's after training there
+    scale = float(np.float32(store.scale))  # a Python float: the standard's scalar, same float32 product
     return normalize(w if scale in (0, 1) else w * scale)
 
 
-def normalize(v: np.ndarray) -> np.ndarray:
+def normalize(v):
     """``v / |v|`` as Loom computes it: float32 squares summed in float64 in order, the norm
-    rounded to float32, zeros for a zero vector."""
-    v = np.asarray(v, dtype=np.float32).reshape(-1)
-    ss = np.cumsum((v * v).astype(np.float64))[-1] if v.size else 0.0
-    m = np.float32(np.sqrt(ss))
-    return np.zeros_like(v) if m == 0 else v / m
+    rounded to float32, zeros for a zero vector. In ``v``'s namespace (float32 sums on a device
+    without float64); a list is read as numpy."""
+    xp = array_module(v)
+    v = xp.reshape(xp.astype(xp.asarray(v), xp.float32, copy=False), (-1,))
+    squares = xp.astype(v * v, widest_float(xp, getattr(v, "device", None)))
+    m = xp.astype(xp.sqrt(xp.cumulative_sum(squares)[-1:]), xp.float32)  # [] for an empty v
+    zero = m == 0  # every square is 0: zeros (the division by inf only keeps numpy from warning)
+    return xp.where(zero, 0.0, v / xp.where(zero, xp.inf, m))
 
 
 # ----- comparison --------------------------------------------------------------------------
