@@ -209,7 +209,7 @@ def assert_llama_close(got: np.ndarray, data: np.ndarray, ggml_type: GT, X: np.n
     assert excess.max() <= 0, f"worst error exceeds the bound by {excess.max():.3g}"
 
 
-CASES = [(t, rows, blocks) for t in QUANTIZED for rows, blocks in ((1, 1), (37, 5))]
+CASES = [(t, rows, blocks) for t in QUANTIZED for rows, blocks in ((1, 1), (37, 5), (9, 7))]
 
 
 @pytest.mark.parametrize(("ggml_type", "rows", "n_blocks"), CASES,
@@ -286,8 +286,10 @@ from loomlab.core.llm.quant import QuantMatrix
 from loomlab.core.llm import quant_int8
 m = QuantMatrix(np.zeros((1, 20), np.uint8), GT.Q4_1, (1, 32))
 quant_int8.int8_matvec(m, np.zeros(32, np.float32))
-kernel = quant_int8._int8_matmul
-asm = "".join(kernel.inspect_asm(sig) for sig in kernel.signatures)
+k = QuantMatrix(np.zeros((1, 144), np.uint8), GT.Q4_K, (1, 256))
+quant_int8.int8_matvec(k, np.zeros(256, np.float32))
+kernels = (quant_int8._rows_matmul, quant_int8._superblocks_matmul)
+asm = "".join(k.inspect_asm(sig) for k in kernels for sig in k.signatures)
 print(len(re.findall(r"vpdpbusd", asm)))
 """
 
@@ -311,7 +313,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
 from loomlab.core.llm import quant_int8
 from loomlab.core.llm.quant import QuantMatrix
-assert not quant_int8._host_has_vnni()
+from loomlab.core.llm import quant_int8_rows
+assert not quant_int8_rows.host_has_vnni()
 with np.load(sys.argv[1]) as f:
     cases = dict(f)
 out = {}
@@ -330,9 +333,9 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path):
     cases = {}
     formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0)
     for ggml_type in formats:
-        data = random_blocks(ggml_type, 37, 5 * 32, rng)
+        data = random_blocks(ggml_type, 37, 7 * 32, rng)  # groups of 4, 2 and 1 blocks
         cases[f"{ggml_type.name}_data"] = data
-        cases[f"{ggml_type.name}_X"] = np.array([*rng.standard_normal((3, 160)), *edge_rows(rng, 160)], F32)
+        cases[f"{ggml_type.name}_X"] = np.array([*rng.standard_normal((3, 224)), *edge_rows(rng, 224)], F32)
     np.savez(tmp_path / "in.npz", **cases)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
     subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
@@ -341,3 +344,23 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path):
         for ggml_type in formats:
             name = ggml_type.name
             assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
+
+
+def test_fp16_round_is_the_float16_conversion():
+    """The activation scales' rounding, in integer operations, against numpy's float16
+    conversion (round half to even): every exponent from below fp16's subnormals to beyond its
+    largest value, exact ties, both signs, zeros and the overflow edge at 65520."""
+    from numba import njit
+
+    from loomlab.core.llm.quant_int8_rows import fp16_round
+
+    rounded = njit(lambda v: fp16_round(v))
+    rng = np.random.default_rng(3)
+    values = [np.float32(m * 2.0**e) for e in range(-30, 18) for m in rng.uniform(1, 2, 40)]
+    ties = [np.float32((2 * k + 1) * 2.0**-11 * 2.0**e) for e in (-20, -14, -3, 0, 7) for k in range(1024, 1100)]
+    edges = [0.0, -0.0, 2.0**-25, 2.0**-24, 1.5 * 2.0**-24, 2.0**-14, 65504.0, 65519.0, 65520.0, 1e30]
+    for v in (*values, *ties, *np.float32(edges)):
+        for x in (np.float32(v), np.float32(-v)):
+            want = np.float32(np.float16(x))
+            got = np.float32(rounded(x))
+            assert got.view(np.uint32) == want.view(np.uint32), (x, got, want)

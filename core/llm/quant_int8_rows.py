@@ -1,0 +1,435 @@
+"""Whole-row integer dots for the 32-weight block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on
+weight rows repacked once so that four blocks are one 64-byte load and no byte is shuffled.
+
+Why repack: a GGUF block keeps its f16 scale(s) before its quants (18, 20, 22, 24 or 34 bytes),
+so two blocks' quants never sit side by side; gathering them into one 512-bit register took
+three cross-lane shuffles per two blocks, and x86 runs those on one port: the old kernel was
+bound by that port at ~4.6 cycles a block (measured, ``quant_int8`` history). llama.cpp repacks
+Q4_0 for the same reason (its ``repack`` CPU buffer type). Here each weight row becomes, in the
+same number of bytes as the file's blocks:
+
+    nibble formats: the blocks' 16 quant bytes one after another (low nibble: weight i of the
+                    block, high nibble: weight 16 + i), then for Q5_0 / Q5_1 the fifth bits of
+                    weights 0-15 of every block (u16 each), then those of weights 16-31, then
+                    every block's f16 scale d, then (Q4_1, Q5_1) every block's f16 offset m.
+    Q8_0:           per group of blocks, bytes 0-15 of each block's quants, then bytes 16-31,
+                    stored as ``w + 128`` (unsigned: vpdpbusd multiplies u8 by s8), then the
+                    f16 scales.
+
+Blocks go in groups of four (then a group of two, then one, for the rest of a row). A group's
+low halves (the low nibbles, or Q8_0's first 16 bytes) are one vector of 16 k bytes and its
+high halves another; the activations are laid out alike per call (:func:`group_activations`:
+each block's first 16 quants, then its last 16). ``vpdpbusd`` of the low halves, then of the
+high halves into the same 4 k int32 lanes, leaves block j's sum in lanes 4j .. 4j+3, the zero
+point's correction (``-zero * sum(x quants)``, exact in integers) added as the starting value of
+lane 4j. Then one float multiply-add per group by the scales ``d * d_x`` spread to four lanes
+each; Q4_1 / Q5_1 add ``m * s`` per block in a separate float vector. Each activation row's sum
+is reduced in a fixed order, so a row gets the same bits alone or among others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .kernel_hints import prefetch_row
+
+F32 = np.float32
+
+# Weight kinds (quant_int8's numbering, which imports these) and the constants of their layout.
+WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0 = range(5)
+ROW_KINDS = (WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0)
+_BLOCK_BYTES = {WQ4_0: 18, WQ4_1: 20, WQ5_0: 22, WQ5_1: 24, WQ8_0: 34}
+_ZERO_SHIFT = {WQ4_0: 3, WQ5_0: 4, WQ8_0: 7}  # stored quants are value + 2^shift
+_HAS_M = (WQ4_1, WQ5_1)
+_HAS_QH = (WQ5_0, WQ5_1)
+ROWS_AT_ONCE = 4  # activation rows per pass over a weight row (batched decode, short prompts)
+
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F16, _F32 = ir.HalfType(), ir.FloatType()
+
+
+def _groups(nb: int) -> list[tuple[int, int]]:
+    """(first block, blocks) of each group of a row of ``nb`` blocks: fours, then a two, then a one."""
+    full = nb // 4 * 4
+    tail = [(full, 2)] if nb - full >= 2 else []
+    return [(b, 4) for b in range(0, full, 4)] + tail + ([(nb - 1, 1)] if (nb - full) % 2 else [])
+
+
+def _half_order(nb: int) -> np.ndarray:
+    """Where each of a row's ``nb * 32`` quants goes in the group layout (low halves of a group's
+    blocks, then their high halves): index array into the file's order."""
+    order = []
+    for b, k in _groups(nb):
+        for half in (0, 16):
+            for j in range(k):
+                order.extend(range((b + j) * 32 + half, (b + j) * 32 + half + 16))
+    return np.array(order, np.int64)
+
+
+def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
+    """The file's blocks ``raw`` (uint8, ``rows * nb`` blocks) as repacked rows (module doc):
+    uint8 ``[rows, nb * block bytes]``."""
+    bbytes = _BLOCK_BYTES[kind]
+    blocks = raw.reshape(-1, nb, bbytes)
+    rows = blocks.shape[0]
+    f16 = [blocks[:, :, 0:2]] + ([blocks[:, :, 2:4]] if kind in _HAS_M else [])  # d, then m
+    if kind == WQ8_0:
+        quants = (blocks[:, :, 2:].reshape(rows, nb * 32)[:, _half_order(nb)] ^ np.uint8(0x80),)
+    else:
+        start = 4 if kind in _HAS_M else 2
+        quants = (blocks[:, :, start + 4 * (kind in _HAS_QH):],)
+        if kind in _HAS_QH:  # the fifth bits' u32: weights 0-15 low, 16-31 high (little-endian)
+            qh = blocks[:, :, start:start + 4]
+            quants += (qh[:, :, 0:2], qh[:, :, 2:4])
+    parts = [np.ascontiguousarray(p).reshape(rows, -1) for p in (*quants, *f16)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations: llama.cpp's Q8_0 / Q8_1 quantization (``quantize_row_q8_1_ref``), written straight
+# into the group layout. Scalar helpers shared with quant_int8's other activation kinds.
+
+
+@intrinsic
+def _bits_of(typingctx, v):
+    """A float32's bits as int32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _float_of(typingctx, u):
+    """int32 bits as a float32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _F32)
+    return types.float32(types.int32), codegen
+
+
+@njit(inline="always")
+def fp16_round(v):
+    """float32 ``v`` rounded to the nearest float16 (ties to even, as F16C's conversion), as
+    float32 (numba has no float16 type), in integer operations on its bits: ten fraction bits
+    kept, rounding half to even by adding 0xFFF plus the lowest kept bit (a carry moves into the
+    exponent, as it should); below fp16's smallest normal (2^-14) the step is 2^-24, which
+    scaling by powers of two makes exact in float32. 65520 and up round to infinity."""
+    u = _bits_of(F32(v))
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:  # NaN stays NaN
+        return F32(v)
+    if a >= 0x477FF000:
+        r = F32(np.inf)
+    elif a < 0x38800000:
+        r = np.rint(abs(F32(v)) * F32(2.0 ** 24)) * F32(2.0 ** -24)
+    else:
+        r = _float_of((a + 0xFFF + ((a >> 13) & 1)) & ~0x1FFF)
+    return _float_of(_bits_of(r) | (u & ~0x7FFFFFFF))
+
+
+@njit(inline="always")
+def roundf(v):
+    """C's ``roundf``: halves away from zero (numpy's rint rounds them to even)."""
+    r = np.trunc(v)
+    if abs(v - r) >= F32(0.5):
+        r += F32(np.sign(v))
+    return r
+
+
+@njit(inline="always")
+def q8_scale(x, o):
+    """Block ``x[o : o + 32]``'s Q8_0 scale ``max|x| / 127`` and its inverse (0 for a zero block)."""
+    amax = F32(0)
+    for j in range(32):
+        amax = max(amax, abs(x[o + j]))
+    dd = amax / F32(127)
+    return dd, (F32(1) / dd if dd != 0 else F32(0))
+
+
+@njit(cache=True, nogil=True)
+def quantize_grouped(X):
+    """Rows of ``X[T, n]`` (float32, n a multiple of 32) as Q8_1 in the group layout: the quants
+    ``xg`` int8 ``[T, n]`` (per group, each block's first 16 quants, then each block's last 16),
+    the scales ``d`` and Q8_1's ``s = fp16(d * sum)`` float32 ``[T, n / 32]``, and ``nsum`` int32
+    ``[T, n / 8]``: minus each block's quant sum at lane 4b, zeros between (the kernels shift it
+    by the format's zero point). The quants, d and s are ``quantize_row_q8_1_ref``'s."""
+    T, n = X.shape
+    nb = n // 32
+    xg = np.empty((T, n), np.int8)
+    d, s = np.empty((T, nb), F32), np.empty((T, nb), F32)
+    nsum = np.zeros((T, nb * 4), np.int32)
+    full = nb // 4 * 4
+    for t in range(T):
+        x = X[t]
+        for b in range(nb):
+            if b < full:
+                g, k = b // 4 * 4, 4
+            elif nb - full >= 2 and b < full + 2:
+                g, k = full, 2
+            else:
+                g, k = nb - 1, 1
+            dd, inv = q8_scale(x, b * 32)
+            acc = np.int32(0)
+            for half in range(2):
+                src, dst = b * 32 + 16 * half, g * 32 + 16 * (half * k + b - g)
+                for i in range(16):
+                    q = np.int32(roundf(x[src + i] * inv))
+                    xg[t, dst + i] = q
+                    acc += q
+            d[t, b] = fp16_round(dd)
+            s[t, b] = fp16_round(F32(acc) * dd)
+            nsum[t, 4 * b] = -acc
+    return xg, d, s, nsum
+
+
+# ---------------------------------------------------------------------------------------------
+# The IR.
+
+
+def _host_features() -> dict:
+    """The CPU features numba compiles for: the host's, or none where NUMBA_CPU_NAME names
+    another target (e.g. ``generic`` for a portable cache)."""
+    from llvmlite import binding as llvm
+    from numba.core import config
+
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return {}
+    return llvm.get_host_cpu_features()
+
+
+def host_has_vnni() -> bool:
+    """Whether numba compiles for a CPU with VNNI on 128- and 256-bit vectors."""
+    features = _host_features()
+    return bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
+
+
+def host_has_vnni512() -> bool:
+    """Whether numba compiles for a CPU with VNNI on 512-bit vectors (and byte ops on them)."""
+    features = _host_features()
+    return bool(features.get("avx512vnni") and features.get("avx512bw"))
+
+
+def lanes_dot(builder, acc, w, x):
+    """``acc`` (int32, ``len(w) / 4`` lanes) plus the products ``w[j] * x[j]`` (w unsigned, x
+    signed bytes; 16, 32 or 64 of them), lane i taking products 4i .. 4i+3: ``vpdpbusd``'s
+    grouping, which the portable code follows."""
+    n = w.type.count
+    vt = ir.VectorType(_I32, n // 4)
+    if (n == 64 and host_has_vnni512()) or (n < 64 and host_has_vnni()):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
+                                            f"llvm.x86.avx512.vpdpbusd.{8 * n}")
+        return builder.call(fn, [acc, builder.bitcast(w, vt), builder.bitcast(x, vt)])
+    p = builder.mul(builder.zext(w, ir.VectorType(_I32, n)), builder.sext(x, ir.VectorType(_I32, n)))
+    for k in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(p, p, ir.Constant(vt, list(range(k, n, 4)))))
+    return acc
+
+
+def half_to_float(builder, bits):
+    """float16 values given as their ``<k x i16>`` bits -> ``<k x float>``, exactly: ``vcvtph2ps``
+    where the CPU has F16C; elsewhere (LLVM would call a libgcc routine numba cannot link) the
+    magnitude's bits moved to float32's exponent and fraction places and scaled by 2^112 (exact,
+    subnormals included; scales are never inf or NaN), then the sign."""
+    k = bits.type.count
+    if _host_features().get("f16c"):
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(_F16, k)), ir.VectorType(_F32, k))
+    vi = ir.VectorType(_I32, k)
+    wide = builder.zext(bits, vi)
+    magnitude = builder.shl(builder.and_(wide, ir.Constant(vi, [0x7FFF] * k)), ir.Constant(vi, [13] * k))
+    scaled = builder.fmul(builder.bitcast(magnitude, ir.VectorType(_F32, k)),
+                          ir.Constant(ir.VectorType(_F32, k), [2.0 ** 112] * k))
+    sign = builder.shl(builder.and_(wide, ir.Constant(vi, [0x8000] * k)), ir.Constant(vi, [16] * k))
+    return builder.bitcast(builder.or_(builder.bitcast(scaled, vi), sign), ir.VectorType(_F32, k))
+
+
+def _halves_sum(builder, v):
+    """The lanes of a float vector (a power of two of them) summed as a fixed tree of halves."""
+    while v.type.count > 1:
+        h = v.type.count // 2
+        lo, hi = (builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(s, s + h))))
+                  for s in (0, h))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, _I32(0))
+
+
+def _widen(builder, v, lanes):
+    """Float vector ``v`` padded with zero lanes to ``lanes`` (itself when it has that many)."""
+    have = v.type.count
+    if have == lanes:
+        return v
+    zero = ir.Constant(v.type, [0.0] * have)
+    return builder.shuffle_vector(v, zero, ir.Constant(ir.VectorType(_I32, lanes),
+                                                        list(range(have)) + [have] * (lanes - have)))
+
+
+def _group_dot(kind: int, m: int, n: int):
+    """``dot(w, wi, stride, nb, xg, t0, xd, xs, nsum)``: the ``m`` repacked weight rows at bytes
+    ``wi, wi + stride, ...`` of ``w`` (``nb`` blocks each) times the ``n`` activation rows t0 ..
+    t0 + n - 1 -> a tuple of m * n float32 (weight row major). ``xg``, ``xd`` (scales), ``xs``
+    (Q8_1's s) and ``nsum`` are :func:`quantize_grouped`'s arrays. Several weight rows per call
+    share the activations' loads and run independent chains, which matters for one activation
+    row (decode), where a row's fixed work (address set-up, the final reduction) cost as much as
+    its blocks."""
+    quant_bytes = 32 if kind == WQ8_0 else 16
+
+    @intrinsic
+    def dot(typingctx, w, wi, stride, nb, xg, t0, xd, xs, nsum):
+        def codegen(context, builder, sig, args):
+            wa, xga, xda, xsa, nsuma = (context.make_array(sig.args[i])(context, builder, args[i])
+                                       for i in (0, 4, 6, 7, 8))
+            i64 = args[1].type
+            nblocks = args[3]
+
+            def ptr(base, at, vt):
+                return builder.bitcast(builder.gep(base, [at], inbounds=True), vt.as_pointer())
+
+            def load(base, at, vt):
+                return builder.load(ptr(base, at, vt), align=1)
+
+            def rows(a):
+                """Pointers to rows t0 .. t0 + n - 1 of the C-contiguous 2-D array ``a``."""
+                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+                return [builder.gep(a.data, [builder.mul(builder.add(args[5], i64(i)), width)], inbounds=True)
+                        for i in range(n)]
+
+            xg_rows, xd_rows, xs_rows, nsum_rows = (rows(a) for a in (xga, xda, xsa, nsuma))
+            weight_rows = [builder.gep(wa.data, [builder.add(args[1], builder.mul(args[2], i64(j)))],
+                                       inbounds=True) for j in range(m)]
+            # byte offsets within a row (module doc): fifth bits, scales d, offsets m
+            qh_at = builder.mul(nblocks, i64(quant_bytes))
+            d_at = builder.add(qh_at, builder.mul(nblocks, i64(4))) if kind in _HAS_QH else qh_at
+            m_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
+
+            def zeros(lanes):
+                zero = ir.Constant(ir.VectorType(_F32, lanes), [0.0] * lanes)
+                return [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(m)]
+
+            accs = zeros(16)  # block j of a group in lanes 4j .. 4j+3 (fewer lanes for the tail groups)
+            mins = zeros(4)  # m * s, a lane per block
+
+            def accumulate(slot, v):
+                wide = _widen(builder, v, slot.type.pointee.count)
+                builder.store(builder.fadd(builder.load(slot), wide), slot)
+
+            def unpack(row, b, k):
+                """The group's low and high halves of weight row ``row`` as unsigned bytes."""
+                vb = ir.VectorType(_I8, 16 * k)
+                if kind == WQ8_0:
+                    at = builder.mul(b, i64(32))
+                    return load(row, at, vb), load(row, builder.add(at, i64(16 * k)), vb)
+                v = load(row, builder.mul(b, i64(16)), vb)
+                halves = [builder.and_(v, ir.Constant(vb, [0xF] * 16 * k)),
+                          builder.lshr(v, ir.Constant(vb, [4] * 16 * k))]
+                if kind in _HAS_QH:  # fifth bits: bit i of the group's u16s is byte i's
+                    for half, at in ((0, qh_at), (1, builder.add(qh_at, builder.mul(nblocks, i64(2))))):
+                        bits = load(row, builder.add(at, builder.mul(b, i64(2))), ir.IntType(16 * k))
+                        fifth = builder.zext(builder.bitcast(bits, ir.VectorType(_I1, 16 * k)), vb)
+                        fifth = builder.shl(fifth, ir.Constant(vb, [4] * 16 * k))
+                        halves[half] = builder.or_(halves[half], fifth)
+                return halves
+
+            def group(b, k):
+                """Blocks b .. b + k - 1 of each weight row times each activation row."""
+                vb = ir.VectorType(_I8, 16 * k)
+                lanes, lanes_f = ir.VectorType(_I32, 4 * k), ir.VectorType(_F32, 4 * k)
+                spread = ir.Constant(lanes, [j // 4 for j in range(4 * k)])
+                x_at = builder.mul(b, i64(32))
+                acts = []
+                for i in range(n):
+                    start = ir.Constant(lanes, [0] * 4 * k)
+                    if kind in _ZERO_SHIFT:  # -zero * sum(x quants) in lane 4j of each block
+                        start = builder.shl(load(nsum_rows[i], builder.mul(b, i64(4)), lanes),
+                                            ir.Constant(lanes, [_ZERO_SHIFT[kind]] * 4 * k))
+                    x_hi_at = builder.add(x_at, i64(16 * k))
+                    xd_k = load(xd_rows[i], b, ir.VectorType(_F32, k))
+                    xs_k = load(xs_rows[i], b, ir.VectorType(_F32, k)) if kind in _HAS_M else None
+                    x_lo, x_hi = load(xg_rows[i], x_at, vb), load(xg_rows[i], x_hi_at, vb)
+                    acts.append((x_lo, x_hi, start, xd_k, xs_k))
+                for j, row in enumerate(weight_rows):
+                    lo, hi = unpack(row, b, k)
+                    d = half_to_float(builder, load(row, builder.add(d_at, builder.mul(b, i64(2))),
+                                                    ir.VectorType(_I16, k)))
+                    offset = half_to_float(builder, load(row, builder.add(m_at, builder.mul(b, i64(2))),
+                                                         ir.VectorType(_I16, k))) if kind in _HAS_M else None
+                    for i, (xlo, xhi, start, xd_k, xs_k) in enumerate(acts):
+                        total = lanes_dot(builder, lanes_dot(builder, start, lo, xlo), hi, xhi)
+                        scale = builder.fmul(d, xd_k)
+                        accumulate(accs[j][i], builder.fmul(builder.sitofp(total, lanes_f),
+                                                            builder.shuffle_vector(scale, scale, spread)))
+                        if offset is not None:  # + m * s per block
+                            accumulate(mins[j][i], builder.fmul(offset, xs_k))
+
+            full = builder.udiv(nblocks, i64(4))
+            with cgutils.for_range(builder, full) as loop:
+                group(builder.mul(loop.index, i64(4)), 4)
+            rest = builder.urem(nblocks, i64(4))
+            with builder.if_then(builder.icmp_unsigned(">=", rest, i64(2))):
+                group(builder.mul(full, i64(4)), 2)
+            with builder.if_then(builder.icmp_unsigned("==", builder.urem(rest, i64(2)), i64(1))):
+                group(builder.sub(nblocks, i64(1)), 1)
+            sums = []
+            for j in range(m):
+                for i in range(n):
+                    total = _halves_sum(builder, builder.load(accs[j][i]))
+                    if kind in _HAS_M:
+                        total = builder.fadd(total, _halves_sum(builder, builder.load(mins[j][i])))
+                    sums.append(total)
+            return context.make_tuple(builder, sig.return_type, sums)
+        return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xg, t0, xd, xs, nsum), codegen
+    return dot
+
+
+def _by_kind(m, n):
+    """One function over the group dots of m weight rows and n activation rows, picking the
+    format's by kind."""
+    q4_0, q4_1, q5_0, q5_1, q8_0 = (_group_dot(k, m, n) for k in ROW_KINDS)
+
+    @njit(inline="always")
+    def dot(kind, w, wi, stride, nb, xg, t, xd, xs, nsum):
+        if kind == WQ4_0:
+            return q4_0(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        if kind == WQ4_1:
+            return q4_1(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        if kind == WQ5_0:
+            return q5_0(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        if kind == WQ5_1:
+            return q5_1(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        return q8_0(w, wi, stride, nb, xg, t, xd, xs, nsum)
+    return dot
+
+
+WEIGHT_ROWS_AT_ONCE = 2  # weight rows per call when fewer than ROWS_AT_ONCE activation rows remain
+_dot_one, _dot_many, _dot_pair = _by_kind(1, 1), _by_kind(1, ROWS_AT_ONCE), _by_kind(WEIGHT_ROWS_AT_ONCE, 1)
+
+
+@njit(inline="always")
+def rows_products(kind, w2, r0, r1, xg, xd, xs, nsum, out):
+    """``out[:, r0:r1]`` for repacked weight rows r0 .. r1 - 1 of ``w2`` (``[rows, row bytes]``)
+    and the activations of :func:`quantize_grouped`: ROWS_AT_ONCE activation rows per call while
+    that many remain, then the rest with WEIGHT_ROWS_AT_ONCE weight rows per call (each result
+    the same operations, so the same bits, whichever call computes it)."""
+    w = w2.reshape(-1)
+    stride, nb = w2.shape[1], xd.shape[1]
+    T = xg.shape[0]
+    for r in range(r0, r1):
+        prefetch_row(w2, r)
+        t = 0
+        while t + ROWS_AT_ONCE <= T:
+            v = _dot_many(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)
+            for i in range(ROWS_AT_ONCE):
+                out[t + i, r] = v[i]
+            t += ROWS_AT_ONCE
+    t0 = T // ROWS_AT_ONCE * ROWS_AT_ONCE
+    for t in range(t0, T):
+        r = r0
+        while r + WEIGHT_ROWS_AT_ONCE <= r1:
+            v = _dot_pair(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)
+            for j in range(WEIGHT_ROWS_AT_ONCE):
+                out[t, r + j] = v[j]
+            r += WEIGHT_ROWS_AT_ONCE
+        while r < r1:
+            out[t, r] = _dot_one(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)[0]
+            r += 1
