@@ -17,10 +17,13 @@ Each kind also keeps ``sums``, the integer sum of q per 32 (Q8_0, Q8_1) or per 1
 format with a zero point (Q4_0 nibbles are ``n - 8``) multiplies the unsigned quants and
 subtracts ``zero * sum`` exactly, which is llama.cpp's result with a u8 x s8 product.
 
-Kernel shape: each block's integer dot product is one LLVM IR expression (the intrinsics below),
-which LLVM's x86 backend compiles to ``vpdpbusd`` where the CPU has AVX-VNNI or AVX512-VNNI and
-to what the target has elsewhere; then one float multiply-add by both scales per block, as in
-llama.cpp. Output rows run in parallel on numba's threads, paced by :mod:`.quant`'s thread chooser.
+Kernel shape: each matrix's rows are repacked once, on first use (:mod:`.quant_int8_rows` for
+the 32-weight formats, :mod:`.quant_int8_superblocks` for Q4_K / Q6_K), so that 64 quants are
+one vector load; the integer products are LLVM IR that LLVM's x86 backend compiles to
+``vpdpbusd`` where the CPU has AVX-VNNI or AVX512-VNNI (plain IR elsewhere), then one float
+multiply-add by both scales per block, as in llama.cpp. The activations are quantized once per
+call (once for several matrices that share them: :func:`int8_products`). Output rows run in
+parallel on numba's threads, paced by :mod:`.quant`'s thread chooser.
 """
 
 from __future__ import annotations
@@ -32,13 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as GT
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from ..errors import LoomConfigError, LoomShapeError
-from .kernel_hints import prefetch_row
 from .quant import _KERNEL, ROW_CHUNK, QuantMatrix, _pace, _read_only
 from .quant_int8_rows import (
     WQ4_0,
@@ -53,6 +52,8 @@ from .quant_int8_rows import (
     roundf,
     rows_products,
 )
+from .quant_int8_superblocks import WQ4_K, WQ6_K, superblock_products, superblock_sums
+from .quant_int8_superblocks import repack as superblocks_repack
 
 F32 = np.float32
 I32 = np.int32
@@ -63,7 +64,6 @@ ACTIVATION_KINDS = {"Q8_0": AQ8_0, "Q8_1": AQ8_1, "Q8_K": AQ8_K}
 _BLOCK = {AQ8_0: 32, AQ8_1: 32, AQ8_K: 256}
 
 # Weight kinds of the kernel, and the activation each one takes (llama.cpp's vec_dot_type).
-WQ4_K, WQ6_K = 5, 6  # after quant_int8_rows' five
 _WEIGHT_KIND = {GT.Q4_0: (WQ4_0, AQ8_0), GT.Q4_1: (WQ4_1, AQ8_1), GT.Q5_0: (WQ5_0, AQ8_0),
                 GT.Q5_1: (WQ5_1, AQ8_1), GT.Q8_0: (WQ8_0, AQ8_0), GT.Q4_K: (WQ4_K, AQ8_K),
                 GT.Q6_K: (WQ6_K, AQ8_K)}
@@ -168,129 +168,6 @@ def quantize_activations(x: np.ndarray, kind: str) -> QuantizedActivations:
     return QuantizedActivations(kind, qs, d, s, sums)
 
 
-# ---------------------------------------------------------------------------------------------
-# Integer block dot products, written as LLVM IR: ``reduce.add(mul(zext(w), sext(x)))`` over a
-# vector of u8 weights and s8 activations, which LLVM's x86 backend turns into ``vpdpbusd`` where
-# the CPU has VNNI (and into what the target has elsewhere) -- the instruction llama.cpp calls by
-# hand. The same sum written as a numba loop stays i32 multiplies and adds: the loop vectorizer
-# leaves a vector accumulator between the products and the reduction, which the pattern needs
-# adjacent. Each intrinsic reads ``n`` bytes of the weight row at a flat index of the C-ordered
-# blocks ``q`` and the matching quants of ``xq``.
-
-_I8, _I32 = ir.IntType(8), ir.IntType(32)
-
-
-def _load_bytes(context, builder, arrty, arr, index, n):
-    data = context.make_array(arrty)(context, builder, arr).data
-    ptr = builder.gep(data, [index], inbounds=True, source_etype=_I8)
-    return builder.load(ptr, typ=ir.VectorType(_I8, n), align=1)
-
-
-def _field(builder, v, shift, mask):
-    """``(v >> shift) & mask`` lane by lane on a byte vector."""
-    n = v.type.count
-    if shift:
-        v = builder.lshr(v, ir.Constant(v.type, [shift] * n))
-    if mask != 0xFF:
-        v = builder.and_(v, ir.Constant(v.type, [mask] * n))
-    return v
-
-
-def _dot_with(context, builder, sig, args, w):
-    """The int32 sum of ``w * xq[xi : xi + len(w)]`` (args ``..., xq, xi`` last)."""
-    x = _load_bytes(context, builder, sig.args[-2], args[-2], args[-1], w.type.count)
-    vt = ir.VectorType(_I32, w.type.count)
-    return _reduce_add(builder, builder.mul(builder.zext(w, vt), builder.sext(x, vt)))
-
-
-def _reduce_add(builder, v):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]),
-                                        f"llvm.vector.reduce.add.v{v.type.count}i32")
-    return builder.call(fn, [v])
-
-
-def _nibble_dot(n, shift):
-    """``dot(q, qi, xq, xi)``: the low (shift 0) or high (shift 4) nibbles of the n bytes at
-    q[qi:] times the n quants at xq[xi:]."""
-    @intrinsic
-    def dot(typingctx, q, qi, xq, xi):
-        def codegen(context, builder, sig, args):
-            v = _load_bytes(context, builder, sig.args[0], args[0], args[1], n)
-            return _dot_with(context, builder, sig, args, _field(builder, v, shift, 0xF))
-        return types.int32(q, qi, xq, xi), codegen
-    return dot
-
-
-def _q6_dot(nib_shift, hi_shift):
-    """``dot(q, lo, hi, xq, xi)``: 16 Q6_K quants, 4 bits of the bytes at q[lo:] and 2 of those
-    at q[hi:] (unsigned, 0..63), times the 16 quants at xq[xi:]."""
-    @intrinsic
-    def dot(typingctx, q, lo, hi, xq, xi):
-        def codegen(context, builder, sig, args):
-            low = _load_bytes(context, builder, sig.args[0], args[0], args[1], 16)
-            top = _load_bytes(context, builder, sig.args[0], args[0], args[2], 16)
-            low, top = _field(builder, low, nib_shift, 0xF), _field(builder, top, hi_shift, 3)
-            w = builder.or_(low, builder.shl(top, ir.Constant(top.type, [4] * 16)))
-            return _dot_with(context, builder, sig, args, w)
-        return types.int32(q, lo, hi, xq, xi), codegen
-    return dot
-
-
-_dot_lo32 = _nibble_dot(32, 0)  # Q4_K: the two sub-blocks of a 32-byte group
-_dot_hi32 = _nibble_dot(32, 4)
-
-
-_dot_q6_0, _dot_q6_1, _dot_q6_2, _dot_q6_3 = _q6_dot(0, 0), _q6_dot(0, 2), _q6_dot(4, 4), _q6_dot(4, 6)
-
-
-@njit(inline="always")
-def _i(v):
-    return I32(v)
-
-
-@njit(inline="always")
-def _row_dot(kind, q, r, wd, wm, wsc, wmn, xq, xd, xsum):
-    """Weight row r (``q`` is the flat blocks) times one quantized activation row: llama.cpp's
-    ``ggml_vec_dot_<w>_<x>``, with the same integer sums per block, for the formats the
-    whole-row dots do not cover (Q4_K, Q6_K)."""
-    nb = wd.shape[1]
-    row = r * (q.shape[0] // wd.shape[0])
-    acc = F32(0)
-    if kind == WQ4_K:
-        # 144-byte super-blocks: f16 d, f16 dmin, 12 bytes of 6-bit scales / mins (unpacked into
-        # wsc / wmn), 128 nibble bytes: 4 groups of 32 bytes, low nibbles then high nibbles.
-        # A weight is d * scale * n - dmin * min, so the mins meet x's sums per 16 (bsums).
-        for b in range(nb):
-            isum, msum = I32(0), I32(0)
-            for g in range(4):
-                at, xo, k, s16 = row + b * 144 + 16 + 32 * g, b * 256 + 64 * g, b * 8 + 2 * g, b * 16 + 4 * g
-                isum = I32(isum + _i(wsc[r, k]) * _dot_lo32(q, at, xq, xo)
-                           + _i(wsc[r, k + 1]) * _dot_hi32(q, at, xq, xo + 32))
-                msum = I32(msum + _i(wmn[r, k]) * (xsum[s16] + xsum[s16 + 1])
-                           + _i(wmn[r, k + 1]) * (xsum[s16 + 2] + xsum[s16 + 3]))
-            acc += F32(isum) * (wd[r, b] * xd[b]) - F32(msum) * (wm[r, b] * xd[b])
-    else:
-        # Q6_K: 210-byte super-blocks of 128 low-nibble bytes, 64 bytes of 2-bit high parts, 16
-        # int8 sub-scales, f16 d. A half (128 weights) reads byte l of its low and high runs for
-        # weights l, l+32, l+64, l+96; each sub-scale covers 16 of them. Quants are 0..63 - 32.
-        for b in range(nb):
-            isum = I32(0)
-            blk = row + b * 210
-            for half in range(2):
-                ql, qh, xo = blk + 64 * half, blk + 128 + 32 * half, b * 256 + 128 * half
-                for kk in range(2):  # run p of 16 at l = 16 kk: scale 2 p + kk, x sums likewise
-                    a, h, x, sc, s16 = ql + 16 * kk, qh + 16 * kk, xo + 16 * kk, blk + 192 + 8 * half + kk, \
-                        b * 16 + 8 * half + kk
-                    d0 = _dot_q6_0(q, a, h, xq, x) - 32 * xsum[s16]
-                    d1 = _dot_q6_1(q, a + 32, h, xq, x + 32) - 32 * xsum[s16 + 2]
-                    d2 = _dot_q6_2(q, a, h, xq, x + 64) - 32 * xsum[s16 + 4]
-                    d3 = _dot_q6_3(q, a + 32, h, xq, x + 96) - 32 * xsum[s16 + 6]
-                    isum = I32(isum + _i(np.int8(q[sc])) * d0 + _i(np.int8(q[sc + 2])) * d1
-                               + _i(np.int8(q[sc + 4])) * d2 + _i(np.int8(q[sc + 6])) * d3)
-            acc += F32(isum) * (wd[r, b] * xd[b])
-    return acc
-
-
 @njit(**_KERNEL)
 def _rows_matmul(kind, w, xg, d, s, nsum, out):
     """``out[t, r]`` = repacked weight row r (:mod:`.quant_int8_rows`) times activation row t
@@ -303,56 +180,37 @@ def _rows_matmul(kind, w, xg, d, s, nsum, out):
 
 
 @njit(**_KERNEL)
-def _superblocks_matmul(kind, q, wd, wm, wsc, wmn, qs, d, sums, out):
-    """``out[t, r]`` = Q4_K / Q6_K weight row r times Q8_K activation row t (``_row_dot``)."""
+def _superblocks_matmul(kind, w, qs, d, nsum16, bsum32, out):
+    """``out[t, r]`` = repacked Q4_K / Q6_K weight row r (:mod:`.quant_int8_superblocks`) times
+    Q8_K activation row t, the same bits whatever T is."""
     rows = out.shape[1]
-    q2 = q.reshape(rows, -1)  # rows of blocks, for prefetch_row
+    w2 = w.reshape(rows, -1)
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        for r in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)):
-            prefetch_row(q2, r)
-            for t in range(qs.shape[0]):
-                out[t, r] = _row_dot(kind, q, r, wd, wm, wsc, wmn, qs[t], d[t], sums[t])
+        r1 = min(rows, c * ROW_CHUNK + ROW_CHUNK)
+        superblock_products(kind, w2, c * ROW_CHUNK, r1, qs, d, nsum16, bsum32, out)
 
 
 @njit(cache=True, nogil=True)
 def _quantize_q8_k(X):
     qs, d, s, sums = _activation_buffers(AQ8_K, X.shape[0], X.shape[1])
     _quantize_rows(AQ8_K, X, qs, d, s, sums)
-    return qs, d, sums
+    nsum16, bsum32 = superblock_sums(sums)
+    return qs, d, nsum16, bsum32
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-matrix scale arrays, built once from the file's blocks (float16 fields as float32, Q4_K's
-# packed 6-bit scales unpacked) and kept while the matrix lives.
+# Each matrix's rows repacked once (:mod:`.quant_int8_rows`, :mod:`.quant_int8_superblocks`) and
+# kept while the matrix lives.
 
-_NONE_F = _read_only(np.zeros((1, 1), F32))
-_NONE_U = _read_only(np.zeros((1, 1), np.uint8))
 _sides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _sides_lock = threading.Lock()
 
 
-def _f16_at(blocks: np.ndarray, at: int) -> np.ndarray:
-    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view("<f2")[..., 0].astype(F32)
-
-
 def _build_side(qm: QuantMatrix) -> tuple:
     kind, akind = _WEIGHT_KIND[GT(qm.ggml_type)]
-    raw = qm.raw_blocks
-    elems = 256 if akind == AQ8_K else 32
-    if kind not in (WQ4_K, WQ6_K):  # repacked rows carry their own scales
-        return kind, _read_only(repack(kind, raw, qm.shape[1] // elems).reshape(-1))
-    blocks = raw.reshape(raw.shape[0], qm.shape[1] // elems, -1)
-    wd = _f16_at(blocks, 208 if kind == WQ6_K else 0)  # the (super-)block scale d
-    wm, wsc, wmn = _NONE_F, _NONE_U, _NONE_U  # placeholders: one compiled kernel for every format
-    if kind in (WQ4_1, WQ5_1, WQ4_K):
-        wm = _f16_at(blocks, 2)
-    if kind == WQ4_K:
-        rows, nb = wd.shape
-        packed = blocks[:, :, 4:16].reshape(rows, nb, 3, 4)
-        lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
-        wsc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).reshape(rows, nb * 8)
-        wmn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1).reshape(rows, nb * 8)
-    return (kind, raw.reshape(-1), *(_read_only(np.ascontiguousarray(a)) for a in (wd, wm, wsc, wmn)))
+    nb = qm.shape[1] // (256 if akind == AQ8_K else 32)
+    packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
+    return kind, _read_only(packed.reshape(-1))
 
 
 def _side(qm: QuantMatrix) -> tuple:

@@ -245,7 +245,7 @@ def half_to_float(builder, bits):
     return builder.bitcast(builder.or_(builder.bitcast(scaled, vi), sign), ir.VectorType(_F32, k))
 
 
-def _halves_sum(builder, v):
+def halves_sum(builder, v):
     """The lanes of a float vector (a power of two of them) summed as a fixed tree of halves."""
     while v.type.count > 1:
         h = v.type.count // 2
@@ -373,9 +373,9 @@ def _group_dot(kind: int, m: int, n: int):
             sums = []
             for j in range(m):
                 for i in range(n):
-                    total = _halves_sum(builder, builder.load(accs[j][i]))
+                    total = halves_sum(builder, builder.load(accs[j][i]))
                     if kind in _HAS_M:
-                        total = builder.fadd(total, _halves_sum(builder, builder.load(mins[j][i])))
+                        total = builder.fadd(total, halves_sum(builder, builder.load(mins[j][i])))
                     sums.append(total)
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xg, t0, xd, xs, nsum), codegen
@@ -402,34 +402,42 @@ def _by_kind(m, n):
 
 
 WEIGHT_ROWS_AT_ONCE = 2  # weight rows per call when fewer than ROWS_AT_ONCE activation rows remain
-_dot_one, _dot_many, _dot_pair = _by_kind(1, 1), _by_kind(1, ROWS_AT_ONCE), _by_kind(WEIGHT_ROWS_AT_ONCE, 1)
 
 
-@njit(inline="always")
-def rows_products(kind, w2, r0, r1, xg, xd, xs, nsum, out):
-    """``out[:, r0:r1]`` for repacked weight rows r0 .. r1 - 1 of ``w2`` (``[rows, row bytes]``)
-    and the activations of :func:`quantize_grouped`: ROWS_AT_ONCE activation rows per call while
-    that many remain, then the rest with WEIGHT_ROWS_AT_ONCE weight rows per call (each result
-    the same operations, so the same bits, whichever call computes it)."""
-    w = w2.reshape(-1)
-    stride, nb = w2.shape[1], xd.shape[1]
-    T = xg.shape[0]
-    for r in range(r0, r1):
-        prefetch_row(w2, r)
-        t = 0
-        while t + ROWS_AT_ONCE <= T:
-            v = _dot_many(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)
-            for i in range(ROWS_AT_ONCE):
-                out[t + i, r] = v[i]
-            t += ROWS_AT_ONCE
-    t0 = T // ROWS_AT_ONCE * ROWS_AT_ONCE
-    for t in range(t0, T):
-        r = r0
-        while r + WEIGHT_ROWS_AT_ONCE <= r1:
-            v = _dot_pair(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)
-            for j in range(WEIGHT_ROWS_AT_ONCE):
-                out[t, r + j] = v[j]
-            r += WEIGHT_ROWS_AT_ONCE
-        while r < r1:
-            out[t, r] = _dot_one(kind, w, r * stride, stride, nb, xg, t, xd, xs, nsum)[0]
-            r += 1
+def rows_driver(by_kind):
+    """The loop over a range of weight rows for a family of dots: ``by_kind(m, n)`` gives the
+    function of m weight rows and n activation rows that picks the format's dot by kind."""
+    one, many, pair = by_kind(1, 1), by_kind(1, ROWS_AT_ONCE), by_kind(WEIGHT_ROWS_AT_ONCE, 1)
+
+    @njit(inline="always")
+    def products(kind, w2, r0, r1, xq, xd, xa, xb, out):
+        """``out[:, r0:r1]`` for repacked weight rows r0 .. r1 - 1 of ``w2`` (``[rows, row bytes]``)
+        and quantized activations (``xq``, scales ``xd`` and two arrays of the family's):
+        ROWS_AT_ONCE activation rows per call while that many remain, then the rest with
+        WEIGHT_ROWS_AT_ONCE weight rows per call (each result the same operations, so the same
+        bits, whichever call computes it)."""
+        w = w2.reshape(-1)
+        stride, nb = w2.shape[1], xd.shape[1]
+        T = xq.shape[0]
+        for r in range(r0, r1):
+            prefetch_row(w2, r)
+            t = 0
+            while t + ROWS_AT_ONCE <= T:
+                v = many(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
+                for i in range(ROWS_AT_ONCE):
+                    out[t + i, r] = v[i]
+                t += ROWS_AT_ONCE
+        for t in range(T // ROWS_AT_ONCE * ROWS_AT_ONCE, T):
+            r = r0
+            while r + WEIGHT_ROWS_AT_ONCE <= r1:
+                v = pair(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
+                for j in range(WEIGHT_ROWS_AT_ONCE):
+                    out[t, r + j] = v[j]
+                r += WEIGHT_ROWS_AT_ONCE
+            while r < r1:
+                out[t, r] = one(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)[0]
+                r += 1
+    return products
+
+
+rows_products = rows_driver(_by_kind)  # with quantize_grouped's (xg, d, s, nsum)
