@@ -168,11 +168,11 @@ class Batch:
         ids = np.array([f + [f[-1]] * (T - len(f)) for f in feeds])
         logits = self.model.net.step(ids, [a.run.caches[0] for a in self.active], last_only=False)
         self.steps += 1
-        for a, feed, rows in zip(list(self.active), feeds, logits, strict=True):
+        for i, (a, feed) in enumerate(zip(list(self.active), feeds, strict=True)):
             if T > len(feed):
                 for c in a.run.caches[0]:
                     c.trim(T - len(feed))
-            self._deliver(a, rows[:len(feed)])
+            self._deliver(a, logits[i, :len(feed), :])  # indexed: a device array may refuse iteration
 
     def cancel_all(self) -> None:
         for request in self.waiting:

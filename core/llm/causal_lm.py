@@ -4,17 +4,23 @@
 ``Sequential`` per transformer block (``[norm, attention], Residual, [norm, MLP], Residual``),
 the final norm and the LM head. ``net.forward(ids)`` runs the whole grid on ``[B, T]`` ids;
 ``net.step(ids, caches)`` is the decode path through the same layers with a KV cache per sequence.
+
+:meth:`CausalLM.place` moves the model to a device backend (array_api_strict's simulated devices,
+CuPy): every layer's matrices are uploaded once, the KV caches :meth:`make_cache` makes live on
+the device, and ``step`` returns the logits there.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LoomShapeError
+from ..backend import Backend, get_backend
+from ..errors import LoomConfigError, LoomShapeError
 from ..layers.base import Layer
 from ..network import VolumetricNetwork
+from .device_kernels import kernels_for
 from .kv_cache import CachedRun, KVCache
-from .llm_layers import LLMAttention
+from .llm_layers import InferenceOnly, LLMAttention, Uploads, layer_label
 from .model_args import ModelArgs
 from .quant import single_threaded_blas
 
@@ -35,11 +41,31 @@ class CausalLM(VolumetricNetwork):
         if self.source is not None:
             self.source.close()
 
+    @property
+    def on_device(self) -> bool:
+        """Whether the model computes on a device backend (see :meth:`place`)."""
+        return self.backend.xp is not np
+
+    def place(self, backend: str | Backend) -> None:
+        """Compute on ``backend`` from now on. A backend whose namespace is numpy runs the host
+        path (the numba kernels); any other gets every layer's matrices uploaded once, through
+        the backend's :class:`~.device_kernels.LLMKernels` (a tied table once for embedding and
+        head), and caches made by :meth:`make_cache` on its device. Caches made before stay
+        where they are: make new ones."""
+        backend = backend if isinstance(backend, Backend) else get_backend(backend)
+        uploads = None if backend.xp is np else Uploads(kernels_for(backend))
+        # the head first: a tied embedding table then gathers rows from the head's upload
+        for layer in reversed(list(self.all_layers())):
+            if isinstance(layer, InferenceOnly):
+                layer.place(uploads)
+        self.backend = backend
+
     def make_cache(self, capacity: int = 0, dtype: str = "float32") -> list[KVCache]:
         """One sequence's KV caches (one per attention layer), preallocated for ``capacity`` positions;
-        ``dtype`` "float16" halves their memory (see :class:`KVCache`)."""
-        return [KVCache(a.spec.n_kv_heads, a.spec.head_dim, self.args.context_length, capacity, dtype)
-                for a in self.attention_layers]
+        ``dtype`` "float16" halves their memory (see :class:`KVCache`). On a device backend their
+        buffers are device arrays."""
+        return [KVCache(a.spec.n_kv_heads, a.spec.head_dim, self.args.context_length, capacity, dtype,
+                        self.backend.xp) for a in self.attention_layers]
 
     def step(self, ids, caches: list[list[KVCache]] | None = None, *, last_only: bool = True) -> np.ndarray:
         """Logits for token ids ``[B, T]`` (or ``[T]``), continuing each row's sequence in ``caches``.
@@ -50,14 +76,31 @@ class CausalLM(VolumetricNetwork):
         x = _token_rows(ids)
         if caches is not None and any(len(c) != len(self.attention_layers) for c in caches):
             raise LoomShapeError(f"each sequence needs {len(self.attention_layers)} KV caches (make_cache())")
+        if self.on_device:
+            self._check_placed(caches)
         run = CachedRun(self, caches)
         head = self.cells[-1]
         with single_threaded_blas():
             x = _call_cells(run, self.cells[:-1], x)
             if not head.cfg.is_disabled:
-                x, _ = run.call(head, x[:, -1] if last_only else x)
+                x, _ = run.call(head, x[:, -1, :] if last_only else x)
         self.step_count += 1
         return x
+
+    def _check_placed(self, caches: list[list[KVCache]] | None) -> None:
+        """Refuse a device step over layers or caches of another device (the one clear error,
+        rather than the namespace's own about mixed devices deep in a layer)."""
+        where = f"the {self.backend.name!r} backend's device ({self.backend.device})"
+        for layer in self.all_layers():
+            if isinstance(layer, InferenceOnly) and (layer.device_copy is None
+                                                     or layer.device_copy.backend != self.backend):
+                raise LoomConfigError(f"{layer_label(layer)} is not on "
+                                      f"{where}, where the network runs; place the whole network "
+                                      "(CausalLM.place)")
+        for row in caches or ():
+            if any(c.device != self.backend.device or c.xp is not self.backend.xp for c in row):
+                raise LoomConfigError(f"a KV cache is not on {where}, where the network runs; make the "
+                                      "caches after placing the network (make_cache())")
 
     def hidden_states(self, ids) -> np.ndarray:
         """Every layer but the LM head over token ids ``[B, T]`` as fresh sequences: ``[B, T, hidden]``

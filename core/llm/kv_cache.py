@@ -3,8 +3,11 @@ caches to the attention layers."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..backend import host_dtype
 from ..errors import LoomConfigError, LoomShapeError
 from ..network import Run, VolumetricNetwork
 
@@ -18,30 +21,55 @@ class KVCache:
     :attr:`values` then hold the float16 bits as ``uint16`` (what the numba kernel reads).
     :attr:`keys` is a transposed view of a ``[n_kv_heads, head_dim, capacity]`` buffer: the kernel
     then computes the scores of all positions as one vector loop per dimension.
+
+    ``xp``, a device backend's namespace (a device-bound array_api_strict, CuPy), keeps the buffers
+    on its device instead: plain ``[n_kv_heads, capacity, head_dim]`` arrays of float32, or of the
+    device's own float16, written by slice assignment and never copied to the host.
     """
 
     step = 256
     dtypes = ("float32", "float16")
 
     def __init__(self, n_kv_heads: int, head_dim: int, max_size: int, capacity: int = 0,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", xp=np):
         if dtype not in self.dtypes:
             raise LoomConfigError(f"KV cache dtype must be one of {', '.join(self.dtypes)}; got {dtype!r}")
+        if xp is not np and not hasattr(xp, dtype):
+            raise LoomConfigError(f"KV cache dtype {dtype!r}: the device's array namespace ({xp.__name__}) "
+                                  "has no such type; use float32")
         self.dtype = dtype
+        self.xp = xp
         self.max_size = max_size
         self.offset = 0
         self.keys, self.values = self._buffers(n_kv_heads, min(max(capacity, 0), max_size), head_dim)
 
+    @property
+    def device(self):
+        """The device the buffers live on; None for host (numpy) buffers."""
+        return None if self.xp is np else self.keys.device
+
     def _buffers(self, n_kv_heads: int, capacity: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.xp is not np:
+            xp, storage = self.xp, getattr(self.xp, self.dtype)
+            return (xp.zeros((n_kv_heads, capacity, head_dim), dtype=storage),
+                    xp.zeros((n_kv_heads, capacity, head_dim), dtype=storage))
         storage = np.float32 if self.dtype == "float32" else np.uint16
         keys = np.zeros((n_kv_heads, head_dim, capacity), storage).transpose(0, 2, 1)
         return keys, np.zeros((n_kv_heads, capacity, head_dim), storage)
 
     def _stored(self, a: np.ndarray) -> np.ndarray:
-        return a if self.dtype == "float32" else np.asarray(a, np.float16).view(np.uint16)
+        if self.dtype == "float32":
+            return a
+        if self.xp is not np:
+            return self.xp.astype(a, self.xp.float16)
+        return np.asarray(a, np.float16).view(np.uint16)
 
     def _fetched(self, a: np.ndarray) -> np.ndarray:
-        return a if self.dtype == "float32" else a.view(np.float16)
+        if self.dtype == "float32":
+            return a
+        if self.xp is not np:  # attention reads float32 (LLMKernels.attend)
+            return self.xp.astype(a, self.xp.float32)
+        return a.view(np.float16)
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append ``k``/``v`` ``[n_kv_heads, T, head_dim]``; return every position's keys and values
@@ -51,25 +79,25 @@ class KVCache:
             raise LoomShapeError(f"{end} positions exceed the context length {self.max_size}")
         if end > self.keys.shape[1]:
             self._grow(end)
-        self.keys[:, self.offset:end] = self._stored(k)
-        self.values[:, self.offset:end] = self._stored(v)
+        self.keys[:, self.offset:end, :] = self._stored(k)
+        self.values[:, self.offset:end, :] = self._stored(v)
         self.offset = end
-        return self._fetched(self.keys[:, :end]), self._fetched(self.values[:, :end])
+        return self._fetched(self.keys[:, :end, :]), self._fetched(self.values[:, :end, :])
 
     def _grow(self, needed: int) -> None:
         capacity = min(self.max_size, -(-needed // self.step) * self.step)
         keys, values = self._buffers(self.keys.shape[0], capacity, self.keys.shape[2])
-        keys[:, :self.offset] = self.keys[:, :self.offset]
-        values[:, :self.offset] = self.values[:, :self.offset]
+        keys[:, :self.offset, :] = self.keys[:, :self.offset, :]
+        values[:, :self.offset, :] = self.values[:, :self.offset, :]
         self.keys, self.values = keys, values
 
     def fork(self, n: int) -> KVCache:
         """A new cache holding copies of the first ``n`` positions (a prefix cache hands these
         out: the stored sequence stays intact while the copy grows)."""
         n = min(self.offset, max(int(n), 0))
-        clone = KVCache(self.keys.shape[0], self.keys.shape[2], self.max_size, n, self.dtype)
-        clone.keys[:, :n] = self.keys[:, :n]
-        clone.values[:, :n] = self.values[:, :n]
+        clone = KVCache(self.keys.shape[0], self.keys.shape[2], self.max_size, n, self.dtype, self.xp)
+        clone.keys[:, :n, :] = self.keys[:, :n, :]
+        clone.values[:, :n, :] = self.values[:, :n, :]
         clone.offset = n
         return clone
 
@@ -81,7 +109,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        # the array API has no nbytes: size times the item size of the storage type
+        return 2 * math.prod(self.keys.shape) * host_dtype(self.keys.dtype).itemsize
 
 
 class CachedRun(Run):

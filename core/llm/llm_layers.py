@@ -13,6 +13,11 @@ with the named matrices directly. The layers are inference-only: backward raises
 Attention continues sequences when its run context is a :class:`~.kv_cache.CachedRun` (the
 decode path, ``CausalLM.step``): a list of :class:`~.kv_cache.KVCache` per batch row, one per
 attention layer. Under any other run every call is a fresh sequence starting at position 0.
+
+On a device backend (``CausalLM.place``) each layer holds a :class:`DeviceCopy` of its weights,
+uploaded once, and its forward runs the array-API form of the same computation on the backend's
+namespace, the matrices through the backend's :class:`~.device_kernels.LLMKernels`. A layer asks
+whether it has one once per call; the numpy path is otherwise the code it always was.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 
 from .. import dtypes
 from ..activations import activate
+from ..backend import Backend, array_module, to_host
 from ..errors import LoomConfigError, LoomShapeError
 from ..layers.attention import MultiHeadAttention
 from ..layers.base import LayerConfig
@@ -44,6 +50,7 @@ from .block_morph import (
     is_matrix,
     stored_nbytes,
 )
+from .device_kernels import LLMKernels
 from .kv_cache import CachedRun
 from .quant import MATMUL_MIN_T, float_matmul
 from .quant_int8 import int8_enabled, int8_product, supports
@@ -85,6 +92,112 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """``x / sqrt(mean(x^2) + eps) * gamma`` over the last axis, in float32 as transformers does."""
     mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])  # np.mean, faster
     return (x * (1.0 / np.sqrt(mean_square + np.float32(eps)))) * gamma
+
+
+def rms_norm_xp(x, gamma, eps: float):
+    """:func:`rms_norm` on any array namespace, the same operations in the same order (numpy's
+    ufunc reduce is the host path's only because it is faster than ``np.sum``'s wrapper)."""
+    xp = array_module(x)
+    mean_square = xp.sum(x * x, axis=-1, keepdims=True) / float(x.shape[-1])
+    return (x * (1.0 / xp.sqrt(mean_square + float(eps)))) * gamma
+
+
+# ----- a layer's weights on a device backend -------------------------------------------------
+class Uploads:
+    """A model's matrices on one device backend, each uploaded once whichever layers use it (a
+    tied embedding table and LM head: one upload, where the kernels keep it a float32 array).
+
+    ``how``: "matrix" (through :meth:`LLMKernels.upload`, what :meth:`LLMKernels.linear` reads),
+    "rows" (a float32 array rows are gathered from) or "vector" (a bias or norm gamma)."""
+
+    def __init__(self, kernels: LLMKernels):
+        self.kernels = kernels
+        self.backend: Backend = kernels.backend
+        self.xp = kernels.xp
+        # (id(m), how) -> (m, its device copy): m is kept so that its id is not reused
+        self._done: dict[tuple[int, str], tuple[Matrix, object]] = {}
+
+    def get(self, m: Matrix, how: str):
+        hit = self._done.get((id(m), how))
+        if hit is None:
+            hit = self._done[(id(m), how)] = (m, self._upload(m, how))
+        return hit[1]
+
+    def _upload(self, m: Matrix, how: str):
+        xp = self.xp
+        if how == "matrix":
+            return self.kernels.upload(m)
+        if how == "rows":
+            shared = self._done.get((id(m), "matrix"))
+            if shared is not None and array_module(shared[1]) is xp and shared[1].dtype == xp.float32:
+                return shared[1]
+            return xp.asarray(dense(m))
+        return xp.asarray(np.asarray(m, dtype=np.float32))
+
+
+def layer_label(layer) -> str:
+    """A layer as errors name it: its class and where it sits in the grid (once placed there)."""
+    where = getattr(layer, "path", "") or getattr(layer, "coords", "")
+    return f"{type(layer).__name__} {where}".strip()
+
+
+class DeviceCopy:
+    """One layer's weights on a device backend: its current matrices (:meth:`MatrixStore.current`)
+    uploaded on creation, uploaded again only when the layer's weights change (a morph, a new
+    master). Filler biases (:func:`is_filler_bias`) are not uploaded: the device path adds none,
+    as the host path skips them."""
+
+    def __init__(self, uploads: Uploads, layer: InferenceOnly):
+        self.uploads = uploads
+        self.backend = uploads.backend
+        self.kernels = uploads.kernels
+        self.rows = layer.rows_parts  # parts read row by row (the embedding table), not multiplied
+        self._key: tuple | None = None
+        self._arrays: dict[str, object] = {}
+        self._refresh(layer)
+
+    def arrays(self, layer, ctx) -> dict[str, object]:
+        """The layer's weights on the device, for a forward under run context ``ctx``.
+
+        Raises:
+            LoomConfigError: the network runs on another backend than these weights (a network
+                mixing devices).
+        """
+        backend = ctx.net.backend
+        if backend != self.backend:
+            raise LoomConfigError(
+                f"{layer_label(layer)}: its weights are on the {self.backend.name!r} backend's device "
+                f"({self.backend.device}), the network runs on {backend.name!r} ({backend.device}); a "
+                "network runs on one device (CausalLM.place puts every layer there)")
+        self._refresh(layer)
+        return self._arrays
+
+    def _refresh(self, layer) -> None:
+        """Upload the layer's current matrices unless those uploaded are still its current ones."""
+        store = layer.weights
+        key = (layer.cfg.dtype, store.version, store.encoded)
+        if self._key is not None and self._key[:2] == key[:2] and self._key[2] is key[2]:
+            return
+        current = store.current(layer.cfg.dtype)
+        self._arrays = {name: None if name in store.fillers and m is store.blocks[name]
+                        else self.uploads.get(m, self._how(name, m)) for name, m in current.items()}
+        self._key = key
+
+    def _how(self, name: str, m: Matrix) -> str:
+        if name in self.rows:
+            return "rows"
+        return "matrix" if len(m.shape) == 2 else "vector"
+
+    def linear(self, x, m):
+        """``x @ m.T`` over the last axis of device array ``x`` (any leading shape)."""
+        xp = self.uploads.xp
+        y = self.kernels.linear(xp.reshape(x, (-1, x.shape[-1])), m)
+        return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
+
+    def linear_bias(self, x, w: dict[str, object], matrix: str, bias: str):
+        """``x @ w[matrix].T + w[bias]``, the bias left out while it is a filler (None)."""
+        y = self.linear(x, w[matrix])
+        return y if w[bias] is None else y + w[bias]
 
 
 class MatrixStore(WeightStore):
@@ -295,6 +408,14 @@ def is_filler_bias(part: str, m) -> bool:
 class InferenceOnly:
     """Mixed into the LLM layers: they run forward only (no training of file weights here)."""
 
+    device_copy: DeviceCopy | None = None  # the weights on a device backend (CausalLM.place)
+
+    def place(self, uploads: Uploads | None) -> None:
+        """Run on ``uploads``' device backend from now on (None: on the host, with numpy)."""
+        self.device_copy = None if uploads is None else DeviceCopy(uploads, self)
+
+    rows_parts: tuple[str, ...] = ()  # parts read row by row on a device (see DeviceCopy)
+
     def backward(self, cache, gy, ctx):
         raise LoomConfigError(f"{type(self).__name__} is inference-only: model layers have no backward")
 
@@ -318,13 +439,29 @@ class LLMEmbedding(InferenceOnly, Embedding):
                          MatrixStore({"table": table}))
         self.scale = np.float32(scale)
 
+    rows_parts = ("table",)
+
     def forward(self, x, ctx, skip=None):
+        if self.device_copy is not None:
+            return self._forward_on_device(x, ctx), None
         ids = token_ids(x, self.cfg.vocab_size)
         table = self.weights.current(self.cfg.dtype)["table"]
         flat = ids.reshape(-1)
         rows = table[flat] if isinstance(table, np.ndarray) else table.rows(flat)
         y = np.asarray(rows, dtype=np.float32).reshape(*ids.shape, self.cfg.embedding_dim)
         return (y * self.scale if self.scale != 1 else y), None
+
+    def _forward_on_device(self, x, ctx):
+        """The table's rows gathered on the device. Ids come from the host (the decode path's);
+        a grid forward's float ids on the device are brought over first (one transfer of them),
+        since checking them is a host decision."""
+        dc = self.device_copy
+        table = dc.arrays(self, ctx)["table"]
+        ids = token_ids(x if isinstance(x, np.ndarray) else to_host(x), self.cfg.vocab_size)
+        xp = dc.uploads.xp
+        y = xp.reshape(xp.take(table, xp.asarray(ids.reshape(-1)), axis=0),
+                       (*ids.shape, self.cfg.embedding_dim))
+        return y * float(self.scale) if self.scale != 1 else y
 
 
 class LLMRMSNorm(InferenceOnly, RMSNorm):
@@ -337,6 +474,8 @@ class LLMRMSNorm(InferenceOnly, RMSNorm):
         self.eps = eps
 
     def forward(self, x, ctx, skip=None):
+        if self.device_copy is not None:
+            return rms_norm_xp(x, self.device_copy.arrays(self, ctx)["gamma"], self.eps), None
         return rms_norm(x, self.weights.current(self.cfg.dtype)["gamma"], self.eps), None
 
 
@@ -371,6 +510,8 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         self.spec = spec
 
     def forward(self, x, ctx, skip=None):
+        if self.device_copy is not None:
+            return self._forward_on_device(x, ctx), None
         s, w = self.spec, self.weights.current(self.cfg.dtype)
         x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
         B, T, _ = x3.shape
@@ -399,9 +540,35 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         """Queries ``q[T, H, hd]`` at positions ``start..start+T-1`` over ``keys/values[Hkv, S, hd]``
         at positions ``0..S-1`` (float32, or a float16 cache's bits); returns ``[T, H*hd]``, each
         query's row the same bits whatever T is (see :mod:`.attention_kernel`)."""
+        return attend(q, keys, values, start, self.spec.window, self._scale())
+
+    def _scale(self) -> float:
         s = self.spec
-        scale = s.scale if s.scale is not None else s.head_dim ** -0.5
-        return attend(q, keys, values, start, s.window, scale)
+        return s.scale if s.scale is not None else s.head_dim ** -0.5
+
+    def _forward_on_device(self, x, ctx):
+        """:meth:`forward` on the device: projections through the backend's kernels, Q/K norms,
+        RoPE (angles uploaded once per step), the caches' device buffers, ``LLMKernels.attend``."""
+        s, dc = self.spec, self.device_copy
+        w, xp = dc.arrays(self, ctx), dc.uploads.xp
+        x3 = xp.reshape(x, (-1, *x.shape[-2:]) if x.ndim >= 2 else (1, 1, -1))
+        B, T, _ = x3.shape
+        q = xp.reshape(dc.linear_bias(x3, w, "wq", "bq"), (B, T, s.n_heads, s.head_dim))
+        k = xp.reshape(dc.linear_bias(x3, w, "wk", "bk"), (B, T, s.n_kv_heads, s.head_dim))
+        v = xp.reshape(dc.linear_bias(x3, w, "wv", "bv"), (B, T, s.n_kv_heads, s.head_dim))
+        if "q_norm" in w:
+            q, k = rms_norm_xp(q, w["q_norm"], s.norm_eps), rms_norm_xp(k, w["k_norm"], s.norm_eps)
+        caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
+        starts = [c.offset for c in caches] if caches else [0] * B
+        q, k = s.rope.on_device(np.array(starts)[:, None] + np.arange(T), xp, q, k)
+        rows = []
+        for b in range(B):
+            kb, vb = xp.permute_dims(k[b, ...], (1, 0, 2)), xp.permute_dims(v[b, ...], (1, 0, 2))
+            if caches:
+                kb, vb = caches[b].update_and_fetch(kb, vb)
+            rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale()))
+        y = dc.linear_bias(xp.stack(rows), w, "wo", "bo")
+        return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
 
 
 class LLMGatedMLP(InferenceOnly, SwiGLU):
@@ -417,6 +584,12 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
         super().__init__(cfg, MatrixStore(blocks))
 
     def forward(self, x, ctx, skip=None):
+        if self.device_copy is not None:
+            dc = self.device_copy
+            w = dc.arrays(self, ctx)
+            h = activate(self.cfg.act_id, dc.linear_bias(x, w, "gate", "b_gate")) * \
+                dc.linear_bias(x, w, "up", "b_up")
+            return dc.linear_bias(h, w, "down", "b_down"), None
         w = self.weights.current(self.cfg.dtype)
         st = self.weights
         h = activate(self.cfg.act_id, plus_bias(linear(x, w["gate"]), st, w, "b_gate")) * \
@@ -433,4 +606,6 @@ class LLMHead(InferenceOnly, Dense):
                          MatrixStore({"weight": weight}))
 
     def forward(self, x, ctx, skip=None):
+        if self.device_copy is not None:
+            return self.device_copy.linear(x, self.device_copy.arrays(self, ctx)["weight"]), None
         return linear(x, self.weights.current(self.cfg.dtype)["weight"]), None

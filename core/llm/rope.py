@@ -76,6 +76,27 @@ class Rope:
         self.__dict__["_last"] = (key, cos, sin)  # a frozen dataclass: its cache goes in by the dict
         return cos, sin
 
+    def on_device(self, positions: np.ndarray, xp, *vs) -> list:
+        """:meth:`__call__` for device arrays ``v[B, T, heads, head_dim]`` of namespace ``xp``:
+        the same float32 angles, computed on the host as the numpy path does them and uploaded
+        once per step (every layer of the step shares them), then the same products and sums
+        (no fused multiply-add on strict's numpy; a GPU may fuse and differ in the last bit)."""
+        key = (positions.shape, positions.tobytes())
+        last = self.__dict__.get("_last_device")
+        if last is None or last[0] != key or last[1] is not xp:
+            cos, sin = self._angles(positions)
+            last = self.__dict__["_last_device"] = (key, xp, xp.asarray(cos), xp.asarray(sin))
+        cos, sin = last[2], last[3]
+        return [self._rotate_xp(xp, v, cos, sin) for v in vs]
+
+    def _rotate_xp(self, xp, v, cos, sin):
+        half = self.inv_freq.size
+        if self.interleaved:  # pairs (0,1), (2,3) ...: rotate, then interleave the halves again
+            a, b = v[..., 0:2 * half:2], v[..., 1:2 * half:2]
+            return xp.reshape(xp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1), v.shape)
+        a, b = v[..., :half], v[..., half:2 * half]
+        return xp.concat([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
     def _rotate(self, v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         half = self.inv_freq.size
         if v.dtype == np.float32 and v.shape[-1] == 2 * half and v.ndim == 4:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import array_module, to_host, widest_float
 from ..errors import LoomConfigError
 from .constrain import grammar_of
 
@@ -59,6 +60,11 @@ class SamplingParams:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise LoomConfigError(f"seed must be an integer, got {self.seed!r}")
         grammar_of(self.response_format)  # compiled here so a bad one fails before any work
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any logit penalty is on (else :meth:`processor` returns the logits as they are)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     def sampler(self) -> Sampler:
         return make_sampler(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -139,6 +145,32 @@ def log_softmax_terms(logits: np.ndarray) -> tuple[float, float]:
     np.subtract(z, m, out=buf, dtype=np.float64)
     np.exp(buf, out=buf)
     return m, math.log(buf.sum())
+
+
+def argmax_id(logits) -> int:
+    """The index of the first maximum of a row of logits on any backend, as a Python int: on a
+    device the argmax runs there and only the chosen id comes over (one transfer of 1 element)."""
+    return int(array_module(logits).argmax(logits))
+
+
+def device_logprobs(logits, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of ``token`` and the ``k`` most likely tokens with theirs, reduced on
+    the device of the row ``logits``, in one transfer of ``2k + 1`` numbers (``token``'s, the k
+    values, the k ids). Alternatives come largest first, ties by index, non-finite ones left out,
+    as :func:`log_softmax_terms` and :func:`~.textmodel.top_k` give them on the host; float64
+    where the device has it (ids below 2**24 are exact in float32 too)."""
+    xp = array_module(logits)
+    wide = widest_float(xp, logits.device)
+    z = xp.astype(logits, wide)
+    m = xp.max(z)
+    log_total = xp.log(xp.sum(xp.exp(z - m)))
+    top = xp.argsort(z, descending=True, stable=True)[:k]
+    ids = xp.concat([xp.asarray([token], dtype=top.dtype), top])
+    values = to_host(xp.concat([(xp.take(z, ids) - m) - log_total, xp.astype(top, wide)])).tolist()
+    n = top.shape[0]
+    alternatives = [(int(i), lp) for i, lp in zip(values[n + 1:], values[1:n + 1], strict=True)
+                    if math.isfinite(lp)]
+    return values[0], alternatives
 
 
 def make_logits_processor(repetition_penalty: float = 1.0, presence_penalty: float = 0.0,

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import LoomConfigError
 from .prefix_cache import common_prefix
-from .sampling import SamplingParams
+from .sampling import SamplingParams, argmax_id
 from .textmodel import Decoding, Metrics, TokenRecord
 
 if TYPE_CHECKING:
@@ -106,13 +106,13 @@ class DraftModel(Drafter):
         self._trim(len(self._tokens) - keep)
         feed = list(history[keep:])
         net = self.model.net
-        logits = net.step(np.array([feed]), [self._cache])[0]
+        logits = net.step(np.array([feed]), [self._cache])[0, ...]
         self._tokens += feed
-        out = [int(np.argmax(logits))]
+        out = [argmax_id(logits)]
         while len(out) < k:
-            logits = net.step(np.array([[out[-1]]]), [self._cache])[0]
+            logits = net.step(np.array([[out[-1]]]), [self._cache])[0, ...]
             self._tokens.append(out[-1])
-            out.append(int(np.argmax(logits)))
+            out.append(argmax_id(logits))
         return out
 
     def _trim(self, n: int) -> None:
@@ -171,11 +171,11 @@ class Speculation:
         decoding), kept while it equals the draft; the first disagreement ends the step and the
         rejected positions leave the cache."""
         run, draft = self.run, self.draft
-        for j, row in enumerate(rows):
+        for j in range(rows.shape[0]):  # by index: a device array may refuse iteration
             if cancel():
                 yield run.cancelled()
                 return
-            record = run.choose(row)  # greedy: the first maximum, as the plain loop picks
+            record = run.choose(rows[j, ...])  # greedy: the first maximum, as the plain loop picks
             yield record
             if record.finish_reason is not None:
                 return
@@ -202,7 +202,7 @@ def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Calla
             yield record
         if record.finish_reason is not None:
             break
-        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0]
+        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0, ...]
     run.end()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import NUMPY, Backend, DeviceMemory, device_memory, get_backend
+from ..backend import Backend, DeviceMemory, array_module, device_memory, get_backend, to_host
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ..procinfo import peak_rss_bytes
@@ -31,7 +31,7 @@ from .loader import load_causal_lm
 from .prefix_cache import DEFAULT_BYTES, PrefixCache
 from .quant import adaptive_threads, single_threaded_blas
 from .quant_int8 import int8_activations
-from .sampling import SamplingParams, log_softmax_terms
+from .sampling import SamplingParams, argmax_id, device_logprobs, log_softmax_terms
 from .tokenizer import Tokenizer
 from .tokenizer_process import TokenizerProcess
 
@@ -94,8 +94,6 @@ class ClassifyResult:
 class TextModel:
     """A language model ready to generate. Use as a context manager or call :meth:`close`."""
 
-    backend: Backend = NUMPY  # the language-model path runs on numpy only for now (load_model)
-
     def __init__(self, net: CausalLM, tokenizer: Tokenizer | TokenizerProcess, template: ChatTemplate,
                  name: str = ""):
         self.net = net
@@ -110,6 +108,11 @@ class TextModel:
         # KV caches of recent sequences: a chat's next turn prefills only its new tokens
         self.prefix_cache = PrefixCache(DEFAULT_BYTES)
         self._activations = "float32"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the model computes on (``load_model(..., backend=)``, ``net.place``)."""
+        return self.net.backend
 
     @property
     def activations(self) -> str:
@@ -265,7 +268,8 @@ class TextModel:
         t0 = time.perf_counter()
         with self.busy():
             for members in by_length.values():
-                logits = self.net.step(np.array([all_ids[i] for i in members]), None)
+                # on a device, one transfer of the group's last-position logits
+                logits = to_host(self.net.step(np.array([all_ids[i] for i in members]), None))
                 for row, i in zip(logits, members, strict=True):
                     tok = int(np.argmax(row))
                     results[i] = ClassifyResult(tok, self.tokenizer.decode([tok]),
@@ -281,7 +285,8 @@ class TextModel:
             for i, text in enumerate(texts):
                 ids = self._prompt_ids(text)
                 self._check_fits(ids, SamplingParams(max_tokens=0))
-                out[i] = self.net.hidden_states(np.array([ids]))[0].mean(axis=0)
+                hidden = self.net.hidden_states(np.array([ids]))  # on a device: its mean comes over
+                out[i] = to_host(array_module(hidden).mean(hidden[0, ...], axis=0))
         return out
 
     # ----- internals -----------------------------------------------------------------------
@@ -362,6 +367,8 @@ class Decoding:
         self.params, self.metrics = params, metrics
         self.sampler, self.processor = params.sampler(), params.processor()
         self.constraint = Constraint.for_model(model, params.response_format)
+        # a device row is chosen from on the device when nothing but its argmax is needed
+        self.greedy = params.temperature == 0 and not params.penalized and self.constraint is None
         self.rng = np.random.default_rng(params.seed)
         # a constraint allows end of text only once its format is complete: a stop, not an eos
         self.eos_finish = "eos" if self.constraint is None else "stop"
@@ -380,7 +387,7 @@ class Decoding:
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         """The prompt's step (its positions the prefix cache did not hold): the logits of its last
-        position, ``[1, vocab]``."""
+        position, ``[1, vocab]`` (on the model's device)."""
         logits = self.net.step(np.array([ids[self.cached:]]), self.caches)
         self.metrics.cached_tokens = self.cached
         self.metrics.prefill_s = time.perf_counter() - self.start
@@ -389,7 +396,16 @@ class Decoding:
 
     def choose(self, logits: np.ndarray) -> TokenRecord:
         """The next token from one position's ``logits``: penalties, the constraint's mask (before
-        logprobs too: they are the masked distribution's), the sampler; returns its record."""
+        logprobs too: they are the masked distribution's), the sampler; returns its record.
+
+        A row on a device: greedy choice without penalties or a constraint is the argmax there
+        (one transfer of the id, and of the logprobs asked for); anything else brings the row to
+        the host once and goes on as there."""
+        if not isinstance(logits, np.ndarray):
+            if self.greedy:
+                token = argmax_id(logits)
+                return self.record(logits, token)
+            logits = to_host(logits)
         processed = self.processor(logits, self.history)
         if self.constraint is not None:
             processed = self.constraint.mask(processed)
@@ -463,6 +479,9 @@ def _token_delta(tok, text: _StopFilter, decoder, token: int, last: bool) -> tup
 def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]):
     if k == 0:
         return None, None
+    if not isinstance(logits, np.ndarray):  # a device row: reduced there, one transfer
+        logprob, top = device_logprobs(logits, token, k)
+        return logprob, [(i, token_text(i), lp) for i, lp in top]
     m, log_total = log_softmax_terms(logits)
 
     def logprob(i) -> float:
@@ -508,18 +527,20 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     weights loading here: building it holds this process's GIL for up to a second, which a GUI
     thread cannot wait out.
 
-    ``backend``: "numpy", or "auto", which runs on numpy too: the language-model path runs on
-    numpy only for now, so "cupy" raises :class:`LoomConfigError` (checked before any download).
+    ``backend``: "numpy", "cupy", "auto" (CuPy where a GPU is usable, else numpy), "strict" or
+    "strict-no-float64" (array_api_strict's checking devices, see :mod:`loomlab.core.backend`): a
+    backend this machine cannot run raises :class:`LoomConfigError` saying why, before any
+    download. On a device backend every matrix is uploaded once (``CausalLM.place``) and the
+    KV caches stay on the device.
     """
-    if backend != "auto" and get_backend(backend) is not NUMPY:
-        raise LoomConfigError(f"backend {backend!r}: language models run on numpy only for now "
-                              "(use 'numpy', or 'auto', which picks numpy for them)")
+    device = get_backend(backend)
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
     child = TokenizerProcess(path) if tokenizer_process else None
     net = None
     try:
         net = load_causal_lm(path, progress)
+        net.place(device)
         source = net.source
         if child is not None:
             tokenizer = child.wait_ready()

@@ -104,12 +104,17 @@ def test_morph_report_runs_its_probe_on_the_chosen_backend(golden_net, monkeypat
     assert len(seen) > 21 and set(seen) == {"auto"}  # every network read: at least one per dtype
 
 
-def test_a_language_model_on_a_working_cupy_is_refused_and_auto_picks_numpy(monkeypatch, capsys):
+def test_a_language_model_generates_on_the_chosen_backend(monkeypatch, capsys):
+    """A working CuPy (here with numpy's namespace: the host path) and auto, which picks it, and
+    the strict checking device all generate numpy's greedy text."""
     monkeypatch.setitem(backend._FACTORIES, "cupy", lambda: Backend("cupy", np))  # a usable GPU
-    assert main(["generate", "smollm2-135m", "--prompt", "hi", "--backend", "cupy"]) == 2
-    assert "language models run on numpy only for now" in one_error_line(capsys)
-    assert main(["generate", "smollm2-135m", "--prompt", "Hi", "--max-tokens", "3", "--backend", "auto"]) == 0
-    assert "backend: numpy]" in capsys.readouterr().err
+    texts, argv = {}, ["generate", "smollm2-135m", "--prompt", "Hi", "--max-tokens", "3"]
+    for name in ("numpy", "cupy", "auto", "strict"):
+        assert main([*argv, "--backend", name]) == 0
+        out = capsys.readouterr()
+        assert f"backend: {'cupy' if name == 'auto' else name}]" in out.err
+        texts[name] = out.out
+    assert texts["numpy"].strip() and set(texts.values()) == {texts["numpy"]}
 
 
 def test_bench_reports_the_backend_and_its_device_memory(capsys):
