@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -52,22 +52,25 @@ _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(
 _F16, _F32 = ir.HalfType(), ir.FloatType()
 
 
-def _groups(nb: int) -> list[tuple[int, int]]:
-    """(first block, blocks) of each group of a row of ``nb`` blocks: fours, then a two, then a one."""
+@njit(cache=True, nogil=True, parallel=True)
+def _q8_0_halves(blocks):
+    """Q8_0 blocks ``[rows, nb, 34]`` -> their quants in the group layout (per group, the first
+    16 bytes of its blocks, then their last 16), each stored as ``w + 128`` (unsigned):
+    ``[rows, nb * 32]``. One pass in parallel: a 168 MB LM head takes tenths of a second."""
+    rows, nb = blocks.shape[0], blocks.shape[1]
+    out = np.empty((rows, nb * 32), np.uint8)
     full = nb // 4 * 4
-    tail = [(full, 2)] if nb - full >= 2 else []
-    return [(b, 4) for b in range(0, full, 4)] + tail + ([(nb - 1, 1)] if (nb - full) % 2 else [])
-
-
-def _half_order(nb: int) -> np.ndarray:
-    """Where each of a row's ``nb * 32`` quants goes in the group layout (low halves of a group's
-    blocks, then their high halves): index array into the file's order."""
-    order = []
-    for b, k in _groups(nb):
-        for half in (0, 16):
+    for r in prange(rows):
+        b = 0
+        while b < nb:
+            k = 4 if b < full else (2 if nb - b >= 2 else 1)
             for j in range(k):
-                order.extend(range((b + j) * 32 + half, (b + j) * 32 + half + 16))
-    return np.array(order, np.int64)
+                for half in range(2):
+                    dst = b * 32 + 16 * (half * k + j)
+                    for i in range(16):
+                        out[r, dst + i] = blocks[r, b + j, 2 + 16 * half + i] ^ 0x80
+            b += k
+    return out
 
 
 def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
@@ -78,7 +81,7 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     rows = blocks.shape[0]
     f16 = [blocks[:, :, 0:2]] + ([blocks[:, :, 2:4]] if kind in _HAS_M else [])  # d, then m
     if kind == WQ8_0:
-        quants = (blocks[:, :, 2:].reshape(rows, nb * 32)[:, _half_order(nb)] ^ np.uint8(0x80),)
+        quants = (_q8_0_halves(blocks),)
     else:
         start = 4 if kind in _HAS_M else 2
         quants = (blocks[:, :, start + 4 * (kind in _HAS_QH):],)
