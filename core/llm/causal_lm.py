@@ -71,7 +71,8 @@ class CausalLM(VolumetricNetwork):
         """Logits for token ids ``[B, T]`` (or ``[T]``), continuing each row's sequence in ``caches``.
 
         Returns ``[B, vocab]`` for the last position when ``last_only`` (the head then runs on one
-        row per sequence), else ``[B, T, vocab]``. Observers see every layer, as in ``forward``.
+        row per sequence), else ``[B, T, vocab]``, on the model's device (see :meth:`place`; the
+        ids come from the host). Observers see every layer, as in ``forward``.
         """
         x = _token_rows(ids)
         if caches is not None and any(len(c) != len(self.attention_layers) for c in caches):

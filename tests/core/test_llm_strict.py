@@ -174,6 +174,18 @@ def test_smollm2_on_strict_generates_numpys_greedy_tokens(strict_smollm2, smollm
         smollm2.batch_generate(PROMPTS, max_tokens=6)
 
 
+def test_speculation_classify_and_embed_on_strict_are_numpys(strict_smollm2, smollm2):
+    prompt = "one two three four, one two three four, one two"  # prompt lookup finds drafts
+    got = list(strict_smollm2.generate(prompt, max_tokens=8, speculative="prompt-lookup"))
+    assert [r.id for r in got] == [r.id for r in smollm2.generate(prompt, max_tokens=8)]
+    assert strict_smollm2.metrics().accepted_tokens > 0
+    (got,), (ref,) = strict_smollm2.classify([prompt]), smollm2.classify([prompt])
+    assert got.token == ref.token
+    np.testing.assert_allclose(got.logits, ref.logits, rtol=0, atol=RTOL * np.abs(ref.logits).max())
+    got, ref = strict_smollm2.embed(PROMPTS), smollm2.embed(PROMPTS)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=RTOL * np.abs(ref).max())
+
+
 def test_logprobs_penalties_and_sampling_on_strict_are_numpys(strict_smollm2, smollm2):
     sampled = {"temperature": 0.8, "top_p": 0.9, "seed": 4}
     for kwargs in ({"logprobs": 3}, {"repetition_penalty": 1.3}, sampled):
