@@ -368,3 +368,20 @@ def test_fp16_round_is_the_float16_conversion():
                 want = np.float32(np.float16(x))
             got = np.float32(rounded(x))
             assert got.view(np.uint32) == want.view(np.uint32), (x, got, want)
+
+
+def test_products_of_several_matrices_equal_each_alone():
+    """int8_products runs the rows of several matrices with one quantization of X per kind of
+    activations, in one parallel loop: each result has the bits of that matrix's own call."""
+    from loomlab.core.llm.quant_int8 import int8_products
+
+    rng = np.random.default_rng(11)
+    cols = 512
+    matrices = [QuantMatrix(random_blocks(t, rows, cols, rng), t, (rows, cols))
+                for t, rows in ((GT.Q4_1, 37), (GT.Q4_K, 20), (GT.Q8_0, 3), (GT.Q6_K, 16), (GT.Q5_0, 50))]
+    for T in (1, 6):
+        X = rng.standard_normal((T, cols)).astype(F32)
+        together = int8_products(matrices, X)
+        for m, got in zip(matrices, together, strict=True):
+            np.testing.assert_array_equal(got.view(np.uint32), int8_matmul(m, X).view(np.uint32))
+            assert_llama_close(got, m.raw_blocks, GT(m.ggml_type), X)
