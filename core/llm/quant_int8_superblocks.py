@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quant_int8_rows import half_to_float, halves_sum, lanes_dot, rows_driver
+from .quant_int8_rows import fmuladd, half_to_float, halves_sum, lanes_dot, rows_driver
 
 WQ4_K, WQ6_K = 5, 6  # quant_int8's numbering, after quant_int8_rows' five
 SUPER_KINDS = (WQ4_K, WQ6_K)
@@ -188,12 +188,13 @@ def _super_dot(kind: int, m: int, n: int):
                         for c in range(4):
                             lanes = lanes_dot(builder, starts[c], w[c], chunks[c])
                             total = builder.add(total, builder.mul(lanes, spreads[c]))
-                        scaled = builder.fmul(builder.sitofp(total, v16f), splat(builder.fmul(d, xd_b), v16f))
-                        builder.store(builder.fadd(builder.load(accs[j][i]), scaled), accs[j][i])
+                        scale, acc = splat(builder.fmul(d, xd_b), v16f), accs[j][i]
+                        summed = fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(acc))
+                        builder.store(summed, acc)
                         if dmin is not None:
                             prod = builder.sitofp(builder.mul(mn, bsums), v8f)
-                            term = builder.fmul(prod, splat(builder.fmul(dmin, xd_b), v8f))
-                            builder.store(builder.fadd(builder.load(mins[j][i]), term), mins[j][i])
+                            scale = splat(builder.fmul(dmin, xd_b), v8f)
+                            builder.store(fmuladd(builder, prod, scale, builder.load(mins[j][i])), mins[j][i])
 
             with cgutils.for_range(builder, nblocks) as loop:
                 superblock(loop.index)
