@@ -52,8 +52,9 @@ from .block_morph import (
 )
 from .device_kernels import LLMKernels
 from .kv_cache import CachedRun
+from .norm_kernel import rms_norm_rows
 from .quant import MATMUL_MIN_T, float_matmul
-from .quant_int8 import int8_enabled, int8_product, supports
+from .quant_int8 import int8_enabled, int8_product, int8_products, supports
 from .rope import Rope
 
 Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
@@ -76,6 +77,15 @@ def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def linears(x: np.ndarray, ws: tuple[Matrix, ...]) -> list[np.ndarray]:
+    """:func:`linear` of one input with several matrices (attention's Q, K, V; the MLP's gate and
+    up). In the int8 mode the input is quantized once for all of them (``int8_products``)."""
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
+    if rows.shape[0] <= MATMUL_MIN_T and int8_enabled() and all(map(supports, ws)):
+        return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in int8_products(ws, rows)]
+    return [linear(x, w) for w in ws]
+
+
 def plus_bias(y: np.ndarray, store: MatrixStore, w: dict[str, Matrix], name: str) -> np.ndarray:
     """``y + w[name]``, or ``y`` itself while that bias is still a filler of zeros (the model has
     no bias there: transformers adds none, and the add is a few microseconds a layer of decode)."""
@@ -89,7 +99,19 @@ def dense(m: Matrix) -> np.ndarray:
 
 
 def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    """``x / sqrt(mean(x^2) + eps) * gamma`` over the last axis, in float32 as transformers does."""
+    """``x / sqrt(mean(x^2) + eps) * gamma`` over the last axis, in float32 as transformers does:
+    one compiled call with numpy's own operations and bits for float32 arrays (the decode step's
+    case, see :mod:`.norm_kernel`), the numpy form otherwise."""
+    if x.dtype == np.float32 and gamma.dtype == np.float32 and x.flags.c_contiguous and x.size:
+        out = np.empty_like(x)
+        n = x.shape[-1]
+        rms_norm_rows(x.reshape(-1, n), gamma, eps, out.reshape(-1, n))
+        return out
+    return rms_norm_numpy(x, gamma, eps)
+
+
+def rms_norm_numpy(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """:func:`rms_norm` as numpy operations (any float dtype or layout)."""
     mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])  # np.mean, faster
     return (x * (1.0 / np.sqrt(mean_square + np.float32(eps)))) * gamma
 
@@ -516,9 +538,10 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
         B, T, _ = x3.shape
         st = self.weights
-        q = plus_bias(linear(x3, w["wq"]), st, w, "bq").reshape(B, T, s.n_heads, s.head_dim)
-        k = plus_bias(linear(x3, w["wk"]), st, w, "bk").reshape(B, T, s.n_kv_heads, s.head_dim)
-        v = plus_bias(linear(x3, w["wv"]), st, w, "bv").reshape(B, T, s.n_kv_heads, s.head_dim)
+        q, k, v = linears(x3, (w["wq"], w["wk"], w["wv"]))
+        q = plus_bias(q, st, w, "bq").reshape(B, T, s.n_heads, s.head_dim)
+        k = plus_bias(k, st, w, "bk").reshape(B, T, s.n_kv_heads, s.head_dim)
+        v = plus_bias(v, st, w, "bv").reshape(B, T, s.n_kv_heads, s.head_dim)
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], s.norm_eps), rms_norm(k, w["k_norm"], s.norm_eps)
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
@@ -592,8 +615,8 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
             return dc.linear_bias(h, w, "down", "b_down"), None
         w = self.weights.current(self.cfg.dtype)
         st = self.weights
-        h = activate(self.cfg.act_id, plus_bias(linear(x, w["gate"]), st, w, "b_gate")) * \
-            plus_bias(linear(x, w["up"]), st, w, "b_up")
+        gate, up = linears(x, (w["gate"], w["up"]))
+        h = activate(self.cfg.act_id, plus_bias(gate, st, w, "b_gate")) * plus_bias(up, st, w, "b_up")
         return plus_bias(linear(h, w["down"]), st, w, "b_down"), None
 
 
