@@ -1,11 +1,15 @@
 """The language-model kernels of the cupy backend (gpu/llm_kernels.py) in numba's CUDA simulator,
 on a backend whose namespace is numpy: ``upload`` + ``linear`` against the CPU kernels
 (``QuantMatrix.matmul`` / ``matvec``) for every format, ``attend`` against
-:func:`loomlab.core.llm.attention_kernel.attend`. Tolerances are the kernel tests' (their module
-docstrings derive them): the same float32 operations summed in another order.
+:func:`loomlab.core.llm.attention_kernel.attend`, and a small model's decode steps through them
+against the numpy path. Tolerances are the kernel tests' (their module docstrings derive them):
+the same float32 operations summed in another order.
 """
 
 from __future__ import annotations
+
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +37,6 @@ def kernels():
 
 
 FORMATS = [*QUANTIZED, GT.F16, GT.F32, GT.BF16]
-PLAIN_DATA = {GT.F16: np.float16, GT.F32: np.float32, GT.BF16: np.uint16}  # BF16 as its uint16 bits
 
 
 def any_matrix(ggml_type: GT, rows: int, n_blocks: int, seed: int) -> QuantMatrix:
@@ -83,19 +86,24 @@ def test_linear_reads_a_strided_input():
     assert_matches_cpu(k.linear(X, k.upload(m)), m.matmul(np.ascontiguousarray(X)), m, X)
 
 
+def assert_attention_matches_cpu(got, q, keys, values, start, window, scale) -> None:
+    """``got`` ~ the CPU kernel on the same (contiguous) inputs, within test_cuda_sim_attention's bound."""
+    want = attend(q, keys, values, start, window, scale)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == want.shape
+    n = start + q.shape[0] if window is None else min(start + q.shape[0], window)
+    bound = (4 * n + 32) * 2.0**-24 * magnitude(q, keys, values, start, window, scale)
+    excess = np.abs(got.astype(np.float64) - want) - bound
+    assert excess.max() <= 0, f"worst difference exceeds the bound by {excess.max():.3g}"
+
+
 @pytest.mark.parametrize(("T", "H", "Hkv", "hd", "S", "start", "window", "half"), ATTEND_CASES,
                          ids=[f"T{c[0]}-H{c[1]}-kv{c[2]}-hd{c[3]}-at{c[5]}-win{c[6]}-f{16 if c[7] else 32}"
                               for c in ATTEND_CASES])
 def test_attend_equals_the_cpu_kernel(T, H, Hkv, hd, S, start, window, half):
     q, keys, values = inputs(T, H, Hkv, hd, S, half, seed=T * 100 + S + 1)
     scale = hd**-0.5
-    want = attend(q, keys, values, start, window, scale)
-    got = kernels().attend(q, keys, values, start, window, scale)
-    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == want.shape
-    n = start + T if window is None else min(start + T, window)
-    bound = (4 * n + 32) * 2.0**-24 * magnitude(q, keys, values, start, window, scale)
-    excess = np.abs(got.astype(np.float64) - want) - bound
-    assert excess.max() <= 0, f"worst difference exceeds the bound by {excess.max():.3g}"
+    assert_attention_matches_cpu(kernels().attend(q, keys, values, start, window, scale),
+                                 q, keys, values, start, window, scale)
 
 
 def test_attend_reads_a_kv_cache_view():
@@ -106,9 +114,7 @@ def test_attend_reads_a_kv_cache_view():
     values_view = np.concatenate([values, values], axis=1)[:, :16]
     assert not keys_view.flags.c_contiguous and not values_view.flags.c_contiguous
     got = kernels().attend(q, keys_view, values_view, 10, 3, 0.25)
-    want = attend(q, keys, values, 10, 3, 0.25)
-    bound = (4 * 3 + 32) * 2.0**-24 * magnitude(q, keys, values, 10, 3, 0.25)
-    assert (np.abs(got.astype(np.float64) - want) - bound).max() <= 0
+    assert_attention_matches_cpu(got, q, keys, values, 10, 3, 0.25)
 
 
 def test_bad_input_is_named():
@@ -125,3 +131,49 @@ def test_bad_input_is_named():
         k.attend(q, keys, values, 6, None, 1.0)
     assert repr(k) == "CudaLLMKernels(numpy, threads=32)"
 
+
+
+# ----- a language model stepping through the kernels ---------------------------------------------
+def device_backend():
+    """A backend standing in for CuPy's: a namespace that is not numpy (so the model takes its
+    device path: matrices uploaded once through the kernels, caches made in the namespace) whose
+    functions are numpy's, and these kernels, run by the simulator on its arrays. Its device is
+    the one numpy's arrays name ("cpu"), so the model's check that caches live there holds."""
+    from functools import partial
+
+    from loomlab.gpu.llm_kernels import CudaLLMKernels
+
+    xp = types.ModuleType("cuda-simulator")
+    xp.__getattr__ = lambda name: getattr(np, name)
+    return Backend("cuda-simulator", xp, "cpu", llm_kernels=partial(CudaLLMKernels, threads=THREADS))
+
+
+def test_a_model_steps_through_the_kernels_as_the_numpy_path_does():
+    """tiny-gemma3 (GQA 4 query heads on 2 KV heads, Q/K norms, a sliding window of 8, a tied
+    embedding table): a 9-token prefill (the window slides) and two greedy decode steps through
+    KV caches, every attention in the simulator, against the numpy path's logits and tokens.
+
+    Bound: attention outputs differ by the kernel tests' bound (a few 1e-6 of the values'
+    magnitude), and the float32 matrix products by their summation order (test_llm_strict's
+    RTOL); the logits agree within 1e-5 of their largest magnitude, far below one wrong key or
+    head (which moves them by ~1e-2 of it here)."""
+    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.sampling import argmax_id
+    from loomlab.gpu.llm_kernels import CudaLLMKernels
+
+    path = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-gemma3"
+    host, device = load_causal_lm(path), load_causal_lm(path)
+    device.place(device_backend())
+    prompt = np.random.default_rng(3).integers(0, 256, (1, 9))
+    runs = []
+    for net in (host, device):
+        cache = [net.make_cache(12)]
+        logits = [np.asarray(net.step(prompt, cache))]
+        for _ in range(2):
+            logits.append(np.asarray(net.step(np.array([[argmax_id(logits[-1][0])]]), cache)))
+        runs.append(logits)
+    assert isinstance(device.cells[0].device_copy.kernels, CudaLLMKernels)
+    for got, want in zip(*reversed(runs), strict=True):
+        assert got.shape == want.shape == (1, 256)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        assert argmax_id(got[0]) == argmax_id(want[0])
