@@ -644,6 +644,7 @@ class QuantMatrix:
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
         raw = _read_only(self._raw_bytes(data, fmt, name))
         self._q, self._side, self._dense, self._args = None, (), None, ()
+        self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
         if isinstance(fmt, _Plain):
             self._dense = _read_only(np.ascontiguousarray(fmt.to_f32(raw)))
         else:

@@ -29,7 +29,6 @@ parallel on numba's threads, paced by :mod:`.quant`'s thread chooser.
 from __future__ import annotations
 
 import threading
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ from .quant_int8_rows import (
     roundf,
     rows_products,
 )
-from .quant_int8_superblocks import WQ4_K, WQ6_K, superblock_products, superblock_sums
+from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_products, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
 
 F32 = np.float32
@@ -191,36 +190,71 @@ def _superblocks_matmul(kind, w, qs, d, nsum16, bsum32, out):
 
 
 @njit(cache=True, nogil=True)
-def _quantize_q8_k(X):
-    qs, d, s, sums = _activation_buffers(AQ8_K, X.shape[0], X.shape[1])
+def _quantize_q8_k(X, qs, d, s, sums, nsum16, bsum32):
     _quantize_rows(AQ8_K, X, qs, d, s, sums)
-    nsum16, bsum32 = superblock_sums(sums)
-    return qs, d, nsum16, bsum32
+    superblock_sums(sums, nsum16, bsum32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per call: the activations quantized into per-thread buffers, reused while the shape repeats (a
+# decode step quantizes ~150 times; returning new arrays from numba costs a microsecond each).
+
+_scratch = threading.local()
+_SHAPES_KEPT = 8  # shapes a thread keeps buffers for (batch sizes vary while serving)
+
+
+def _buffers(family: str, T: int, n: int, make) -> tuple:
+    kept = _scratch.__dict__.setdefault(family, {})
+    bufs = kept.get((T, n))
+    if bufs is None:
+        if len(kept) >= _SHAPES_KEPT:
+            kept.clear()
+        bufs = kept[(T, n)] = make(T, n)
+    return bufs
+
+
+def _grouped_buffers(T: int, n: int) -> tuple:
+    # nsum's lanes between the 4b-th stay zero: allocated zeroed, never written
+    return np.empty((T, n), np.int8), np.empty((T, n // 32), F32), np.empty((T, n // 32), F32), \
+        np.zeros((T, n // 8), np.int32)
+
+
+def _q8_k_buffers(T: int, n: int) -> tuple:
+    spread = np.zeros((T, n // 4), np.int32)  # as nsum above: only the 4j-th lanes are written
+    return (*_activation_buffers(AQ8_K, T, n), spread, np.empty((T, n // 32), np.int32))
+
+
+def _quantized(superblocks: bool, X: np.ndarray) -> tuple:
+    """``X`` quantized for the 32-weight formats (Q8_1 in the group layout) or the super-blocks
+    (Q8_K and its sums): the kernels' activation arguments."""
+    T, n = X.shape
+    if superblocks:
+        qs, d, s, sums, nsum16, bsum32 = bufs = _buffers("q8_k", T, n, _q8_k_buffers)
+        _quantize_q8_k(X, *bufs)
+        return qs, d, nsum16, bsum32
+    bufs = _buffers("grouped", T, n, _grouped_buffers)
+    quantize_grouped(X, *bufs)
+    return bufs
 
 
 # ---------------------------------------------------------------------------------------------
 # Each matrix's rows repacked once (:mod:`.quant_int8_rows`, :mod:`.quant_int8_superblocks`) and
-# kept while the matrix lives.
+# kept on the matrix while it lives.
 
-_sides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_sides_lock = threading.Lock()
-
-
-def _build_side(qm: QuantMatrix) -> tuple:
-    kind, akind = _WEIGHT_KIND[GT(qm.ggml_type)]
-    nb = qm.shape[1] // (256 if akind == AQ8_K else 32)
-    packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
-    return kind, _read_only(packed.reshape(-1))
+_repack_lock = threading.Lock()
 
 
-def _side(qm: QuantMatrix) -> tuple:
-    side = _sides.get(qm)
-    if side is None:
-        with _sides_lock:
-            side = _sides.get(qm)
-            if side is None:
-                side = _sides[qm] = _build_side(qm)
-    return side
+def _repacked(qm: QuantMatrix) -> tuple:
+    rows = qm.int8_rows
+    if rows is None:
+        with _repack_lock:
+            rows = qm.int8_rows
+            if rows is None:
+                kind, akind = _WEIGHT_KIND[GT(qm.ggml_type)]
+                nb = qm.shape[1] // (256 if akind == AQ8_K else 32)
+                packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
+                rows = qm.int8_rows = (kind, _read_only(packed.reshape(-1)))
+    return rows
 
 
 def supports(qm: QuantMatrix) -> bool:
@@ -255,20 +289,19 @@ def int8_product(qm: QuantMatrix, X: np.ndarray) -> np.ndarray:
 
 def int8_products(qms, X: np.ndarray) -> list[np.ndarray]:
     """:func:`int8_product` of each matrix with the same ``X``, which is quantized once per
-    activation kind (attention's Q, K and V, the MLP's gate and up share their input)."""
+    kind of activations (attention's Q, K and V, the MLP's gate and up share their input)."""
     _pace()
     X = _read_only(X)
-    grouped = superblocks = None
+    quantized = {}
     outs = []
     for qm in qms:
-        kind, *side = _side(qm)
+        kind, packed = _repacked(qm)
         out = np.empty((X.shape[0], qm.shape[0]), F32)
-        if kind in (WQ4_K, WQ6_K):
-            superblocks = superblocks or _quantize_q8_k(X)
-            _superblocks_matmul(kind, *side, *superblocks, out)
-        else:
-            grouped = grouped or quantize_grouped(X)
-            _rows_matmul(kind, *side, *grouped, out)
+        superblocks = kind in SUPER_KINDS
+        acts = quantized.get(superblocks)
+        if acts is None:
+            acts = quantized[superblocks] = _quantized(superblocks, X)
+        (_superblocks_matmul if superblocks else _rows_matmul)(kind, packed, *acts, out)
         outs.append(out)
     return outs
 

@@ -153,17 +153,15 @@ def q8_scale(x, o):
 
 
 @njit(cache=True, nogil=True)
-def quantize_grouped(X):
-    """Rows of ``X[T, n]`` (float32, n a multiple of 32) as Q8_1 in the group layout: the quants
-    ``xg`` int8 ``[T, n]`` (per group, each block's first 16 quants, then each block's last 16),
-    the scales ``d`` and Q8_1's ``s = fp16(d * sum)`` float32 ``[T, n / 32]``, and ``nsum`` int32
-    ``[T, n / 8]``: minus each block's quant sum at lane 4b, zeros between (the kernels shift it
-    by the format's zero point). The quants, d and s are ``quantize_row_q8_1_ref``'s."""
+def quantize_grouped(X, xg, d, s, nsum):
+    """Rows of ``X[T, n]`` (float32, n a multiple of 32) as Q8_1 in the group layout, written to
+    the quants ``xg`` int8 ``[T, n]`` (per group, each block's first 16 quants, then each
+    block's last 16), the scales ``d`` and Q8_1's ``s = fp16(d * sum)`` float32 ``[T, n / 32]``,
+    and ``nsum`` int32 ``[T, n / 8]``: minus each block's quant sum at lane 4b (the other lanes
+    stay as they are: zeros; the kernels shift it by the format's zero point). The quants, d and
+    s are ``quantize_row_q8_1_ref``'s."""
     T, n = X.shape
     nb = n // 32
-    xg = np.empty((T, n), np.int8)
-    d, s = np.empty((T, nb), F32), np.empty((T, nb), F32)
-    nsum = np.zeros((T, nb * 4), np.int32)
     full = nb // 4 * 4
     for t in range(T):
         x = X[t]
@@ -185,7 +183,6 @@ def quantize_grouped(X):
             d[t, b] = fp16_round(dd)
             s[t, b] = fp16_round(F32(acc) * dd)
             nsum[t, 4 * b] = -acc
-    return xg, d, s, nsum
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,19 +81,16 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def superblock_sums(sums):
-    """Q8_K's sums per 16 ``[T, n / 16]`` -> minus each at lane 4j of ``[T, n / 4]`` (Q6_K's
-    zero point, shifted into the lanes' starting values) and the sums per 32 ``[T, n / 32]``
-    (what Q4_K's mins multiply)."""
+def superblock_sums(sums, spread, per32):
+    """From Q8_K's sums per 16 ``[T, n / 16]``: minus each at lane 4j of ``spread`` ``[T, n / 4]``
+    (Q6_K's zero point, shifted into the lanes' starting values; the other lanes stay zero) and
+    the sums per 32 into ``per32`` ``[T, n / 32]`` (what Q4_K's mins multiply)."""
     T, m = sums.shape
-    spread = np.zeros((T, 4 * m), np.int32)
-    per32 = np.empty((T, m // 2), np.int32)
     for t in range(T):
         for j in range(m):
             spread[t, 4 * j] = -sums[t, j]
         for j in range(m // 2):
             per32[t, j] = sums[t, 2 * j] + sums[t, 2 * j + 1]
-    return spread, per32
 
 
 def _super_dot(kind: int, m: int, n: int):
