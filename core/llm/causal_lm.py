@@ -98,8 +98,9 @@ class CausalLM(VolumetricNetwork):
                 raise LoomConfigError(f"{layer_label(layer)} is not on "
                                       f"{where}, where the network runs; place the whole network "
                                       "(CausalLM.place)")
+        pinned = self.backend.device is not None  # None (CuPy's): the namespace's current device
         for row in caches or ():
-            if any(c.device != self.backend.device or c.xp is not self.backend.xp for c in row):
+            if any(c.xp is not self.backend.xp or (pinned and c.device != self.backend.device) for c in row):
                 raise LoomConfigError(f"a KV cache is not on {where}, where the network runs; make the "
                                       "caches after placing the network (make_cache())")
 
