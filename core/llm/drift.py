@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import to_host
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError
 from ..layers.base import Layer
@@ -408,8 +409,9 @@ def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT
         nonlocal done
         if stop():
             raise LoomCancelled("drift measurement cancelled")
-        logits = net.step(chunks.chunks[chunk_index][None], None, last_only=False)[0]
-        rows = np.array(logits[chunks.first:chunks.ctx - 1], dtype=np.float32)  # a copy: the rest is freed
+        logits = net.step(chunks.chunks[chunk_index][None], None, last_only=False)
+        # a host copy of the scored rows (the rest is freed; a device model sends only these)
+        rows = np.array(to_host(logits[0, chunks.first:chunks.ctx - 1, :]), dtype=np.float32)
         done += 1
         if progress is not None:
             progress(done, total, what)

@@ -284,3 +284,14 @@ def test_a_recipe_file_that_is_not_json_is_refused(model, tmp_path):
     path.write_text("int8 everywhere")
     with pytest.raises(LoomConfigError, match="not JSON"):
         resolve_recipe(model.net, path)
+
+
+def test_a_model_on_the_strict_backend_drifts_as_on_numpy(model, probe):
+    """The drift probe on a device model (array_api_strict): only the scored logits rows cross to
+    the host, and the statistics equal the numpy model's to float32 summation-order rounding."""
+    want = measure_drift(model, FEW, probe, ctx=CTX).stats
+    with load_model("smollm2-135m", backend="strict") as on_device:
+        got = measure_drift(on_device, FEW, probe, ctx=CTX).stats
+    assert got.positions == want.positions and got.same_top == want.same_top
+    assert got.kl_mean == pytest.approx(want.kl_mean, rel=1e-3, abs=1e-7)
+    assert got.ppl_ratio == pytest.approx(want.ppl_ratio, rel=1e-5)
