@@ -43,7 +43,10 @@ def activate(act: int, v):
     if act == SILU:
         return v * sigmoid(v)
     if act == GELU:
-        return 0.5 * v * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v**3)))
+        # v * v * v, not v**3: numpy's float power is powf per element (~45 ns; 0.1 ms for a
+        # gemma3 MLP row), and two multiplies are what torch's pow(x, 3.0) computes (transformers'
+        # gelu_pytorch_tanh)
+        return 0.5 * v * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))))
     if act == TANH:
         return xp.tanh(v)
     if act == SIGMOID:
@@ -92,7 +95,7 @@ def derivative(act: int, v):
     if act == GELU:
         # The exact derivative of the tanh approximation, not Loom's "mixed approximation"
         # (spec §1.2), so gradients agree with finite differences (docs/compat.md).
-        u = _SQRT_2_OVER_PI * (v + 0.044715 * v**3)
+        u = _SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))
         t = xp.tanh(u)
         du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * v * v)
         return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du
