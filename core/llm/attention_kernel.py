@@ -170,9 +170,17 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, wind
         LoomShapeError: shapes, dtypes, heads or positions do not fit together.
     """
     q = np.ascontiguousarray(q, dtype=F32)
-    T, H, hd = check_attend_args(q, keys, values, start, window)
-    out = np.empty((T, H * hd), F32)
+    check_attend_args(q, keys, values, start, window)
     # a KVCache's keys are a transposed view of a head_dim-major buffer: no copy here
-    _attend(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values), int(start),
-            0 if window is None else int(window), F32(scale), out)
+    return attend_checked(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values),
+                          int(start), window, scale)
+
+
+def attend_checked(q, keys_t, values, start: int, window: int | None, scale: float) -> np.ndarray:
+    """:func:`attend` for a caller that has made its checks (a decode step's attention layer on
+    its own caches, ~30 a token): ``q`` float32 C-contiguous, ``keys_t`` the keys as
+    ``[Hkv, hd, S]`` and ``values`` ``[Hkv, S, hd]``, both C-contiguous (a KVCache's buffers)."""
+    T, H, hd = q.shape
+    out = np.empty((T, H * hd), F32)
+    _attend(q, keys_t, values, start, 0 if window is None else window, F32(scale), out)
     return out

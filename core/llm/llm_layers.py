@@ -40,7 +40,7 @@ from ..layers.embedding import Embedding
 from ..layers.norms import RMSNorm
 from ..layers.swiglu import SwiGLU
 from ..weights import WeightStore, error_from_sums, error_sums
-from .attention_kernel import attend
+from .attention_kernel import attend_checked
 from .block_morph import (
     BLOCK_FORMATS,
     block_elems,
@@ -546,16 +546,15 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
             q, k = rms_norm(q, w["q_norm"], s.norm_eps), rms_norm(k, w["k_norm"], s.norm_eps)
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
-        starts = np.array([c.offset for c in caches] if caches else [0] * B)
-        positions = starts[:, None] + np.arange(T)
-        q, k = s.rope(positions, q, k)
+        starts = tuple(c.offset for c in caches) if caches else (0,) * B
+        q, k = s.rope.at(starts, T, q, k)
         out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
         for b in range(B):
             kb, vb = k[b].transpose(1, 0, 2), v[b].transpose(1, 0, 2)
             if caches:  # the kernel reads the whole buffers (contiguous; float16 as its bits)
                 caches[b].update_and_fetch(kb, vb)
                 kb, vb = caches[b].keys, caches[b].values
-            out[b] = self._attend(q[b], kb, vb, int(starts[b]))
+            out[b] = self._attend(q[b], kb, vb, starts[b])
         y = plus_bias(linear(out, w["wo"]), st, w, "bo")
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
 
@@ -563,7 +562,10 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         """Queries ``q[T, H, hd]`` at positions ``start..start+T-1`` over ``keys/values[Hkv, S, hd]``
         at positions ``0..S-1`` (float32, or a float16 cache's bits); returns ``[T, H*hd]``, each
         query's row the same bits whatever T is (see :mod:`.attention_kernel`)."""
-        return attend(q, keys, values, start, self.spec.window, self._scale())
+        # the layer's own q, keys and values fit together: attend's checks are skipped (~30 calls
+        # a token); a KVCache's keys are a transposed view of a head_dim-major buffer: no copy
+        return attend_checked(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values),
+                              start, self.spec.window, self._scale())
 
     def _scale(self) -> float:
         s = self.spec

@@ -59,18 +59,24 @@ class Rope:
 
     def __call__(self, positions: np.ndarray, *vs: np.ndarray) -> list[np.ndarray]:
         """Rotate each ``v[B, T, heads, head_dim]`` at ``positions[B, T]``."""
-        cos, sin = self._angles(positions)
+        cos, sin = self._angles((positions.shape, positions.tobytes()), lambda: positions)
         return [self._rotate(v, cos, sin) for v in vs]
 
-    def _angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin of the float32 angles, as transformers computes them. Every attention layer
-        of a decode step asks for the same positions: the last answer is kept (one tuple, swapped
-        whole, so threads sharing the model never see half of one)."""
-        key = (positions.shape, positions.tobytes())
+    def at(self, starts: tuple[int, ...], T: int, *vs: np.ndarray) -> list[np.ndarray]:
+        """:meth:`__call__` at positions ``starts[b] .. starts[b] + T - 1`` of each batch row: what
+        a decode step's attention layers ask, keyed by the tuple (no positions array per layer)."""
+        cos, sin = self._angles((starts, T), lambda: np.array(starts)[:, None] + np.arange(T))
+        return [self._rotate(v, cos, sin) for v in vs]
+
+    def _angles(self, key, positions) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of the float32 angles at ``positions()``, as transformers computes them.
+        Every attention layer of a decode step asks for the same positions: the last answer is
+        kept under ``key`` (one tuple, swapped whole, so threads sharing the model never see half
+        of one)."""
         last = self.__dict__.get("_last")
         if last is not None and last[0] == key:
             return last[1], last[2]
-        angle = positions.astype(np.float32)[:, :, None, None] * self.inv_freq
+        angle = positions().astype(np.float32)[:, :, None, None] * self.inv_freq
         cos, sin = np.cos(angle), np.sin(angle)
         cos.flags.writeable = sin.flags.writeable = False  # shared by the layers that ask next
         self.__dict__["_last"] = (key, cos, sin)  # a frozen dataclass: its cache goes in by the dict
@@ -84,7 +90,7 @@ class Rope:
         key = (positions.shape, positions.tobytes())
         last = self.__dict__.get("_last_device")
         if last is None or last[0] != key or last[1] is not xp:
-            cos, sin = self._angles(positions)
+            cos, sin = self._angles(key, lambda: positions)
             last = self.__dict__["_last_device"] = (key, xp, xp.asarray(cos), xp.asarray(sin))
         cos, sin = last[2], last[3]
         return [self._rotate_xp(xp, v, cos, sin) for v in vs]

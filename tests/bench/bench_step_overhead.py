@@ -67,6 +67,7 @@ def one_round(model, prompt: str, tokens: int) -> dict:
           patched(qm, "rows", clock.timed(qm.rows, "kernels")),
           patched(att, "_attend", clock.timed(att._attend, "kernels")),
           patched(llm_layers, "int8_product", clock.timed(llm_layers.int8_product, "kernels")),
+          patched(llm_layers, "int8_products", clock.timed(llm_layers.int8_products, "kernels")),
           patched(model.net, "step", step)):
         records = list(model.generate(prompt, max_tokens=tokens))
     m = model.metrics()
