@@ -19,8 +19,9 @@ float16): :func:`_half_to_float` converts each element with integer operations a
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic, overload
 
 from ..errors import LoomShapeError
 from .kernel_hints import wide_vectors
@@ -81,48 +82,106 @@ def _exp(x):
     return y * _from_bits((np.int64(n) + 127) << 23)
 
 
+@njit(inline="always")
+def _attend_item(q, h, kv, keys_t, values, p, window, scale, out):
+    """Query ``q[h]`` (head h, KV head kv) at position ``p`` over ``keys_t[Hkv, hd, S]`` (head_dim-
+    major: a score is then a sum over d in order, and the scores of all visible keys are one
+    vector loop per d, with no reduction across lanes) and ``values[Hkv, S, hd]``, into
+    ``out[h * hd : (h + 1) * hd]``."""
+    hd = q.shape[1]
+    lo = max(0, p - window + 1) if window > 0 else 0
+    n = p + 1 - lo
+    w = np.zeros(n, F32)
+    for d in range(hd):
+        qd = q[h, d]
+        row = keys_t[kv, d]
+        for i in range(n):
+            w[i] += qd * _element(row, _u(lo + i))
+    top = F32(-np.inf)
+    for i in range(n):
+        w[i] *= scale
+        top = max(top, w[i])
+    lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes i = j, j + L, ...
+    for c in range(0, n - n % LANES, LANES):
+        for j in range(LANES):
+            e = _exp(w[_u(c + j)] - top)
+            w[_u(c + j)] = e
+            lanes[j] += e
+    for i in range(n - n % LANES, n):
+        w[i] = _exp(w[i] - top)
+        lanes[i % LANES] += w[i]
+    total = F32(0)
+    for j in range(LANES):
+        total += lanes[j]
+    acc = np.zeros(hd, F32)
+    for i in range(n):
+        vr = values[kv, lo + i]
+        for d in range(hd):
+            acc[d] += w[i] * _element(vr, _u(d))
+    for d in range(hd):
+        out[h * hd + d] = acc[d] / total
+
+
 @njit(**_KERNEL)
 def _attend(q, keys_t, values, start, window, scale, out):
-    """``keys_t[Hkv, hd, S]`` (head_dim-major): a score is then a sum over d in order, and the
-    scores of all visible keys are one vector loop per d, with no reduction across lanes."""
     T, H, hd = q.shape
     group = H // keys_t.shape[0]
     for item in prange(T * H):
         wide_vectors()
         t, h = item // H, item % H
-        kv = h // group
-        p = start + t
-        lo = max(0, p - window + 1) if window > 0 else 0
-        n = p + 1 - lo
-        w = np.zeros(n, F32)
-        for d in range(hd):
-            qd = q[t, h, d]
-            row = keys_t[kv, d]
-            for i in range(n):
-                w[i] += qd * _element(row, _u(lo + i))
-        top = F32(-np.inf)
-        for i in range(n):
-            w[i] *= scale
-            top = max(top, w[i])
-        lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes i = j, j + L, ...
-        for c in range(0, n - n % LANES, LANES):
-            for j in range(LANES):
-                e = _exp(w[_u(c + j)] - top)
-                w[_u(c + j)] = e
-                lanes[j] += e
-        for i in range(n - n % LANES, n):
-            w[i] = _exp(w[i] - top)
-            lanes[i % LANES] += w[i]
-        total = F32(0)
-        for j in range(LANES):
-            total += lanes[j]
-        acc = np.zeros(hd, F32)
-        for i in range(n):
-            vr = values[kv, lo + i]
-            for d in range(hd):
-                acc[d] += w[i] * _element(vr, _u(d))
-        for d in range(hd):
-            out[t, h * hd + d] = acc[d] / total
+        _attend_item(q[t], h, h // group, keys_t, values, start + t, window, scale, out[t])
+
+
+@intrinsic
+def _f32_pointer(typingctx, address):
+    """An int64 address as a float32 pointer (a buffer the caller keeps alive)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.PointerType(ir.FloatType()))
+    return types.CPointer(types.float32)(types.int64), codegen
+
+
+@njit(**_KERNEL)
+def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
+    """Each sequence b's new keys and values ``k/v[b]`` written into its cache buffers at
+    ``starts[b]..`` (``buffers[b]``: addresses of keys ``[Hkv, hd, cap]`` and values
+    ``[Hkv, cap, hd]``, and cap), then every (sequence, query, head) as :func:`_attend` does it."""
+    B, T, H, hd = q.shape
+    Hkv = k.shape[2]
+    for b in prange(B):
+        cap = buffers[b, 2]
+        keys_t = carray(_f32_pointer(buffers[b, 0]), (Hkv, hd, cap))
+        values = carray(_f32_pointer(buffers[b, 1]), (Hkv, cap, hd))
+        for t in range(T):
+            for kv in range(Hkv):
+                for d in range(hd):
+                    keys_t[kv, d, starts[b] + t] = k[b, t, kv, d]
+                    values[kv, starts[b] + t, d] = v[b, t, kv, d]
+    group = H // Hkv
+    for item in prange(B * T * H):
+        wide_vectors()
+        b, t, h = item // (T * H), item // H % T, item % H
+        cap = buffers[b, 2]
+        keys_t = carray(_f32_pointer(buffers[b, 0]), (Hkv, hd, cap))
+        values = carray(_f32_pointer(buffers[b, 1]), (Hkv, cap, hd))
+        _attend_item(q[b, t], h, h // group, keys_t, values, starts[b] + t, window, scale, out[b, t])
+
+
+def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | None,
+                      scale: float) -> np.ndarray:
+    """A decode step's attention for B sequences in one call: ``k``/``v`` ``[B, T, Hkv, hd]``
+    appended to each sequence's float32 host cache (room reserved here), then :func:`attend`'s
+    result for each, ``[B, T, H * hd]``, the same bits as B calls of it. ``q``, ``k``, ``v``
+    float32 C-contiguous; ``starts[b]`` is cache b's offset before the append (it moves here)."""
+    B, T = q.shape[:2]
+    for c in caches:
+        c.reserve(T)
+    buffers = np.array([c.host_buffers for c in caches], np.int64)
+    out = np.empty((B, T, q.shape[2] * q.shape[3]), F32)
+    _append_and_attend(q, k, v, buffers, np.array(starts, np.int64), 0 if window is None else window,
+                       F32(scale), out)
+    for c in caches:
+        c.offset += T
+    return out
 
 
 def check_attend_args(q, keys, values, start: int, window: int | None) -> tuple[int, int, int]:

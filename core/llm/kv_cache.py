@@ -74,15 +74,33 @@ class KVCache:
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append ``k``/``v`` ``[n_kv_heads, T, head_dim]``; return every position's keys and values
         so far (float32 or float16 views, valid until the next update)."""
-        end = self.offset + k.shape[1]
-        if end > self.max_size:
-            raise LoomShapeError(f"{end} positions exceed the context length {self.max_size}")
-        if end > self.keys.shape[1]:
-            self._grow(end)
+        end = self.reserve(k.shape[1])
         self.keys[:, self.offset:end, :] = self._stored(k)
         self.values[:, self.offset:end, :] = self._stored(v)
         self.offset = end
         return self._fetched(self.keys[:, :end, :]), self._fetched(self.values[:, :end, :])
+
+    def reserve(self, n: int) -> int:
+        """Make room for ``n`` more positions (growing the buffers); returns the offset after them.
+
+        Raises:
+            LoomShapeError: they would exceed the context length.
+        """
+        end = self.offset + n
+        if end > self.max_size:
+            raise LoomShapeError(f"{end} positions exceed the context length {self.max_size}")
+        if end > self.keys.shape[1]:
+            self._grow(end)
+        return end
+
+    @property
+    def host_buffers(self) -> tuple[int, int, int] | None:
+        """``(address of the keys' [n_kv_heads, head_dim, capacity] buffer, address of the values',
+        capacity)`` of a float32 host cache, what :func:`~.attention_kernel.append_and_attend`
+        writes and reads; None for float16 or device buffers."""
+        if self.dtype != "float32" or self.xp is not np:
+            return None
+        return self.keys.base.ctypes.data, self.values.ctypes.data, self.keys.shape[1]
 
     def _grow(self, needed: int) -> None:
         capacity = min(self.max_size, -(-needed // self.step) * self.step)

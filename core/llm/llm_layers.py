@@ -40,7 +40,7 @@ from ..layers.embedding import Embedding
 from ..layers.norms import RMSNorm
 from ..layers.swiglu import SwiGLU
 from ..weights import WeightStore, error_from_sums, error_sums
-from .attention_kernel import attend_checked
+from .attention_kernel import append_and_attend, attend_checked
 from .block_morph import (
     BLOCK_FORMATS,
     block_elems,
@@ -548,13 +548,17 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
         q, k = s.rope.at(starts, T, q, k)
-        out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
-        for b in range(B):
-            kb, vb = k[b].transpose(1, 0, 2), v[b].transpose(1, 0, 2)
-            if caches:  # the kernel reads the whole buffers (contiguous; float16 as its bits)
-                caches[b].update_and_fetch(kb, vb)
-                kb, vb = caches[b].keys, caches[b].values
-            out[b] = self._attend(q[b], kb, vb, starts[b])
+        if caches and all(c.host_buffers is not None for c in caches):  # float32 caches: one call
+            out = append_and_attend(q, np.ascontiguousarray(k), np.ascontiguousarray(v), caches, starts,
+                                    s.window, self._scale())
+        else:
+            out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
+            for b in range(B):
+                kb, vb = k[b].transpose(1, 0, 2), v[b].transpose(1, 0, 2)
+                if caches:  # the kernel reads the whole buffers (contiguous; float16 as its bits)
+                    caches[b].update_and_fetch(kb, vb)
+                    kb, vb = caches[b].keys, caches[b].values
+                out[b] = self._attend(q[b], kb, vb, starts[b])
         y = plus_bias(linear(out, w["wo"]), st, w, "bo")
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
 

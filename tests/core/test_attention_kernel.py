@@ -15,9 +15,9 @@ import pytest
 from numba import njit
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm import registry
+from loomlab.core.llm import llm_layers, registry
 from loomlab.core.llm.attention_kernel import _half_to_float, attend
-from loomlab.core.llm.llm_layers import LLMAttention, linear
+from loomlab.core.llm.llm_layers import linear
 from loomlab.core.llm.loader import load_causal_lm
 
 GOLDEN = Path(__file__).parents[1] / "data" / "llm" / "smollm2-135m-instruct-q4_1.json"
@@ -113,15 +113,16 @@ def test_prefill_in_one_step_or_two_gives_the_same_attention_and_logits(smollm2,
     net = smollm2
     ids = np.array([json.loads(GOLDEN.read_text())["generate"][0]["prompt_ids"][:20]])
     calls = []
-    attend_of = LLMAttention._attend
+    append_of = llm_layers.append_and_attend
 
-    def recording(self, q, keys, values, start):
-        out = attend_of(self, q, keys, values, start)
-        end = start + q.shape[0]
-        calls.append((self, q.copy(), keys[:, :end].copy(), values[:, :end].copy(), start, out))
+    def recording(q, k, v, caches, starts, window, scale):
+        out = append_of(q, k, v, caches, starts, window, scale)
+        c = caches[0]
+        calls.append((q[0].copy(), c.keys[:, :c.offset].copy(), c.values[:, :c.offset].copy(), starts[0],
+                      window, scale, out[0]))
         return out
 
-    monkeypatch.setattr(LLMAttention, "_attend", recording)
+    monkeypatch.setattr(llm_layers, "append_and_attend", recording)
     whole = net.step(ids, [net.make_cache()])
     cache = [net.make_cache()]
     net.step(ids[:, :12], cache)
@@ -130,11 +131,15 @@ def test_prefill_in_one_step_or_two_gives_the_same_attention_and_logits(smollm2,
 
     layers = len(net.attention_layers)
     assert len(calls) == 3 * layers
-    for layer, q, keys, values, start, out in calls[:layers]:
+    for q, keys, values, start, window, scale, out in calls[:layers]:
         assert start == 0 and q.shape[0] == 20
-        assert np.array_equal(layer._attend(q[12:], keys, values, 12), out[12:])
+        np.testing.assert_array_equal(attend(q, keys, values, 0, window, scale), out)  # one call = B calls
+        assert np.array_equal(attend(q[12:], keys, values, 12, window, scale), out[12:])
+    for split_call, whole_call in zip(calls[2 * layers:], calls[:layers], strict=True):
+        start, out = split_call[3], split_call[-1]
+        assert start == 12 and np.array_equal(out, whole_call[-1][12:])  # the split step's own call
     x = np.random.default_rng(0).standard_normal((20, net.args.hidden_size)).astype(np.float32)
-    first, head = calls[0][0], net.cells[-1]
+    first, head = net.attention_layers[0], net.cells[-1]
     matrices = [first.weights.current(first.cfg.dtype)["wq"], head.weights.current(head.cfg.dtype)["weight"]]
     if not all(np.array_equal(linear(x, m)[12:], linear(x[12:], m)) for m in matrices):
         pytest.skip("linear() is not row-invariant yet: the end-to-end bitwise logits wait for it")
@@ -173,3 +178,34 @@ def test_a_float16_cache_keeps_logits_and_greedy_output_of_a_float32_one(smollm2
     ties = np.flatnonzero(top2[:, 1] - top2[:, 0] < 2 * limit)
     agree_until = ties[0] if ties.size else n
     assert greedy_half[:agree_until + 1] == tokens[:agree_until + 1]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_appending_and_attending_for_a_batch_equals_each_sequence_alone(window):
+    """append_and_attend (one call per layer and step for all sequences, float32 caches) against
+    update_and_fetch + attend per sequence: the same cache contents and the same bits, for
+    sequences at different offsets, one of them growing past its capacity."""
+    from loomlab.core.llm.attention_kernel import append_and_attend
+    from loomlab.core.llm.kv_cache import KVCache
+
+    rng = np.random.default_rng(7)
+    B, T, H, Hkv, hd = 3, 2, 4, 2, 8
+    offsets, capacities = (0, 5, 255), (4, 300, 256)
+    batch, alone = [], []
+    for offset, capacity in zip(offsets, capacities, strict=True):
+        history = rng.standard_normal((2, Hkv, offset, hd)).astype(np.float32)
+        for caches in (batch, alone):
+            c = KVCache(Hkv, hd, 1024, capacity)
+            c.update_and_fetch(history[0], history[1])
+            caches.append(c)
+    q = rng.standard_normal((B, T, H, hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, B, T, Hkv, hd)).astype(np.float32)
+    got = append_and_attend(q, k, v, batch, offsets, window, 0.3)
+    for b, c in enumerate(alone):
+        keys, values = c.update_and_fetch(k[b].transpose(1, 0, 2), v[b].transpose(1, 0, 2))
+        np.testing.assert_array_equal(got[b], attend(q[b], c.keys, c.values, offsets[b], window, 0.3))
+        assert batch[b].offset == c.offset == offsets[b] + T
+        np.testing.assert_array_equal(batch[b].keys[:, :c.offset], keys)
+        np.testing.assert_array_equal(batch[b].values[:, :c.offset], values)
+    with pytest.raises(LoomShapeError, match="exceed the context length"):
+        append_and_attend(q, k, v, [KVCache(Hkv, hd, 1, 1)] * B, (0,) * B, window, 0.3)
