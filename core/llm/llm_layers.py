@@ -53,7 +53,7 @@ from .block_morph import (
 from .device_kernels import LLMKernels
 from .kv_cache import CachedRun
 from .norm_kernel import rms_norm_rows
-from .quant import MATMUL_MIN_T, float_matmul
+from .quant import float_matmul
 from .quant_int8 import int8_enabled, int8_product, int8_products, supports
 from .rope import Rope
 
@@ -68,8 +68,10 @@ def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
     if isinstance(w, np.ndarray):
         y = float_matmul(w, rows)  # row-invariant: BLAS's row t changes with the rows beside it
-    elif rows.shape[0] <= MATMUL_MIN_T and int8_enabled() and supports(w):
-        y = int8_product(w, rows)  # the opt-in llama.cpp-style mode (8-bit activations)
+    elif int8_enabled() and supports(w):
+        # the opt-in llama.cpp-style mode (8-bit activations), prompts too: row-invariant, and
+        # faster than dequantize + BLAS (SmolLM2 200-token prefill 422 -> 599 tokens/s, 600: 406 -> 515)
+        y = int8_product(w, rows)
     elif rows.shape[0] == 1:  # decode: the fused dequantize-and-multiply kernel
         y = w.matvec(rows[0])[None, :]
     else:
@@ -81,7 +83,7 @@ def linears(x: np.ndarray, ws: tuple[Matrix, ...]) -> list[np.ndarray]:
     """:func:`linear` of one input with several matrices (attention's Q, K, V; the MLP's gate and
     up). In the int8 mode the input is quantized once for all of them (``int8_products``)."""
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
-    if rows.shape[0] <= MATMUL_MIN_T and int8_enabled() and all(map(supports, ws)):
+    if int8_enabled() and all(map(supports, ws)):
         return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in int8_products(ws, rows)]
     return [linear(x, w) for w in ws]
 

@@ -48,3 +48,20 @@ def test_bad_activation_mode(smollm2):
 def _softmax(z):
     e = np.exp(z - z.max())
     return e / e.sum()
+
+
+def test_int8_mode_prefills_long_prompts_row_invariantly(smollm2):
+    """In the int8 mode every matrix product takes the integer kernels, prompts past 64 tokens too
+    (the float mode's dequantize + BLAS path is not row-invariant): a 100-token prompt prefilled
+    at once gives its last 40 positions the bits of a 60-token step followed by a 40-token one."""
+    ids = np.random.default_rng(5).integers(100, 20000, (1, 100))
+    smollm2.activations = "int8"
+    try:
+        with smollm2.busy():
+            whole = smollm2.net.step(ids, [smollm2.net.make_cache()], last_only=False)
+            caches = [smollm2.net.make_cache()]
+            smollm2.net.step(ids[:, :60], caches)
+            split = smollm2.net.step(ids[:, 60:], caches, last_only=False)
+    finally:
+        smollm2.activations = "float32"
+    np.testing.assert_array_equal(whole[0, 60:].view(np.uint32), split[0].view(np.uint32))
