@@ -273,6 +273,46 @@ def _widen(builder, v, lanes):
                                                         list(range(have)) + [have] * (lanes - have)))
 
 
+def dot_frame(context, builder, sig, args, m: int, n: int):
+    """What both families' dot intrinsics ``dot(w, wi, stride, nb, xq, t0, a, b, c)`` start from:
+    ``(load, i64, nb, weight_rows, activation_rows)``, ``load(base, at, vector type)`` an
+    unaligned vector load at element ``at`` of a pointer, the m weight rows' first bytes, and for
+    each 2-D activation array (xq, a, b, c) pointers to its rows t0 .. t0 + n - 1."""
+    arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 4, 6, 7, 8)]
+    i64 = args[1].type
+
+    def load(base, at, vt):
+        where = builder.bitcast(builder.gep(base, [at], inbounds=True), vt.as_pointer())
+        return builder.load(where, align=1)
+
+    def rows(a):
+        width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+        return [builder.gep(a.data, [builder.mul(builder.add(args[5], i64(i)), width)], inbounds=True)
+                for i in range(n)]
+
+    weight_rows = [builder.gep(arrays[0].data, [builder.add(args[1], builder.mul(args[2], i64(j)))],
+                               inbounds=True) for j in range(m)]
+    return load, i64, args[3], weight_rows, [rows(a) for a in arrays[1:]]
+
+
+def accumulators(builder, vt, m: int, n: int):
+    """Zeroed float accumulators of vector type ``vt``, one per (weight row, activation row)."""
+    zero = ir.Constant(vt, [0.0] * vt.count)
+    return [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(m)]
+
+
+def totals(builder, accs, mins, combine):
+    """Each (weight row, activation row) pair's accumulator ``accs[j][i]`` summed as halves, its
+    offsets ``mins[j][i]`` summed likewise and joined by ``combine`` (``builder.fadd`` or
+    ``fsub``; None: no offsets): the float32 results, weight row major."""
+    out = []
+    for acc_row, min_row in zip(accs, mins, strict=True):
+        for acc, mn in zip(acc_row, min_row, strict=True):
+            total = halves_sum(builder, builder.load(acc))
+            out.append(total if combine is None else combine(total, halves_sum(builder, builder.load(mn))))
+    return out
+
+
 def _group_dot(kind: int, m: int, n: int):
     """``dot(w, wi, stride, nb, xg, t0, xd, xs, nsum)``: the ``m`` repacked weight rows at bytes
     ``wi, wi + stride, ...`` of ``w`` (``nb`` blocks each) times the ``n`` activation rows t0 ..
@@ -286,37 +326,15 @@ def _group_dot(kind: int, m: int, n: int):
     @intrinsic
     def dot(typingctx, w, wi, stride, nb, xg, t0, xd, xs, nsum):
         def codegen(context, builder, sig, args):
-            wa, xga, xda, xsa, nsuma = (context.make_array(sig.args[i])(context, builder, args[i])
-                                       for i in (0, 4, 6, 7, 8))
-            i64 = args[1].type
-            nblocks = args[3]
-
-            def ptr(base, at, vt):
-                return builder.bitcast(builder.gep(base, [at], inbounds=True), vt.as_pointer())
-
-            def load(base, at, vt):
-                return builder.load(ptr(base, at, vt), align=1)
-
-            def rows(a):
-                """Pointers to rows t0 .. t0 + n - 1 of the C-contiguous 2-D array ``a``."""
-                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-                return [builder.gep(a.data, [builder.mul(builder.add(args[5], i64(i)), width)], inbounds=True)
-                        for i in range(n)]
-
-            xg_rows, xd_rows, xs_rows, nsum_rows = (rows(a) for a in (xga, xda, xsa, nsuma))
-            weight_rows = [builder.gep(wa.data, [builder.add(args[1], builder.mul(args[2], i64(j)))],
-                                       inbounds=True) for j in range(m)]
+            load, i64, nblocks, weight_rows, activation_rows = dot_frame(context, builder, sig, args, m, n)
+            xg_rows, xd_rows, xs_rows, nsum_rows = activation_rows
             # byte offsets within a row (module doc): fifth bits, scales d, offsets m
             qh_at = builder.mul(nblocks, i64(quant_bytes))
             d_at = builder.add(qh_at, builder.mul(nblocks, i64(4))) if kind in _HAS_QH else qh_at
             m_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
 
-            def zeros(lanes):
-                zero = ir.Constant(ir.VectorType(_F32, lanes), [0.0] * lanes)
-                return [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(m)]
-
-            accs = zeros(16)  # block j of a group in lanes 4j .. 4j+3 (fewer lanes for the tail groups)
-            mins = zeros(4)  # m * s, a lane per block
+            accs = accumulators(builder, ir.VectorType(_F32, 16), m, n)  # block j of a group: lanes 4j ..
+            mins = accumulators(builder, ir.VectorType(_F32, 4), m, n)  # m * s, a lane per block
 
             def accumulate(slot, a, b):
                 """``slot += a * b`` (a and b padded with zero lanes to the slot's width)."""
@@ -380,13 +398,7 @@ def _group_dot(kind: int, m: int, n: int):
                 group(builder.mul(full, i64(4)), 2)
             with builder.if_then(builder.icmp_unsigned("==", builder.urem(rest, i64(2)), i64(1))):
                 group(builder.sub(nblocks, i64(1)), 1)
-            sums = []
-            for j in range(m):
-                for i in range(n):
-                    total = halves_sum(builder, builder.load(accs[j][i]))
-                    if kind in _HAS_M:
-                        total = builder.fadd(total, halves_sum(builder, builder.load(mins[j][i])))
-                    sums.append(total)
+            sums = totals(builder, accs, mins, builder.fadd if kind in _HAS_M else None)
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xg, t0, xd, xs, nsum), codegen
     return dot

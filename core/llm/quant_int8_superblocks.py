@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quant_int8_rows import fmuladd, half_to_float, halves_sum, lanes_dot, rows_driver
+from .quant_int8_rows import accumulators, dot_frame, fmuladd, half_to_float, lanes_dot, rows_driver, totals
 
 WQ4_K, WQ6_K = 5, 6  # quant_int8's numbering, after quant_int8_rows' five
 SUPER_KINDS = (WQ4_K, WQ6_K)
@@ -101,22 +101,11 @@ def _super_dot(kind: int, m: int, n: int):
     @intrinsic
     def dot(typingctx, w, wi, stride, nb, xq, t0, xd, nsum16, bsum32):
         def codegen(context, builder, sig, args):
-            wa, xqa, xda, n16a, b32a = (context.make_array(sig.args[i])(context, builder, args[i])
-                                        for i in (0, 4, 6, 7, 8))
-            i64 = args[1].type
-            nblocks = args[3]
+            load, i64, nblocks, weight_rows, activation_rows = dot_frame(context, builder, sig, args, m, n)
+            xq_rows, xd_rows, n16_rows, b32_rows = activation_rows
             v64 = ir.VectorType(_I8, 64)
             v16i, v16f = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
             v8i, v8f = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
-
-            def load(base, at, vt):
-                where = builder.bitcast(builder.gep(base, [at], inbounds=True), vt.as_pointer())
-                return builder.load(where, align=1)
-
-            def rows(a):
-                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-                return [builder.gep(a.data, [builder.mul(builder.add(args[5], i64(i)), width)],
-                                    inbounds=True) for i in range(n)]
 
             def splat(value, vt):
                 one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
@@ -127,19 +116,12 @@ def _super_dot(kind: int, m: int, n: int):
                 one = half_to_float(builder, load(row, at, ir.VectorType(_I16, 1)))
                 return builder.extract_element(one, _I32(0))
 
-            xq_rows, xd_rows, n16_rows, b32_rows = (rows(a) for a in (xqa, xda, n16a, b32a))
-            weight_rows = [builder.gep(wa.data, [builder.add(args[1], builder.mul(args[2], i64(j)))],
-                                       inbounds=True) for j in range(m)]
             aux_at = builder.mul(nblocks, i64(128))  # Q4_K's scales and mins, Q6_K's plane
             scales_at = builder.add(aux_at, builder.mul(nblocks, i64(64))) if kind == WQ6_K else aux_at
             d_at = builder.add(scales_at, builder.mul(nblocks, i64(16)))
             dmin_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
 
-            def zeros(vt):
-                zero = ir.Constant(vt, [0.0] * vt.count)
-                return [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(m)]
-
-            accs, mins = zeros(v16f), zeros(v8f)
+            accs, mins = accumulators(builder, v16f, m, n), accumulators(builder, v8f, m, n)
 
             def superblock(b):
                 acts = []
@@ -195,13 +177,7 @@ def _super_dot(kind: int, m: int, n: int):
 
             with cgutils.for_range(builder, nblocks) as loop:
                 superblock(loop.index)
-            sums = []
-            for j in range(m):
-                for i in range(n):
-                    total = halves_sum(builder, builder.load(accs[j][i]))
-                    if kind == WQ4_K:
-                        total = builder.fsub(total, halves_sum(builder, builder.load(mins[j][i])))
-                    sums.append(total)
+            sums = totals(builder, accs, mins, builder.fsub if kind == WQ4_K else None)
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xq, t0, xd, nsum16, bsum32), codegen
     return dot
