@@ -175,7 +175,7 @@ def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | No
     B, T = q.shape[:2]
     for c in caches:
         c.reserve(T)
-    buffers = np.array([c.host_buffers for c in caches], np.int64)
+    buffers = np.array([c.host_buffers() for c in caches], np.int64)  # after reserve: growth moves them
     out = np.empty((B, T, q.shape[2] * q.shape[3]), F32)
     _append_and_attend(q, k, v, buffers, np.array(starts, np.int64), 0 if window is None else window,
                        F32(scale), out)

@@ -94,12 +94,14 @@ class KVCache:
         return end
 
     @property
-    def host_buffers(self) -> tuple[int, int, int] | None:
+    def on_host_float32(self) -> bool:
+        """Whether the buffers are host float32 ones, what :meth:`host_buffers` describes."""
+        return self.dtype == "float32" and self.xp is np
+
+    def host_buffers(self) -> tuple[int, int, int]:
         """``(address of the keys' [n_kv_heads, head_dim, capacity] buffer, address of the values',
-        capacity)`` of a float32 host cache, what :func:`~.attention_kernel.append_and_attend`
-        writes and reads; None for float16 or device buffers."""
-        if self.dtype != "float32" or self.xp is not np:
-            return None
+        capacity)`` of a float32 host cache (:attr:`on_host_float32`), what
+        :func:`~.attention_kernel.append_and_attend` writes and reads; valid until the buffers grow."""
         return self.keys.base.ctypes.data, self.values.ctypes.data, self.keys.shape[1]
 
     def _grow(self, needed: int) -> None:

@@ -103,24 +103,19 @@ def dense(m: Matrix) -> np.ndarray:
 def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """``x / sqrt(mean(x^2) + eps) * gamma`` over the last axis, in float32 as transformers does:
     one compiled call with numpy's own operations and bits for float32 arrays (the decode step's
-    case, see :mod:`.norm_kernel`), the numpy form otherwise."""
+    case, see :mod:`.norm_kernel`), :func:`rms_norm_xp` otherwise."""
     if x.dtype == np.float32 and gamma.dtype == np.float32 and x.flags.c_contiguous and x.size:
         out = np.empty_like(x)
         n = x.shape[-1]
         rms_norm_rows(x.reshape(-1, n), gamma, eps, out.reshape(-1, n))
         return out
-    return rms_norm_numpy(x, gamma, eps)
-
-
-def rms_norm_numpy(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    """:func:`rms_norm` as numpy operations (any float dtype or layout)."""
-    mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])  # np.mean, faster
-    return (x * (1.0 / np.sqrt(mean_square + np.float32(eps)))) * gamma
+    return rms_norm_xp(x, gamma, eps)
 
 
 def rms_norm_xp(x, gamma, eps: float):
-    """:func:`rms_norm` on any array namespace, the same operations in the same order (numpy's
-    ufunc reduce is the host path's only because it is faster than ``np.sum``'s wrapper)."""
+    """:func:`rms_norm` as array operations on any namespace (a device's; numpy for other dtypes
+    or layouts): the same operations in the same order (``np.sum`` is numpy's pairwise
+    ``add.reduce``, the kernel's sum)."""
     xp = array_module(x)
     mean_square = xp.sum(x * x, axis=-1, keepdims=True) / float(x.shape[-1])
     return (x * (1.0 / xp.sqrt(mean_square + float(eps)))) * gamma
@@ -550,7 +545,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
         q, k = s.rope.at(starts, T, q, k)
-        if caches and all(c.host_buffers is not None for c in caches):  # float32 caches: one call
+        if caches and all(c.on_host_float32 for c in caches):  # one call for every sequence
             out = append_and_attend(q, np.ascontiguousarray(k), np.ascontiguousarray(v), caches, starts,
                                     s.window, self._scale())
         else:
