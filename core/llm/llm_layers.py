@@ -544,7 +544,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
-        q, k = s.rope.at(starts, T, q, k)
+        q, k = s.rope(starts, T, q, k)
         if caches and all(c.on_host_float32 for c in caches):  # one call for every sequence
             out = append_and_attend(q, np.ascontiguousarray(k), np.ascontiguousarray(v), caches, starts,
                                     s.window, self._scale())
@@ -585,8 +585,8 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         if "q_norm" in w:
             q, k = rms_norm_xp(q, w["q_norm"], s.norm_eps), rms_norm_xp(k, w["k_norm"], s.norm_eps)
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
-        starts = [c.offset for c in caches] if caches else [0] * B
-        q, k = s.rope.on_device(np.array(starts)[:, None] + np.arange(T), xp, q, k)
+        starts = tuple(c.offset for c in caches) if caches else (0,) * B
+        q, k = s.rope.on_device(starts, T, xp, q, k)
         rows = []
         for b in range(B):
             kb, vb = xp.permute_dims(k[b, ...], (1, 0, 2)), xp.permute_dims(v[b, ...], (1, 0, 2))

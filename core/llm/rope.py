@@ -57,40 +57,37 @@ class Rope:
     inv_freq: np.ndarray
     interleaved: bool = False
 
-    def __call__(self, positions: np.ndarray, *vs: np.ndarray) -> list[np.ndarray]:
-        """Rotate each ``v[B, T, heads, head_dim]`` at ``positions[B, T]``."""
-        cos, sin = self._angles((positions.shape, positions.tobytes()), lambda: positions)
+    def __call__(self, starts: tuple[int, ...], T: int, *vs: np.ndarray) -> list[np.ndarray]:
+        """Rotate each ``v[B, T, heads, head_dim]``, batch row b at positions ``starts[b] ..
+        starts[b] + T - 1`` (a sequence continuing from its cache's offset)."""
+        cos, sin = self._angles(starts, T)
         return [self._rotate(v, cos, sin) for v in vs]
 
-    def at(self, starts: tuple[int, ...], T: int, *vs: np.ndarray) -> list[np.ndarray]:
-        """:meth:`__call__` at positions ``starts[b] .. starts[b] + T - 1`` of each batch row: what
-        a decode step's attention layers ask, keyed by the tuple (no positions array per layer)."""
-        cos, sin = self._angles((starts, T), lambda: np.array(starts)[:, None] + np.arange(T))
-        return [self._rotate(v, cos, sin) for v in vs]
-
-    def _angles(self, key, positions) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin of the float32 angles at ``positions()``, as transformers computes them.
-        Every attention layer of a decode step asks for the same positions: the last answer is
-        kept under ``key`` (one tuple, swapped whole, so threads sharing the model never see half
-        of one)."""
+    def _angles(self, starts: tuple[int, ...], T: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of the float32 angles, as transformers computes them. Every attention layer
+        of a decode step asks for the same positions: the last answer is kept, keyed by
+        ``(starts, T)`` (one tuple, swapped whole, so threads sharing the model never see half of
+        one)."""
+        key = (starts, T)
         last = self.__dict__.get("_last")
         if last is not None and last[0] == key:
             return last[1], last[2]
-        angle = positions().astype(np.float32)[:, :, None, None] * self.inv_freq
+        positions = np.array(starts)[:, None] + np.arange(T)
+        angle = positions.astype(np.float32)[:, :, None, None] * self.inv_freq
         cos, sin = np.cos(angle), np.sin(angle)
         cos.flags.writeable = sin.flags.writeable = False  # shared by the layers that ask next
         self.__dict__["_last"] = (key, cos, sin)  # a frozen dataclass: its cache goes in by the dict
         return cos, sin
 
-    def on_device(self, positions: np.ndarray, xp, *vs) -> list:
+    def on_device(self, starts: tuple[int, ...], T: int, xp, *vs) -> list:
         """:meth:`__call__` for device arrays ``v[B, T, heads, head_dim]`` of namespace ``xp``:
         the same float32 angles, computed on the host as the numpy path does them and uploaded
         once per step (every layer of the step shares them), then the same products and sums
         (no fused multiply-add on strict's numpy; a GPU may fuse and differ in the last bit)."""
-        key = (positions.shape, positions.tobytes())
+        key = (starts, T)
         last = self.__dict__.get("_last_device")
         if last is None or last[0] != key or last[1] is not xp:
-            cos, sin = self._angles(key, lambda: positions)
+            cos, sin = self._angles(starts, T)
             last = self.__dict__["_last_device"] = (key, xp, xp.asarray(cos), xp.asarray(sin))
         cos, sin = last[2], last[3]
         return [self._rotate_xp(xp, v, cos, sin) for v in vs]

@@ -63,9 +63,9 @@ def test_rope_on_gguf_rows_matches_half_split_on_original_rows():
     positions = np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
     expected = complex_rope((x @ w.T).reshape(2, 5, heads, hd).astype(np.float64), positions, base)
     inv_freq = RopeConfig(base).inv_freq(hd)
-    (half,) = Rope(inv_freq)(positions, (x @ w.T).reshape(2, 5, heads, hd))
+    (half,) = Rope(inv_freq)((0, 7), 5, (x @ w.T).reshape(2, 5, heads, hd))
     np.testing.assert_allclose(half, expected, atol=2e-5)
-    (pairs,) = Rope(inv_freq, interleaved=True)(positions,
+    (pairs,) = Rope(inv_freq, interleaved=True)((0, 7), 5,
                                                 (x @ llama_cpp_permute(w, heads).T).reshape(2, 5, heads, hd))
     # the same vectors, in the permuted order: every dot product (attention score) agrees
     np.testing.assert_allclose(pairs, llama_cpp_permute(expected.reshape(-1, heads * hd).T, heads).T

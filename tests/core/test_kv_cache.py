@@ -146,12 +146,11 @@ def test_rope_keeps_the_last_angles_and_recomputes_for_new_positions():
         c, s = np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
-    for pos in ([[5, 6]], [[5, 6]], [[7, 8]], [[5, 6]]):
-        positions = np.array(pos)
-        (got,) = rope(positions, v)
-        np.testing.assert_allclose(got, reference(positions), rtol=1e-5, atol=1e-6)
-    (again,) = rope(np.array([[5, 6]]), v)  # a hit gives the bits a fresh computation gives
-    np.testing.assert_array_equal(again, Rope(inv)(np.array([[5, 6]]), v)[0])
+    for start in (5, 5, 7, 5):
+        (got,) = rope((start,), 2, v)
+        np.testing.assert_allclose(got, reference(np.array([[start, start + 1]])), rtol=1e-5, atol=1e-6)
+    (again,) = rope((5,), 2, v)  # a hit gives the bits a fresh computation gives
+    np.testing.assert_array_equal(again, Rope(inv)((5,), 2, v)[0])
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -160,8 +159,9 @@ def test_rope_kernel_gives_the_bits_of_the_numpy_rotation(interleaved):
     rng = np.random.default_rng(4)
     rope = Rope(RopeConfig().inv_freq(64), interleaved)
     v = rng.standard_normal((3, 5, 4, 64)).astype(np.float32)
-    positions = rng.integers(0, 4000, (3, 5))
-    (got,) = rope(positions, v)
+    starts = tuple(int(p) for p in rng.integers(0, 4000, 3))
+    positions = np.array(starts)[:, None] + np.arange(5)
+    (got,) = rope(starts, 5, v)
     angle = positions.astype(np.float32)[:, :, None, None] * rope.inv_freq
     cos, sin = np.cos(angle), np.sin(angle)
     if interleaved:
