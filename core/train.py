@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import array_module, assign_cast, host_floats, to_host, widest_float
+from .backend import array_module, assign_cast, host_floats, widest_float
 from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
@@ -83,11 +83,6 @@ def _beside(t, y) -> bool:
 
 def _size(a) -> int:
     return math.prod(a.shape)
-
-
-def _host_scalar(a) -> float:
-    """A 0-d device array (a loss) as a Python float: one host transfer."""
-    return float(to_host(a))
 
 
 LOSSES: dict[str, LossFn] = {
@@ -313,7 +308,8 @@ def evaluate(net: VolumetricNetwork, batches: Sequence[Batch], loss: str = "mse"
     batches = list(batches)
     if not batches:
         raise LoomConfigError("evaluate() needs at least one batch")
-    return sum(_host_scalar(_loss(loss_fn, net.forward(x), t)[0]) for x, t in batches) / len(batches)
+    # every batch's loss stays on the device until one transfer brings them all
+    return sum(host_floats(*(_loss(loss_fn, net.forward(x), t)[0] for x, t in batches))) / len(batches)
 
 
 def _loss(loss_fn: LossFn, y, target) -> tuple[float, object]:

@@ -28,6 +28,7 @@ from loomlab.core.llm.attention_kernel import check_attend_args
 from .cuda_common import (
     MAX_THREADS,
     block_reduce_builder,
+    block_sum_builder,
     check_threads,
     cuda,
     device_input,
@@ -59,10 +60,6 @@ def _plain(v):
     return v
 
 
-def _add(a, b):
-    return a + b
-
-
 def _max(a, b):
     return a if a >= b else b  # no max(): numba's built-in CUDA target fails to type it (0.68)
 
@@ -72,7 +69,7 @@ def _attend_kernel(half: bool):
     """The kernel reading float16 bits (``half``) or float32 keys and values."""
     numba_cuda()
     element = cuda.jit(device=True)(_half if half else _plain)
-    block_sum = block_reduce_builder(cuda.jit(device=True)(_add))
+    block_sum = block_sum_builder()
     larger = cuda.jit(device=True)(_max)
     block_max = block_reduce_builder(larger)
 

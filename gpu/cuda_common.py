@@ -93,6 +93,15 @@ def block_reduce_builder(combine):
     return block_reduce
 
 
+def _add(a, b):
+    return a + b
+
+
+def block_sum_builder():
+    """:func:`block_reduce_builder` adding: the block-wide sum both kernels need."""
+    return block_reduce_builder(cuda.jit(device=True)(_add))
+
+
 def check_threads(threads: int) -> int:
     """Threads per block for a tree reduction: a power of two from 32 (one warp) to 1024."""
     if threads < 32 or threads > MAX_THREADS or threads & (threads - 1):

@@ -26,7 +26,7 @@ from loomlab.core.llm.quant import FIVE, FORMATS, INT8, NIB4, QuantMatrix
 
 from .cuda_common import (
     MAX_THREADS,
-    block_reduce_builder,
+    block_sum_builder,
     check_threads,
     cuda,
     device_input,
@@ -81,17 +81,13 @@ def _weight(kind, q, s, m, has_m, r, i, bbytes, qoff, gshift, group, shift, zero
     return s[r, (k >> 1) * 16 + (k & 1) * 8 + 2 * p + (j >> 4)] * value
 
 
-def _add(a, b):
-    return a + b
-
-
 @functools.cache
 def _products_kernel():
     """The product kernel: block (r, g) multiplies weight row r with rows ``g * rows_per_block``
     onwards of X (at most ``ROWS_PER_BLOCK``, the size of its accumulator array)."""
     numba_cuda()
     weight = cuda.jit(device=True)(_weight)
-    block_sum = block_reduce_builder(cuda.jit(device=True)(_add))
+    block_sum = block_sum_builder()
 
     @cuda.jit
     def products(kind, q, s, m, has_m, bbytes, qoff, gshift, group, shift, zero, X, rows_per_block, out):

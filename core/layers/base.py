@@ -111,7 +111,6 @@ class Layer:
         self.cfg = cfg
         self.weights = weights
         self.children: list[Layer] = list(children or [])
-        self.grad = None
         # Loom's JSON key for the children: a Sequential's are "sequential_layers"; any other
         # layer's are "parallel_branches" (NEAT hangs remote links there on any layer type)
         self.children_key = "sequential_layers" if self.type_name == "Sequential" else "parallel_branches"

@@ -7,12 +7,10 @@ Time steps run in a Python loop; batch and hidden units are vectorised.
 
 from __future__ import annotations
 
-import math
-
 from ..activations import sigmoid
 from ..backend import array_module
 from ..errors import LoomFormatError, LoomShapeError
-from .base import Layer, register
+from .base import Layer, register, rows_to_input
 
 
 def _read_sequences(x, seq: int, n_in: int, what: str):
@@ -24,13 +22,6 @@ def _read_sequences(x, seq: int, n_in: int, what: str):
                              f"than [B={batch}, seq_length={seq}, in={n_in}] = {need}")
     xp = array_module(x)
     return xp.reshape(xp.reshape(x, (-1,))[:need], (batch, seq, n_in))
-
-
-def _sequences_to_input(g_seq, x_shape, xp):
-    """Inverse of :func:`_read_sequences` for gradients; values it did not read get zero."""
-    flat = xp.zeros(math.prod(x_shape), dtype=g_seq.dtype)
-    flat[: g_seq.size] = xp.reshape(g_seq, (-1,))
-    return xp.reshape(flat, x_shape)
 
 
 class _Recurrent(Layer):
@@ -106,7 +97,7 @@ class RNN(_Recurrent):
             gpre[:, t, :] = gp
         g_ih = xp.tensordot(gpre, xs, axes=([0, 1], [0, 1]))  # sum over b, t of gpre[h] xs[i]
         self._add_gate_grads(xp, g_ih, g_hh, xp.sum(gpre, axis=(0, 1)))
-        return _sequences_to_input(gpre @ w_ih, x_shape, xp)
+        return rows_to_input(gpre @ w_ih, x_shape, xp)  # the inverse of _read_sequences too
 
 
 @register
@@ -159,4 +150,4 @@ class LSTM(_Recurrent):
             gpre[:, t, :] = gp
         g_ih = xp.tensordot(gpre, xs, axes=([0, 1], [0, 1]))  # sum over b, t of gpre[g] xs[i]
         self._add_gate_grads(xp, g_ih, g_hh, xp.sum(gpre, axis=(0, 1)))
-        return _sequences_to_input(gpre @ w_ih, x_shape, xp)
+        return rows_to_input(gpre @ w_ih, x_shape, xp)  # the inverse of _read_sequences too

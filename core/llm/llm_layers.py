@@ -82,8 +82,8 @@ def linear(x: np.ndarray, w: Matrix) -> np.ndarray:
 def linears(x: np.ndarray, ws: tuple[Matrix, ...]) -> list[np.ndarray]:
     """:func:`linear` of one input with several matrices (attention's Q, K, V; the MLP's gate and
     up). In the int8 mode the input is quantized once for all of them (``int8_products``)."""
-    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
     if int8_enabled() and all(map(supports, ws)):
+        rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
         return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in int8_products(ws, rows)]
     return [linear(x, w) for w in ws]
 
@@ -92,7 +92,7 @@ def plus_bias(y: np.ndarray, store: MatrixStore, w: dict[str, Matrix], name: str
     """``y + w[name]``, or ``y`` itself while that bias is still a filler of zeros (the model has
     no bias there: transformers adds none, and the add is a few microseconds a layer of decode)."""
     b = w[name]
-    return y if name in store.fillers and b is store.blocks[name] else y + b
+    return y if store.is_filler(name, b) else y + b
 
 
 def dense(m: Matrix) -> np.ndarray:
@@ -198,7 +198,7 @@ class DeviceCopy:
         if self._key is not None and self._key[:2] == key[:2] and self._key[2] is key[2]:
             return
         current = store.current(layer.cfg.dtype)
-        self._arrays = {name: None if name in store.fillers and m is store.blocks[name]
+        self._arrays = {name: None if store.is_filler(name, m)
                         else self.uploads.get(m, self._how(name, m)) for name, m in current.items()}
         self._key = key
 
@@ -236,6 +236,10 @@ class MatrixStore(WeightStore):
         self._master: np.ndarray | None = None
         # zero biases the builders put where the file has none (Loom's layout has the slots)
         self.fillers = frozenset(name for name, m in self.blocks.items() if is_filler_bias(name, m))
+
+    def is_filler(self, name: str, m: Matrix) -> bool:
+        """Whether ``m``, the current matrix ``name``, is still the zero bias a builder filled in."""
+        return name in self.fillers and m is self.blocks[name]
 
     @property
     def master(self) -> np.ndarray:
@@ -592,6 +596,8 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
             kb, vb = xp.permute_dims(k[b, ...], (1, 0, 2)), xp.permute_dims(v[b, ...], (1, 0, 2))
             if caches:
                 kb, vb = caches[b].update_and_fetch(kb, vb)
+                if caches[b].dtype == "float32":  # the whole buffers, as on the host: attend reads
+                    kb, vb = caches[b].keys, caches[b].values  # what it needs, and no view is copied
             rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale()))
         y = dc.linear_bias(xp.stack(rows), w, "wo", "bo")
         return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
