@@ -35,7 +35,7 @@ from .cancel import Cancel, as_cancel_check
 from .errors import LoomConfigError, LoomShapeError
 from .layers.base import Layer
 from .network import Trace, VolumetricNetwork
-from .train import require_value
+from .train import fitted_target, require_value
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -127,13 +127,7 @@ def _prepare(net: VolumetricNetwork, x, target, config: TweenConfig):
     """Recorded forward, target tensor (in compute dtype), per-layer targets and link metrics."""
     rec = net.trace(x)
     xp = rec.run.xp
-    t = target if type(target) is type(rec.output) else np.asarray(target)
-    if math.prod(t.shape) != math.prod(rec.output.shape):
-        raise LoomShapeError(f"target of shape {t.shape} does not fit output of shape "
-                             f"{rec.output.shape}")
-    # cast on the way to the device: a float64 host target may not exist on it
-    t = xp.asarray(xp.reshape(t, rec.output.shape) if type(t) is type(rec.output)
-                   else t.reshape(rec.output.shape), dtype=rec.compute)
+    t = xp.asarray(fitted_target(target, rec.output), dtype=rec.compute)  # cast on the way there
     targets = _targets(rec, t, config)
     links = [_link(rec.run.xp, y, tgt) for y, tgt in zip(rec.outputs, targets, strict=True)]
     return rec, t, targets, links

@@ -314,10 +314,17 @@ def evaluate(net: VolumetricNetwork, batches: Sequence[Batch], loss: str = "mse"
 
 def _loss(loss_fn: LossFn, y, target) -> tuple[float, object]:
     """The loss on the output's device; a host target is copied there once, y never leaves."""
-    xp = array_module(y)
+    return loss_fn(y, fitted_target(target, y))
+
+
+def fitted_target(target, y):
+    """``target`` in ``y``'s shape: an array of ``y``'s kind reshaped on its device, host data on
+    the host (its float64 may not exist on the device: the caller casts it on the way there).
+
+    Raises:
+        LoomShapeError: the target does not hold as many values as ``y``.
+    """
     t = target if _beside(target, y) else np.asarray(target)
     if _size(t) != _size(y):
         raise LoomShapeError(f"target of shape {t.shape} does not fit output of shape {y.shape}")
-    # a host target is reshaped on the host: its float64 may not exist on the device before the
-    # loss casts it to the device's widest float
-    return loss_fn(y, xp.reshape(t, y.shape) if _beside(t, y) else t.reshape(y.shape))
+    return array_module(y).reshape(t, y.shape) if _beside(t, y) else t.reshape(y.shape)
