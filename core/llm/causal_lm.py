@@ -19,6 +19,7 @@ from ..errors import LoomConfigError, LoomShapeError
 from ..layers.base import Layer
 from ..network import VolumetricNetwork
 from .device_kernels import kernels_for
+from .fused_decode import fused_step
 from .kv_cache import CachedRun, KVCache
 from .llm_layers import InferenceOnly, LLMAttention, Uploads, layer_label
 from .model_args import ModelArgs
@@ -80,6 +81,11 @@ class CausalLM(VolumetricNetwork):
         if self.on_device:
             self._check_placed(caches)
         run = CachedRun(self, caches)
+        if last_only and not run.listeners and not self.on_device:  # one compiled call, where it applies
+            logits = fused_step(self, x, caches)
+            if logits is not None:
+                self.step_count += 1
+                return logits
         head = self.cells[-1]
         with single_threaded_blas():
             x = _call_cells(run, self.cells[:-1], x)

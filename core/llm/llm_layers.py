@@ -52,6 +52,7 @@ from .block_morph import (
 )
 from .device_kernels import LLMKernels
 from .kv_cache import CachedRun
+from .mlp_kernel import GATED_ACTIVATIONS, gated
 from .norm_kernel import rms_norm_rows
 from .quant import float_matmul
 from .quant_int8 import int8_enabled, int8_product, int8_products, supports
@@ -625,7 +626,11 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
         w = self.weights.current(self.cfg.dtype)
         st = self.weights
         gate, up = linears(x, (w["gate"], w["up"]))
-        h = activate(self.cfg.act_id, plus_bias(gate, st, w, "b_gate")) * plus_bias(up, st, w, "b_up")
+        gate, up = plus_bias(gate, st, w, "b_gate"), plus_bias(up, st, w, "b_up")
+        if int8_enabled() and self.cfg.act_id in GATED_ACTIVATIONS:  # the fused step's bits (mlp_kernel)
+            h = gated(self.cfg.act_id, gate, up)
+        else:
+            h = activate(self.cfg.act_id, gate) * up
         return plus_bias(linear(h, w["down"]), st, w, "b_down"), None
 
 

@@ -190,7 +190,7 @@ def _superblocks_matmul(kind, w, qs, d, nsum16, bsum32, out):
 
 
 @njit(cache=True, nogil=True)
-def _quantize_q8_k(X, qs, d, s, sums, nsum16, bsum32):
+def quantize_q8_k(X, qs, d, s, sums, nsum16, bsum32):
     _quantize_rows(AQ8_K, X, qs, d, s, sums)
     superblock_sums(sums, nsum16, bsum32)
 
@@ -230,7 +230,7 @@ def _quantized(superblocks: bool, X: np.ndarray) -> tuple:
     T, n = X.shape
     if superblocks:
         qs, d, s, sums, nsum16, bsum32 = bufs = _buffers("q8_k", T, n, _q8_k_buffers)
-        _quantize_q8_k(X, *bufs)
+        quantize_q8_k(X, *bufs)
         return qs, d, nsum16, bsum32
     bufs = _buffers("grouped", T, n, _grouped_buffers)
     quantize_grouped(X, *bufs)
@@ -244,7 +244,7 @@ def _quantized(superblocks: bool, X: np.ndarray) -> tuple:
 _repack_lock = threading.Lock()
 
 
-def _repacked(qm: QuantMatrix) -> tuple:
+def repacked(qm: QuantMatrix) -> tuple:
     rows = qm.int8_rows
     if rows is None:
         with _repack_lock:
@@ -295,7 +295,7 @@ def int8_products(qms, X: np.ndarray) -> list[np.ndarray]:
     quantized = {}
     outs = []
     for qm in qms:
-        kind, packed = _repacked(qm)
+        kind, packed = repacked(qm)
         out = np.empty((X.shape[0], qm.shape[0]), F32)
         superblocks = kind in SUPER_KINDS
         acts = quantized.get(superblocks)

@@ -189,7 +189,7 @@ def quantize_grouped(X, xg, d, s, nsum):
 # The IR.
 
 
-def _host_features() -> dict:
+def host_features() -> dict:
     """The CPU features numba compiles for: the host's, or none where NUMBA_CPU_NAME names
     another target (e.g. ``generic`` for a portable cache)."""
     from llvmlite import binding as llvm
@@ -202,13 +202,13 @@ def _host_features() -> dict:
 
 def host_has_vnni() -> bool:
     """Whether numba compiles for a CPU with VNNI on 128- and 256-bit vectors."""
-    features = _host_features()
+    features = host_features()
     return bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
 
 
 def host_has_vnni512() -> bool:
     """Whether numba compiles for a CPU with VNNI on 512-bit vectors (and byte ops on them)."""
-    features = _host_features()
+    features = host_features()
     return bool(features.get("avx512vnni") and features.get("avx512bw"))
 
 
@@ -234,7 +234,7 @@ def half_to_float(builder, bits):
     magnitude's bits moved to float32's exponent and fraction places and scaled by 2^112 (exact,
     subnormals included; scales are never inf or NaN), then the sign."""
     k = bits.type.count
-    if _host_features().get("f16c"):
+    if host_features().get("f16c"):
         return builder.fpext(builder.bitcast(bits, ir.VectorType(_F16, k)), ir.VectorType(_F32, k))
     vi = ir.VectorType(_I32, k)
     wide = builder.zext(bits, vi)

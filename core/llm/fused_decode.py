@@ -1,0 +1,419 @@
+"""A decode step of the llama-style decoder as one compiled call, for the int8 mode.
+
+Why: in the int8 mode a SmolLM2 token was ~5 ms of integer kernels and ~2.5 ms of Python
+driving 30 blocks through the grid (norms, projections, RoPE, attention, residuals: ~80 us a
+block), and its 211 matrix products were 211 launches of numba's thread team. llama.cpp runs a
+token as one graph. Here one parallel region runs the whole step: each thread takes its share
+of every matrix's rows, and the threads meet at a spinning barrier (:mod:`.spin_barrier`)
+between the steps that need each other's results (six per block). What every thread needs
+whole and is cheap (the residual stream, its RMSNorm and 8-bit quantization) each thread
+computes for itself, the same bits in each.
+
+Same bits as the grid: every number is computed by the functions the int8 mode's layers call
+(``rms_norm_rows``, ``quantize_grouped`` / Q8_K, the repacked rows' products, RoPE's products
+and sums, ``_attend_item``, :mod:`.mlp_kernel`), in the same order; the tests compare the
+logits of whole generations bit for bit. So the grid stays the definition, and this is only
+taken when it would compute the same thing: one sequence, one new token, the int8 mode, float32
+host caches, no observer listening (they see every layer's output, which this step never makes),
+and the network still the decoder it was built as (:meth:`FusedDecoder.current`: no cell
+replaced or disabled, no weight changed or morphed to a format without an integer kernel).
+Anything else returns None and the caller runs the grid.
+
+Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
+for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
+vectors ``11 i + j`` for j in :data:`VECTORS` (empty where the model has none: a filler bias, no
+Q/K norm; the final norm last).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import carray, get_thread_id, njit, prange
+from numba.typed import List
+
+from ..layers.containers import Residual, Sequential
+from .attention_kernel import _attend_item, _f32_pointer
+from .kv_cache import KVCache
+from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm
+from .mlp_kernel import GATED_ACTIVATIONS, gated_range
+from .norm_kernel import rms_norm_rows
+from .quant import _pace
+from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
+from .quant_int8_rows import quantize_grouped, rows_products
+from .quant_int8_superblocks import SUPER_KINDS, superblock_products
+from .spin_barrier import PAD, abort, counters, meet
+
+F32 = np.float32
+MATRICES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
+VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down", "q_norm", "k_norm")
+_NM, _NV = len(MATRICES), len(VECTORS)
+_WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
+_ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM = range(_NV)
+_SUPER = tuple(SUPER_KINDS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled step.
+
+
+@njit(inline="always")
+def _share(n, tid, threads):
+    """Thread ``tid``'s part ``[lo, hi)`` of ``n`` items."""
+    return n * tid // threads, n * (tid + 1) // threads
+
+
+@njit(inline="always")
+def _is_super(kind):
+    return kind == _SUPER[0] or kind == _SUPER[1]
+
+
+@njit(cache=True, nogil=True)
+def _activations(n):
+    """One thread's buffers for a row of n values: the grouped Q8_1 set, the Q8_K set (when n is
+    whole super-blocks) and the row itself ``[1, n]``."""
+    nk = n if n % 256 == 0 else 256
+    return (np.empty((1, n), np.int8), np.empty((1, n // 32), F32), np.empty((1, n // 32), F32),
+            np.zeros((1, n // 8), np.int32)), \
+        (np.empty((1, nk), np.int8), np.empty((1, nk // 256), F32), np.empty((1, nk // 32), F32),
+         np.empty((1, nk // 16), np.int32), np.zeros((1, nk // 4), np.int32), np.empty((1, nk // 32), np.int32))
+
+
+@njit(cache=True, nogil=True)
+def _quantize(x, acts, kinds, first, count):
+    """Row ``x[1, n]`` quantized for matrices ``first .. first + count - 1`` (grouped Q8_1 for the
+    32-weight formats, Q8_K for the super-blocks, each only if one of them needs it)."""
+    grouped, k = acts
+    need_g = need_k = False
+    for m in range(first, first + count):
+        if _is_super(kinds[m]):
+            need_k = True
+        else:
+            need_g = True
+    if need_g:
+        quantize_grouped(x, grouped[0], grouped[1], grouped[2], grouped[3])
+    if need_k:
+        quantize_q8_k(x, k[0], k[1], k[2], k[3], k[4], k[5])
+
+
+@njit(cache=True, nogil=True)
+def _product(m, mats, kinds, rows, acts, tid, threads, out):
+    """This thread's rows of matrix m times the quantized row in ``acts``, into ``out[0]``."""
+    kind, n = kinds[m], rows[m]
+    lo, hi = _share(n, tid, threads)
+    w2 = mats[m].reshape(n, -1)
+    grouped, k = acts
+    if _is_super(kind):
+        superblock_products(kind, w2, lo, hi, k[0], k[1], k[4], k[5], out)
+    else:
+        rows_products(kind, w2, lo, hi, grouped[0], grouped[1], grouped[2], grouped[3], out)
+
+
+@njit(inline="always")
+def _plus(a, lo, hi, b):
+    """``a[lo:hi] += b`` unless b is empty (no bias)."""
+    if b.size:
+        for i in range(lo, hi):
+            a[i] = a[i] + b[i - lo]
+
+
+@njit(cache=True, nogil=True)
+def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
+    """One head: ``src`` + bias, its RMSNorm (gamma non-empty), RoPE at cos/sin -> ``dst``;
+    the grid's operations in its order."""
+    hd = src.size
+    for i in range(hd):
+        scratch[0, i] = src[i] + bias[i] if bias.size else src[i]
+    if gamma.size:
+        rms_norm_rows(scratch, gamma, eps, scratch)
+    half = cos.size
+    for i in range(half):
+        c, s = cos[i], sin[i]
+        ia, ib = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
+        x0, x1 = scratch[0, ia], scratch[0, ib]
+        dst[ia] = x0 * c - x1 * s
+        dst[ib] = x1 * c + x0 * s
+
+
+@njit(cache=True, nogil=True)
+def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved,
+                 act, windows, cos, sin, caches, start, shared):
+    """Thread ``tid``'s part of one decode step (module doc); False if the region was abandoned."""
+    d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    qb, kb, vb, att, ob, gb, ub, hb, db, logits = shared
+    x = x0.copy()  # this thread's copy of the residual stream [1, d]
+    xn = np.empty((1, d), F32)
+    a_d, a_att, a_ffn = _activations(d), _activations(H * hd), _activations(ffn)
+    qr = np.empty((H, hd), F32)
+    scratch = np.empty((1, hd), F32)
+    group = H // Hkv
+    kv0, kv1 = _share(Hkv, tid, threads)
+    h0, h1 = _share(H, tid, threads)
+    f0, f1 = _share(ffn, tid, threads)
+    epoch = 0
+    for i in range(L):
+        m, v = _NM * i, _NV * i
+        # attention: Q, K, V of the normed row
+        rms_norm_rows(x, vecs[v + _ANORM], eps, xn)
+        _quantize(xn, a_d, kinds, m + _WQ, 3)
+        _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
+        _product(m + _WK, mats, kinds, rows, a_d, tid, threads, kb)
+        _product(m + _WV, mats, kinds, rows, a_d, tid, threads, vb)
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        # this thread's KV heads into the cache, its query heads rotated
+        cap = caches[i, 2]
+        keys_t = carray(_f32_pointer(caches[i, 0]), (Hkv, hd, cap))
+        values = carray(_f32_pointer(caches[i, 1]), (Hkv, cap, hd))
+        for kv in range(kv0, kv1):
+            o = kv * hd
+            bk, bv = vecs[v + _BK], vecs[v + _BV]
+            _rotated(kb[0, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
+                     cos[i], sin[i], interleaved, keys_t[kv, :, start], scratch)
+            for j in range(hd):
+                values[kv, start, j] = vb[0, o + j] + bv[o + j] if bv.size else vb[0, o + j]
+        bq = vecs[v + _BQ]
+        for h in range(h0, h1):
+            o = h * hd
+            _rotated(qb[0, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
+                     cos[i], sin[i], interleaved, qr[h], scratch)
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        for h in range(h0, h1):
+            _attend_item(qr, h, h // group, keys_t, values, start, windows[i], scale, att[0])
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        _quantize(att, a_att, kinds, m + _WO, 1)
+        _product(m + _WO, mats, kinds, rows, a_att, tid, threads, ob)
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        bo = vecs[v + _BO]
+        for j in range(d):
+            y = ob[0, j] + bo[j] if bo.size else ob[0, j]
+            x[0, j] = y + x[0, j]
+        # the MLP; each thread activates the gate/up rows it computed
+        rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
+        _quantize(xn, a_d, kinds, m + _GATE, 2)
+        _product(m + _GATE, mats, kinds, rows, a_d, tid, threads, gb)
+        _product(m + _UP, mats, kinds, rows, a_d, tid, threads, ub)
+        _plus(gb[0], f0, f1, vecs[v + _BGATE][f0:f1] if vecs[v + _BGATE].size else vecs[v + _BGATE])
+        _plus(ub[0], f0, f1, vecs[v + _BUP][f0:f1] if vecs[v + _BUP].size else vecs[v + _BUP])
+        gated_range(act, gb[0], ub[0], hb[0], f0, f1)
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        _quantize(hb, a_ffn, kinds, m + _DOWN, 1)
+        _product(m + _DOWN, mats, kinds, rows, a_ffn, tid, threads, db)
+        epoch += 1
+        if not meet(flags, tid, threads, epoch):
+            return False
+        bd = vecs[v + _BDOWN]
+        for j in range(d):
+            y = db[0, j] + bd[j] if bd.size else db[0, j]
+            x[0, j] = y + x[0, j]
+    rms_norm_rows(x, vecs[_NV * L], eps, xn)
+    _quantize(xn, a_d, kinds, _NM * L, 1)
+    _product(_NM * L, mats, kinds, rows, a_d, tid, threads, logits)
+    return True
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved, act,
+                   windows, cos, sin, caches, start, shared):
+    """The step on ``threads`` threads, one iteration each; a thread that is not the one its
+    index names (a threading layer that runs two iterations on one thread) abandons the region
+    rather than wait for itself."""
+    for tid in prange(threads):
+        if get_thread_id() != tid:
+            abort(flags, threads)
+        else:
+            _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale,
+                         interleaved, act, windows, cos, sin, caches, start, shared)
+
+
+# ---------------------------------------------------------------------------------------------
+# The network as the compiled step reads it.
+
+
+def _decoder_blocks(net) -> list[tuple] | None:
+    """``(attention norm, attention, MLP norm, MLP)`` of each block of a network laid out as
+    ``layer_builders.build_decoder`` builds it, or None for any other layout (a cell replaced,
+    disabled or linked elsewhere; another architecture's block)."""
+    cells = net.cells
+    if len(cells) < 3 or not (isinstance(cells[0], LLMEmbedding) and isinstance(cells[-2], LLMRMSNorm)
+                              and isinstance(cells[-1], LLMHead)):
+        return None
+    kinds = ((Sequential, (LLMRMSNorm, LLMAttention)), (Residual, ()), (Sequential, (LLMRMSNorm, LLMGatedMLP)),
+             (Residual, ()))
+    blocks = []
+    for block in cells[1:-2]:
+        if type(block) is not Sequential or len(block.children) != len(kinds):
+            return None
+        leaves = []
+        for child, (cls, inner) in zip(block.children, kinds, strict=True):
+            if type(child) is not cls or len(child.children) != len(inner):
+                return None
+            leaves += [c for c, k in zip(child.children, inner, strict=True) if type(c) is k]
+        if len(leaves) != 4:
+            return None
+        blocks.append(tuple(leaves))
+    return blocks
+
+
+class _Watch:
+    """What a network's fused layout (or its absence) depends on: the cells and containers'
+    children, each layer's switches and dtype, each layer's weights (version and block encoding,
+    by identity: the encodings seen are kept alive, so no other object can take their ids)."""
+
+    def __init__(self, net):
+        self.net = net
+        self.layers = list(net.all_layers())
+        self.containers = [la for la in self.layers if la.children]
+        self._seen = [getattr(la.weights, "encoded", None) for la in self.layers]
+        self.state = self._state()
+
+    def _state(self) -> tuple:
+        net = self.net
+        return (tuple(net.cells), tuple(tuple(c.children) for c in self.containers),
+                tuple((la.cfg.is_disabled, la.cfg.is_remote_link, la.cfg.dtype, getattr(la, "device_copy", None),
+                       la.weights, getattr(la.weights, "version", 0), id(getattr(la.weights, "encoded", None)))
+                      for la in self.layers))
+
+    def current(self) -> bool:
+        """Whether the network is still what it was when this watch began."""
+        return self._state() == self.state
+
+
+class FusedDecoder:
+    """A :class:`~.causal_lm.CausalLM`'s weights in the compiled step's layout (module doc), and
+    what the network looked like when they were gathered (:meth:`current`)."""
+
+    def __init__(self, net, blocks: list[tuple]):
+        self.embedding = net.cells[0]
+        mats, kinds, rows, vecs = List(), [], [], List()
+        empty = np.zeros(0, F32)
+
+        def vector(store, name):
+            m = store.current("float32").get(name)
+            return empty if m is None or store.is_filler(name, m) else np.array(m, F32).reshape(-1)
+
+        for attn_norm, attn, mlp_norm, mlp in blocks:
+            w = {**attn.weights.current(attn.cfg.dtype), **mlp.weights.current(mlp.cfg.dtype)}
+            for name in MATRICES:
+                kind, packed = repacked(w[name])
+                mats.append(packed)
+                kinds.append(kind)
+                rows.append(w[name].shape[0])
+            for name in VECTORS:
+                store = {"attn_norm": attn_norm.weights, "ffn_norm": mlp_norm.weights}.get(name)
+                if store is not None:
+                    vecs.append(vector(store, "gamma"))
+                else:
+                    vecs.append(vector(mlp.weights if name.startswith("b_") else attn.weights, name))
+        head = net.cells[-1].weights.current("float32")["weight"]
+        kind, packed = repacked(head)
+        mats.append(packed)
+        kinds.append(kind)
+        rows.append(head.shape[0])
+        vecs.append(vector(net.cells[-2].weights, "gamma"))
+        self.mats, self.vecs = mats, vecs
+        self.kinds, self.rows = np.array(kinds, np.int64), np.array(rows, np.int64)
+        attns = [b[1] for b in blocks]
+        s = attns[0].spec
+        self.attentions = attns
+        self.dims = np.array([head.shape[1], s.n_heads, s.n_kv_heads, s.head_dim, blocks[0][3].cfg.output_height,
+                              len(blocks)], np.int64)
+        self.eps = F32(blocks[0][0].eps)
+        self.qk_eps = F32(s.norm_eps)
+        self.scale = F32(attns[0]._scale())
+        self.interleaved = s.rope.interleaved
+        self.act = blocks[0][3].cfg.act_id
+        self.windows = np.array([a.spec.window or 0 for a in attns], np.int64)
+        self.vocab = head.shape[0]
+        self._buffers: tuple = ()
+        self._addresses = np.zeros((len(blocks), 3), np.int64)
+
+    @staticmethod
+    def fits(net, blocks: list[tuple]) -> bool:
+        """Whether the compiled step computes this decoder as the grid would: every matrix with
+        an integer kernel, the layers in float32 on the host, one norm eps, one head layout, one
+        RoPE layout and scale, an activation the step knows."""
+        leaves = [la for block in blocks for la in block] + list(net.cells[-2:]) + [net.cells[0]]
+        if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
+            return False
+        first = blocks[0]
+        s = first[1].spec
+        for norm1, attn, norm2, mlp in blocks:
+            a = attn.spec
+            if (norm1.eps, norm2.eps) != (first[0].eps, first[0].eps) or mlp.cfg.act_id not in GATED_ACTIVATIONS:
+                return False
+            if ((a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved, attn._scale())
+                    != (s.n_heads, s.n_kv_heads, s.head_dim, s.norm_eps, s.rope.interleaved, first[1]._scale())
+                    or mlp.cfg.act_id != first[3].cfg.act_id):
+                return False
+            w = {**attn.weights.current("float32"), **mlp.weights.current("float32")}
+            if not all(supports(w[name]) for name in MATRICES):
+                return False
+        return net.cells[-2].eps == first[0].eps and supports(net.cells[-1].weights.current("float32")["weight"])
+
+    def step(self, token: int, caches: list[KVCache]) -> np.ndarray | None:
+        """Logits ``[1, vocab]`` of ``token`` continuing the sequence in ``caches`` (one per
+        attention layer, moved on by one position), or None where the compiled step does not
+        apply (caches not float32 host ones at one offset) or its region was abandoned: the
+        caller then runs the grid, which rewrites what this wrote."""
+        start = caches[0].offset
+        if any(c.offset != start or not c.on_host_float32 for c in caches):
+            return None
+        for c in caches:
+            c.reserve(1)
+        if len(self._buffers) != len(caches) or any(c.values is not b for c, b in zip(caches, self._buffers,
+                                                                                     strict=True)):
+            self._addresses[:] = [c.host_buffers() for c in caches]  # after reserve: growth moves them
+            self._buffers = tuple(c.values for c in caches)
+        x0, _ = self.embedding.forward(np.array([[token]]), None)
+        cos, sin = self._angles(start)
+        d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
+        shared = tuple(np.empty((1, n), F32) for n in (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d,
+                                                       self.vocab))
+        _pace()
+        threads = numba.get_num_threads()
+        flags = counters(threads)
+        args = (flags, np.ascontiguousarray(x0.reshape(1, d)), self.mats, self.kinds, self.rows, self.vecs,
+                self.dims, self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
+                self._addresses, start, shared)
+        if threads == 1:
+            _step_worker(0, 1, *args)
+        else:
+            _step_parallel(threads, *args)
+        if flags[threads * PAD]:
+            return None
+        for c in caches:
+            c.offset += 1
+        return shared[-1]
+
+    def _angles(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each attention layer's RoPE cos and sin at position ``start``: ``[layers, head_dim / 2]``."""
+        cos = np.empty((len(self.attentions), int(self.dims[3]) // 2), F32)
+        sin = np.empty_like(cos)
+        for i, attn in enumerate(self.attentions):
+            c, s = attn.spec.rope._angles((start,), 1)
+            cos[i], sin[i] = c.reshape(-1), s.reshape(-1)
+        return cos, sin
+
+
+def fused_step(net, ids: np.ndarray, caches) -> np.ndarray | None:
+    """``net.step(ids, caches)``'s logits by the compiled step, or None where it does not apply
+    (module doc): ``ids`` ``[1, 1]`` and one sequence's caches, in the int8 mode, nothing
+    observing. The layout is gathered on first use and again after the network changes."""
+    if ids.shape != (1, 1) or caches is None or len(caches) != 1 or not int8_enabled():
+        return None
+    known = net.__dict__.get("_fused_decoder")
+    if known is None or not known[0].current():
+        blocks = _decoder_blocks(net)
+        known = net.__dict__["_fused_decoder"] = (
+            _Watch(net), FusedDecoder(net, blocks) if blocks and FusedDecoder.fits(net, blocks) else None)
+    return None if known[1] is None else known[1].step(int(ids[0, 0]), caches[0])
