@@ -81,11 +81,11 @@ class CausalLM(VolumetricNetwork):
         if self.on_device:
             self._check_placed(caches)
         run = CachedRun(self, caches)
-        if last_only and not run.listeners and not self.on_device:  # one compiled call, where it applies
-            logits = fused_step(self, x, caches)
+        if not run.listeners and not self.on_device:  # one compiled call, where it applies
+            logits = fused_step(self, x, caches)  # [1, vocab] of one new token, or None
             if logits is not None:
                 self.step_count += 1
-                return logits
+                return logits if last_only else logits[:, None, :]
         head = self.cells[-1]
         with single_threaded_blas():
             x = _call_cells(run, self.cells[:-1], x)
