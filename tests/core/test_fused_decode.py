@@ -100,6 +100,16 @@ def assert_same_bits(got, expected):
         assert np.array_equal(a, b), f"step {k}: {np.sum(a != b)} logits differ, max {np.max(np.abs(a - b))}"
 
 
+def twin_runs(monkeypatch, spy, make, run):
+    """``run(net)`` on a network from ``make()`` with the fused step allowed, and on another from
+    ``make()`` on the grid alone: (allowed result, grid result, the spy's answers)."""
+    allowed = run(make())
+    answers = list(spy)
+    with grid_only(monkeypatch):
+        grid = run(make())
+    return allowed, grid, answers
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. The real model.
 
@@ -235,18 +245,38 @@ def test_gelu_decoder_is_the_grid_bit_for_bit(n_threads, spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
+def test_caches_that_grow_alternate_trim_or_fork_are_followed(spy, monkeypatch):
+    """The step writes into the caches' buffers by address: a cache that grows (buffers moved at
+    256 positions), two sequences' caches taken in turn, a trimmed cache and a prefix cache's fork
+    (made at its exact length, so it grows at its first token) each get the grid's logits."""
+    long_prompt = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 250)]
+
+    def run(net):
+        a, b = net.make_cache(), net.make_cache()
+        out = []
+        with int8_activations():
+            out.append(net.step(np.array([long_prompt]), [a]))
+            out.append(net.step(np.array([PROMPT]), [b]))
+            for k in range(10):  # a passes 256 positions
+                for caches in (a, b):
+                    out.append(net.step(np.array([[k + 1]]), [caches]))
+            for c in b:
+                c.trim(3)
+            forked = [c.fork(c.offset - 2) for c in a]
+            for k in range(4):
+                for caches in (b, forked, a):
+                    out.append(net.step(np.array([[k + 20]]), [caches]))
+        assert [c.offset for c in a] == [264] * 2 and [c.offset for c in forked] == [262] * 2
+        assert [c.offset for c in b] == [len(PROMPT) + 10 - 3 + 4] * 2
+        return [np.array(o) for o in out]
+
+    fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("mixed-untied"), run)
+    assert answers == [False, False] + [True] * 32
+    assert_same_bits(fused, grid)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. What the step leaves to the grid gives the grid's result.
-
-
-def twin_runs(monkeypatch, spy, make, run):
-    """``run(net)`` on a network from ``make()`` with the fused step allowed, and on another from
-    ``make()`` on the grid alone: (allowed result, grid result, the spy's answers)."""
-    allowed = run(make())
-    answers = list(spy)
-    with grid_only(monkeypatch):
-        grid = run(make())
-    return allowed, grid, answers
 
 
 def test_an_observer_listening_keeps_the_step_on_the_grid(spy, monkeypatch):
