@@ -27,6 +27,9 @@ Q/K norm; the final norm last).
 
 from __future__ import annotations
 
+import threading
+from operator import attrgetter
+
 import numba
 import numpy as np
 from numba import carray, get_thread_id, njit, prange
@@ -35,7 +38,7 @@ from numba.typed import List
 from ..layers.containers import Residual, Sequential
 from .attention_kernel import _attend_item, _f32_pointer
 from .kv_cache import KVCache
-from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm
+from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
 from .norm_kernel import rms_norm_rows
 from .quant import _pace
@@ -73,10 +76,12 @@ def _activations(n):
     """One thread's buffers for a row of n values: the grouped Q8_1 set, the Q8_K set (when n is
     whole super-blocks) and the row itself ``[1, n]``."""
     nk = n if n % 256 == 0 else 256
-    return (np.empty((1, n), np.int8), np.empty((1, n // 32), F32), np.empty((1, n // 32), F32),
-            np.zeros((1, n // 8), np.int32)), \
-        (np.empty((1, nk), np.int8), np.empty((1, nk // 256), F32), np.empty((1, nk // 32), F32),
-         np.empty((1, nk // 16), np.int32), np.zeros((1, nk // 4), np.int32), np.empty((1, nk // 32), np.int32))
+    grouped = (np.empty((1, n), np.int8), np.empty((1, n // 32), F32), np.empty((1, n // 32), F32),
+               np.zeros((1, n // 8), np.int32))
+    q8_k = (np.empty((1, nk), np.int8), np.empty((1, nk // 256), F32), np.empty((1, nk // 32), F32),
+            np.empty((1, nk // 16), np.int32), np.zeros((1, nk // 4), np.int32),
+            np.empty((1, nk // 32), np.int32))
+    return grouped, q8_k
 
 
 @njit(cache=True, nogil=True)
@@ -247,8 +252,8 @@ def _decoder_blocks(net) -> list[tuple] | None:
     if len(cells) < 3 or not (isinstance(cells[0], LLMEmbedding) and isinstance(cells[-2], LLMRMSNorm)
                               and isinstance(cells[-1], LLMHead)):
         return None
-    kinds = ((Sequential, (LLMRMSNorm, LLMAttention)), (Residual, ()), (Sequential, (LLMRMSNorm, LLMGatedMLP)),
-             (Residual, ()))
+    kinds = ((Sequential, (LLMRMSNorm, LLMAttention)), (Residual, ()),
+             (Sequential, (LLMRMSNorm, LLMGatedMLP)), (Residual, ()))
     blocks = []
     for block in cells[1:-2]:
         if type(block) is not Sequential or len(block.children) != len(kinds):
@@ -265,23 +270,29 @@ def _decoder_blocks(net) -> list[tuple] | None:
 
 
 class _Watch:
-    """What a network's fused layout (or its absence) depends on: the cells and containers'
-    children, each layer's switches and dtype, each layer's weights (version and block encoding,
-    by identity: the encodings seen are kept alive, so no other object can take their ids)."""
+    """What a network's fused layout (or its absence) depends on: the cells, the containers'
+    children, each layer's switches, dtype and weight store, and each store's version and block
+    encoding (by identity: the encodings seen are kept alive, so no other object takes their
+    ids). Read with C-level maps (~270 layers for SmolLM2: a Python loop over them was ~90 us a
+    token, and more with the caches cold after a step has streamed the weights)."""
+
+    _switches = attrgetter("cfg.is_disabled", "cfg.is_remote_link", "cfg.dtype", "weights")
+    _children = attrgetter("children")
+    _encoded = attrgetter("encoded")
+    _version = attrgetter("version")
 
     def __init__(self, net):
         self.net = net
         self.layers = list(net.all_layers())
         self.containers = [la for la in self.layers if la.children]
-        self._seen = [getattr(la.weights, "encoded", None) for la in self.layers]
+        self.stores = [la.weights for la in self.layers if isinstance(la.weights, MatrixStore)]
+        self._seen = [st.encoded for st in self.stores]
         self.state = self._state()
 
-    def _state(self) -> tuple:
-        net = self.net
-        return (tuple(net.cells), tuple(tuple(c.children) for c in self.containers),
-                tuple((la.cfg.is_disabled, la.cfg.is_remote_link, la.cfg.dtype, getattr(la, "device_copy", None),
-                       la.weights, getattr(la.weights, "version", 0), id(getattr(la.weights, "encoded", None)))
-                      for la in self.layers))
+    def _state(self) -> list:
+        return [list(self.net.cells), list(map(list, map(self._children, self.containers))),
+                list(map(self._switches, self.layers)), list(map(self._version, self.stores)),
+                list(map(id, map(self._encoded, self.stores)))]
 
     def current(self) -> bool:
         """Whether the network is still what it was when this watch began."""
@@ -325,8 +336,8 @@ class FusedDecoder:
         attns = [b[1] for b in blocks]
         s = attns[0].spec
         self.attentions = attns
-        self.dims = np.array([head.shape[1], s.n_heads, s.n_kv_heads, s.head_dim, blocks[0][3].cfg.output_height,
-                              len(blocks)], np.int64)
+        ffn = blocks[0][3].cfg.output_height
+        self.dims = np.array([head.shape[1], s.n_heads, s.n_kv_heads, s.head_dim, ffn, len(blocks)], np.int64)
         self.eps = F32(blocks[0][0].eps)
         self.qk_eps = F32(s.norm_eps)
         self.scale = F32(attns[0]._scale())
@@ -334,31 +345,34 @@ class FusedDecoder:
         self.act = blocks[0][3].cfg.act_id
         self.windows = np.array([a.spec.window or 0 for a in attns], np.int64)
         self.vocab = head.shape[0]
-        self._buffers: tuple = ()
-        self._addresses = np.zeros((len(blocks), 3), np.int64)
+        by_rope: dict[int, tuple] = {}
+        for i, a in enumerate(attns):
+            by_rope.setdefault(id(a.spec.rope), (a.spec.rope, []))[1].append(i)
+        self.ropes = list(by_rope.values())
+        self._kept = threading.local()
 
     @staticmethod
     def fits(net, blocks: list[tuple]) -> bool:
         """Whether the compiled step computes this decoder as the grid would: every matrix with
-        an integer kernel, the layers in float32 on the host, one norm eps, one head layout, one
-        RoPE layout and scale, an activation the step knows."""
+        an integer kernel, the layers in float32 on the host, one norm eps, and the attention
+        shape, RoPE layout, score scale and activation alike in every block."""
         leaves = [la for block in blocks for la in block] + list(net.cells[-2:]) + [net.cells[0]]
         if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
             return False
-        first = blocks[0]
-        s = first[1].spec
-        for norm1, attn, norm2, mlp in blocks:
+
+        def shape(block) -> tuple:
+            norm1, attn, norm2, mlp = block
             a = attn.spec
-            if (norm1.eps, norm2.eps) != (first[0].eps, first[0].eps) or mlp.cfg.act_id not in GATED_ACTIVATIONS:
+            return (norm1.eps, norm2.eps, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
+                    attn._scale(), mlp.cfg.act_id)
+
+        first = shape(blocks[0])
+        for block in blocks:
+            w = {**block[1].weights.current("float32"), **block[3].weights.current("float32")}
+            if shape(block) != first or not all(supports(w[name]) for name in MATRICES):
                 return False
-            if ((a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved, attn._scale())
-                    != (s.n_heads, s.n_kv_heads, s.head_dim, s.norm_eps, s.rope.interleaved, first[1]._scale())
-                    or mlp.cfg.act_id != first[3].cfg.act_id):
-                return False
-            w = {**attn.weights.current("float32"), **mlp.weights.current("float32")}
-            if not all(supports(w[name]) for name in MATRICES):
-                return False
-        return net.cells[-2].eps == first[0].eps and supports(net.cells[-1].weights.current("float32")["weight"])
+        head = net.cells[-1].weights.current("float32")["weight"]
+        return first[0] == first[1] == net.cells[-2].eps and first[-1] in GATED_ACTIVATIONS and supports(head)
 
     def step(self, token: int, caches: list[KVCache]) -> np.ndarray | None:
         """Logits ``[1, vocab]`` of ``token`` continuing the sequence in ``caches`` (one per
@@ -366,25 +380,20 @@ class FusedDecoder:
         apply (caches not float32 host ones at one offset) or its region was abandoned: the
         caller then runs the grid, which rewrites what this wrote."""
         start = caches[0].offset
-        if any(c.offset != start or not c.on_host_float32 for c in caches):
-            return None
         for c in caches:
+            if c.offset != start or not c.on_host_float32:
+                return None
             c.reserve(1)
-        if len(self._buffers) != len(caches) or any(c.values is not b for c, b in zip(caches, self._buffers,
-                                                                                     strict=True)):
-            self._addresses[:] = [c.host_buffers() for c in caches]  # after reserve: growth moves them
-            self._buffers = tuple(c.values for c in caches)
+        addresses = np.array([c.host_buffers() for c in caches], np.int64)  # after reserve: growth moves them
         x0, _ = self.embedding.forward(np.array([[token]]), None)
         cos, sin = self._angles(start)
-        d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
-        shared = tuple(np.empty((1, n), F32) for n in (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d,
-                                                       self.vocab))
         _pace()
         threads = numba.get_num_threads()
         flags = counters(threads)
-        args = (flags, np.ascontiguousarray(x0.reshape(1, d)), self.mats, self.kinds, self.rows, self.vecs,
-                self.dims, self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
-                self._addresses, start, shared)
+        shared = self._scratch()
+        args = (flags, x0.reshape(1, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims, self.eps,
+                self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin, addresses, start,
+                shared)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
@@ -395,13 +404,24 @@ class FusedDecoder:
             c.offset += 1
         return shared[-1]
 
+    def _scratch(self) -> tuple:
+        """The step's shared rows: kept per calling thread (a step allocating ten arrays cost more
+        than its barriers), the logits new each step (the caller keeps them)."""
+        kept = self._kept.__dict__.get("rows")
+        if kept is None:
+            d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
+            widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
+            kept = self._kept.rows = tuple(np.empty((1, n), F32) for n in widths)
+        return (*kept, np.empty((1, self.vocab), F32))
+
     def _angles(self, start: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each attention layer's RoPE cos and sin at position ``start``: ``[layers, head_dim / 2]``."""
+        """Each attention layer's RoPE cos and sin at position ``start``: ``[layers, head_dim / 2]``
+        (one computation per distinct RoPE, as the grid's layers share it)."""
         cos = np.empty((len(self.attentions), int(self.dims[3]) // 2), F32)
         sin = np.empty_like(cos)
-        for i, attn in enumerate(self.attentions):
-            c, s = attn.spec.rope._angles((start,), 1)
-            cos[i], sin[i] = c.reshape(-1), s.reshape(-1)
+        for rope, layers in self.ropes:
+            c, s = rope._angles((start,), 1)
+            cos[layers], sin[layers] = c.reshape(-1), s.reshape(-1)
         return cos, sin
 
 

@@ -101,8 +101,13 @@ class KVCache:
     def host_buffers(self) -> tuple[int, int, int]:
         """``(address of the keys' [n_kv_heads, head_dim, capacity] buffer, address of the values',
         capacity)`` of a float32 host cache (:attr:`on_host_float32`), what
-        :func:`~.attention_kernel.append_and_attend` writes and reads; valid until the buffers grow."""
-        return self.keys.base.ctypes.data, self.values.ctypes.data, self.keys.shape[1]
+        :func:`~.attention_kernel.append_and_attend` writes and reads; valid until the buffers grow.
+        Kept per buffer (a decode step asks every layer's cache, and ``ctypes.data`` costs ~1 us)."""
+        known = self.__dict__.get("_host")
+        if known is None or known[0] is not self.values:
+            known = self._host = (self.values, (self.keys.base.ctypes.data, self.values.ctypes.data,
+                                                self.keys.shape[1]))
+        return known[1]
 
     def _grow(self, needed: int) -> None:
         capacity = min(self.max_size, -(-needed // self.step) * self.step)

@@ -11,15 +11,23 @@ The barrier is one counter per thread, each on its own cache line: a thread arri
 reaches it (acquire loads, so what they wrote before arriving is visible after). No counter is
 ever reset inside a region; the caller zeroes them before the next.
 
+Waiting beside other processes: a thread that spins holds its core, and the thread it waits
+for may be queued behind another process (on this 2-core machine a spinning barrier then cost a
+whole time slice per meeting: 0.5 s a token). After ``YIELD_AFTER`` pauses the waiter yields its
+core at every round, so the late thread can run there. (The kernels' thread count also drops to
+one beside a busy process: :mod:`.cpu_threads`.)
+
 The way out: a region whose threads do not all run at once (a threading layer that runs two
 iterations on one thread, or a team smaller than asked for) would wait forever. A thread that
-finds itself on another thread than its index, or waits longer than ``SPIN_LIMIT`` pauses
-(about a second), raises the shared abort flag, and every waiting thread returns False: the
+finds itself on another thread than its index, or waits longer than ``GIVE_UP_CYCLES`` (over a
+second), raises the shared abort flag, and every waiting thread returns False: the
 caller then computes the step another way (its writes are repeated there, so it is as if the
 region never ran).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from llvmlite import ir
@@ -30,7 +38,8 @@ from numba.extending import intrinsic
 from .quant_int8_rows import host_features
 
 PAD = 8  # int64 counters per cache line: each thread's counter on its own line
-SPIN_LIMIT = 1 << 24  # pauses before a wait gives up (~140 cycles each on this Xeon: about 1 s)
+YIELD_AFTER = 1 << 12  # pauses (~50 ns each here) before a wait also yields its core, each round
+GIVE_UP_CYCLES = 1 << 32  # a wait longer than this (~1.5 s at 2.6 GHz) abandons the region
 _I64 = ir.IntType(64)
 
 
@@ -54,6 +63,30 @@ def store_release(typingctx, a, i, v):
         builder.store_atomic(args[2], _element_pointer(context, builder, sig, args), "release", 8)
         return context.get_dummy_value()
     return types.none(a, i, types.int64), codegen
+
+
+@intrinsic
+def cycles(typingctx):
+    """The CPU's cycle counter (``rdtsc`` on x86): a clock for the wait's limit."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@intrinsic
+def yield_cpu(typingctx):
+    """``sched_yield()`` where the C library has it (POSIX), so that a thread we wait for,
+    queued behind another process, can run on our core. Called by its symbol, which the JIT
+    links from the process's libc (a ctypes function pointer would keep numba from caching)."""
+    def codegen(context, builder, sig, args):
+        if os.name == "posix":
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []),
+                                                "sched_yield")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
 
 
 @intrinsic
@@ -88,13 +121,17 @@ def meet(flags, tid, threads, epoch):
     for other in range(threads):
         if other == tid:
             continue
-        spins = 0
+        spins, since = 0, np.int64(0)
         while load_acquire(flags, other * PAD) < epoch:
             if load_acquire(flags, threads * PAD) != 0:
                 return False
             cpu_relax()
             spins += 1
-            if spins > SPIN_LIMIT:
-                abort(flags, threads)
-                return False
+            if spins == YIELD_AFTER:
+                since = cycles()
+            elif spins > YIELD_AFTER:
+                yield_cpu()
+                if cycles() - since > GIVE_UP_CYCLES:
+                    abort(flags, threads)
+                    return False
     return load_acquire(flags, threads * PAD) == 0
