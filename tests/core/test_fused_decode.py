@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from loomlab.core.activations import _SQRT_2_OVER_PI, GELU, SILU, activate
+from loomlab.core.errors import LoomShapeError
 from loomlab.core.llm import causal_lm, fused_decode
 from loomlab.core.llm.block_morph import encode
 from loomlab.core.llm.layer_builders import assemble_causal_lm, build_decoder, decoder_block, mlp_layer
@@ -273,6 +274,38 @@ def test_caches_that_grow_alternate_trim_or_fork_are_followed(spy, monkeypatch):
     fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("mixed-untied"), run)
     assert answers == [False, False] + [True] * 32
     assert_same_bits(fused, grid)
+
+
+@TWO_THREADS
+def test_the_thread_count_changing_between_steps_is_followed(spy, monkeypatch):
+    def run(net):
+        try:
+            return greedy(net, PROMPT, 8, between=lambda k: numba.set_num_threads(1 + k % 2))
+        finally:
+            numba.set_num_threads(before)
+
+    before = numba.get_num_threads()
+    (fused, _), (grid, _), answers = twin_runs(monkeypatch, spy, lambda: synthetic("qwen3-qk-norm"), run)
+    assert answers == [False] + [True] * 8
+    assert_same_bits(fused, grid)
+
+
+FLOAT_ID_BUG = pytest.mark.xfail(strict=True, reason="FusedDecoder.step embeds int(ids[0, 0]): 3.5 becomes "
+                                 "token 3 where the grid's embedding refuses it (reported to the lead)")
+
+
+@pytest.mark.parametrize("token", [VOCAB, -1, 2**40, pytest.param(3.5, marks=FLOAT_ID_BUG)])
+def test_a_bad_token_gets_the_grids_typed_error_and_moves_nothing(token, spy):
+    net = synthetic("32-blocks")
+    caches = net.make_cache()
+    with int8_activations():
+        net.step(np.array([PROMPT]), [caches])
+        with pytest.raises(LoomShapeError, match=rf"token ids must be integers in \[0, {VOCAB}\)"):
+            net.step(np.array([[token]]), [caches])
+        assert [c.offset for c in caches] == [len(PROMPT)] * 2
+        net.step(np.array([[3]]), [caches])
+    assert spy == [False, True]  # the fused step was the one asked (it raised before answering)
+    assert [c.offset for c in caches] == [len(PROMPT) + 1] * 2
 
 
 # ---------------------------------------------------------------------------------------------
