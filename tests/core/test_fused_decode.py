@@ -324,33 +324,51 @@ def test_an_observer_listening_keeps_the_step_on_the_grid(spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
-@pytest.mark.parametrize("where", ["head", "mlp"])
-def test_a_layer_morphed_to_a_loom_dtype_between_steps_is_noticed(where, spy, monkeypatch):
-    """Fused up to step 3; the LM head (a grid cell, morph_layer) or block 1's MLP (a child,
-    morph_sublayer) morphed to float16 there: the grid from then on; back in a block format at
-    step 6: fused again. Every step equals a grid run with the same morphs."""
-    def between(net):
-        def change(k):
-            if where == "head":
-                index = len(net.cells) - 1
-                if k == 3:
-                    morph_layer(net, index, "float16")
-                elif k == 6:
-                    morph_layer(net, index, "Q8_0")
-            else:
-                mlp = blocks_of(net)[1][1]
-                if k == 3:
-                    morph_sublayer(mlp, 2, "float16")
-                elif k == 6:
-                    mlp.cfg.dtype = mlp.weights.morph_parts({"gate": "Q4_K", "up": "Q6_K", "down": "Q5_0"})
-        return change
+def _morph_head(net, dtype):
+    morph_layer(net, len(net.cells) - 1, "float16" if dtype == "float16" else "Q8_0")
+
+
+def _morph_mlp(net, dtype):
+    mlp = blocks_of(net)[1][1]
+    if dtype == "float16":
+        morph_sublayer(mlp, 2, dtype)
+    else:  # a block format for each matrix again
+        mlp.cfg.dtype = mlp.weights.morph_parts({"gate": "Q4_K", "up": "Q6_K", "down": "Q5_0"})
+
+
+def _f16_down(net, dtype):
+    mlp = blocks_of(net)[0][1]
+    mlp.cfg.dtype = mlp.weights.morph_parts({"down": "F16" if dtype == "float16" else "Q4_1"})
+
+
+def _morph_embedding(net, dtype):
+    morph_layer(net, 0, "Q8_0" if dtype == "float16" else "Q4_0")
+
+
+GRID_FROM_3_TO_5 = [False, True, True, False, False, False, True, True, True]
+MORPHS = {"head": (_morph_head, GRID_FROM_3_TO_5), "mlp": (_morph_mlp, GRID_FROM_3_TO_5),
+          "f16-matrix": (_f16_down, GRID_FROM_3_TO_5),
+          "embedding-blocks": (_morph_embedding, [False] + [True] * 8)}
+
+
+@pytest.mark.parametrize("where", list(MORPHS))
+def test_a_layer_morphed_between_steps_is_noticed(where, spy, monkeypatch):
+    """At step 3: the LM head (a grid cell, morph_layer) or block 1's MLP (a child, morph_sublayer)
+    morphed to float16, or block 0's down matrix to F16 (no integer kernel): the grid from then
+    on; back in block formats at step 6: fused again. The embedding's table in a block format
+    changes what both paths embed but not whether the step applies. Every step equals a grid run
+    with the same morphs."""
+    morph, expected = MORPHS[where]
 
     def run(net):
-        return greedy(net, PROMPT, 8, between=between(net))
+        def change(k):
+            if k in (3, 6):
+                morph(net, "float16" if k == 3 else "blocks")
+        return greedy(net, PROMPT, 8, between=change)
 
     (fused, tokens), (grid, grid_tokens), answers = twin_runs(
         monkeypatch, spy, lambda: synthetic("mixed-untied"), run)
-    assert answers == [False, True, True, False, False, False, True, True, True]
+    assert answers == expected
     assert tokens == grid_tokens
     assert_same_bits(fused, grid)
 
