@@ -122,7 +122,7 @@ def _quantize_rows(akind, X, qs, d, s, sums):
                 dd, inv = q8_scale(x, o)
                 acc = I32(0)
                 for j in range(B):
-                    q = np.int32(roundf(x[o + j] * inv))
+                    q = roundf(x[o + j] * inv)
                     qs[t, o + j] = q
                     acc += q
                 d[t, b] = fp16_round(dd)

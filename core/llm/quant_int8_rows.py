@@ -135,20 +135,24 @@ def fp16_round(v):
 
 @njit(inline="always")
 def roundf(v):
-    """C's ``roundf``: halves away from zero (numpy's rint rounds them to even)."""
-    r = np.trunc(v)
-    if abs(v - r) >= F32(0.5):
-        r += F32(np.sign(v))
-    return r
+    """C's ``roundf`` (halves away from zero; numpy's rint rounds them to even) as an int32, for
+    ``|v| < 2**31`` (a quant's ``x / d`` is at most 127.5): truncated by the conversion, then one
+    step away from zero where the dropped fraction is at least a half. No branch and no libm
+    call, so a block's 32 roundings vectorize."""
+    i = np.int32(v)
+    step = np.int32(1) if v > 0 else np.int32(-1)
+    return i + step if abs(v - F32(i)) >= F32(0.5) else i
 
 
 @njit(inline="always")
 def q8_scale(x, o):
-    """Block ``x[o : o + 32]``'s Q8_0 scale ``max|x| / 127`` and its inverse (0 for a zero block)."""
-    amax = F32(0)
+    """Block ``x[o : o + 32]``'s Q8_0 scale ``max|x| / 127`` and its inverse (0 for a zero block).
+    The maximum is taken over the magnitudes' bits as integers (the same order as the floats'),
+    which vectorizes; a NaN in the block makes the scale NaN."""
+    top = np.int32(0)
     for j in range(32):
-        amax = max(amax, abs(x[o + j]))
-    dd = amax / F32(127)
+        top = max(top, _bits_of(x[np.uint64(o + j)]) & 0x7FFFFFFF)
+    dd = _float_of(top) / F32(127)
     return dd, (F32(1) / dd if dd != 0 else F32(0))
 
 
@@ -177,7 +181,7 @@ def quantize_grouped(X, xg, d, s, nsum):
             for half in range(2):
                 src, dst = b * 32 + 16 * half, g * 32 + 16 * (half * k + b - g)
                 for i in range(16):
-                    q = np.int32(roundf(x[src + i] * inv))
+                    q = roundf(x[src + i] * inv)
                     xg[t, dst + i] = q
                     acc += q
             d[t, b] = fp16_round(dd)
