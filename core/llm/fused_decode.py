@@ -252,6 +252,8 @@ def _decoder_blocks(net) -> list[tuple] | None:
     if len(cells) < 3 or not (isinstance(cells[0], LLMEmbedding) and isinstance(cells[-2], LLMRMSNorm)
                               and isinstance(cells[-1], LLMHead)):
         return None
+    if any(la.cfg.is_disabled or la.cfg.is_remote_link for cell in cells for la in cell.walk()):
+        return None  # the grid skips a disabled layer and runs a link's target: not this layout
     kinds = ((Sequential, (LLMRMSNorm, LLMAttention)), (Residual, ()),
              (Sequential, (LLMRMSNorm, LLMGatedMLP)), (Residual, ()))
     blocks = []
@@ -429,8 +431,9 @@ def fused_step(net, ids: np.ndarray, caches) -> np.ndarray | None:
     """``net.step(ids, caches)``'s logits by the compiled step, or None where it does not apply
     (module doc): ``ids`` ``[1, 1]`` and one sequence's caches, in the int8 mode, nothing
     observing. The layout is gathered on first use and again after the network changes."""
-    if ids.shape != (1, 1) or caches is None or len(caches) != 1 or not int8_enabled():
-        return None
+    if ids.shape != (1, 1) or ids.dtype.kind not in "iu" or caches is None or len(caches) != 1 \
+            or not int8_enabled():
+        return None  # (float ids: the grid's embedding checks they hold integers)
     known = net.__dict__.get("_fused_decoder")
     if known is None or not known[0].current():
         blocks = _decoder_blocks(net)
