@@ -389,22 +389,40 @@ def test_a_changed_weight_is_noticed(spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
-@pytest.mark.parametrize(("which", "expected"), [
-    # a disabled attention's cache waits: the caches then stand at two offsets, which the fused
-    # step leaves to the grid for good
-    ("block", [False, True, True] + [False] * 6), ("attention", [False, True, True] + [False] * 6),
-    ("head", [False, True, True, False, False, False, True, True, True])])
-def test_a_disabled_layer_keeps_the_step_on_the_grid(which, expected, spy, monkeypatch):
-    """Block 1's cell, block 1's attention (a child) or the LM head disabled from step 3 to 5
-    (fixed tokens: with the head disabled a step returns hidden states, not logits)."""
+def _disable(layer, on, net):
+    layer.cfg.is_disabled = on
+
+
+def _link_to_final_norm(layer, on, net):
+    """The layer stands for the final norm's cell while ``on`` (a remote link: the grid runs the
+    target in its place)."""
+    layer.cfg.is_remote_link, layer.cfg.target_x = on, len(net.cells) - 2
+
+
+# a skipped attention's cache waits: the caches then stand at two offsets, the grid's for good
+LAGGING = [False, True, True] + [False] * 6
+SWITCHES = {"disabled-block": ("block", _disable, LAGGING),
+            "disabled-attention": ("attention", _disable, LAGGING),
+            "disabled-head": ("head", _disable, GRID_FROM_3_TO_5),
+            "linked-mlp": ("mlp", _link_to_final_norm, GRID_FROM_3_TO_5)}
+
+
+@pytest.mark.parametrize("case", list(SWITCHES))
+def test_a_disabled_or_linked_layer_keeps_the_step_on_the_grid(case, spy, monkeypatch):
+    """Block 1's cell, its attention or MLP (children), or the LM head disabled or linked
+    elsewhere from step 3 to 5 (fixed tokens: with the head disabled a step returns hidden
+    states, not logits)."""
+    which, switch, expected = SWITCHES[case]
+
     def run(net):
-        layer = {"block": net.cells[2], "attention": blocks_of(net)[1][0], "head": net.cells[-1]}[which]
+        attn, mlp = blocks_of(net)[1]
+        layer = {"block": net.cells[2], "attention": attn, "mlp": mlp, "head": net.cells[-1]}[which]
         caches = net.make_cache()
         out = []
         with int8_activations():
             out.append(net.step(np.array([PROMPT]), [caches]))
             for k in range(1, 9):
-                layer.cfg.is_disabled = 3 <= k < 6
+                switch(layer, 3 <= k < 6, net)
                 out.append(net.step(np.array([[k]]), [caches]))
         return [np.array(o) for o in out], [c.offset for c in caches]
 
