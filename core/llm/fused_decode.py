@@ -1,4 +1,4 @@
-"""A decode step of the llama-style decoder as one compiled call, for the int8 mode.
+"""A decode step of a decoder-only language model as one compiled call, for the int8 mode.
 
 Why: in the int8 mode a SmolLM2 token was ~5 ms of integer kernels and ~2.5 ms of Python
 driving 30 blocks through the grid (norms, projections, RoPE, attention, residuals: ~80 us a
@@ -15,13 +15,14 @@ and sums, ``_attend_item``, :mod:`.mlp_kernel`), in the same order; the tests co
 logits of whole generations bit for bit. So the grid stays the definition, and this is only
 taken when it would compute the same thing: one sequence, one new token, the int8 mode, float32
 host caches, no observer listening (they see every layer's output, which this step never makes),
-and the network still the decoder it was built as (:meth:`FusedDecoder.current`: no cell
-replaced or disabled, no weight changed or morphed to a format without an integer kernel).
-Anything else returns None and the caller runs the grid.
+and the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
+qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
+:class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and
+the caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
-vectors ``11 i + j`` for j in :data:`VECTORS` (empty where the model has none: a filler bias, no
+vectors ``13 i + j`` for j in :data:`VECTORS` (empty where the model has none: a filler bias, no
 Q/K norm; the final norm last).
 """
 
@@ -49,10 +50,11 @@ from .spin_barrier import PAD, abort, counters, meet
 
 F32 = np.float32
 MATRICES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
-VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down", "q_norm", "k_norm")
+VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down", "q_norm", "k_norm",
+           "attn_post_norm", "ffn_post_norm")
 _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
-_ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM = range(_NV)
+_ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
 _SUPER = tuple(SUPER_KINDS)
 
 
@@ -120,6 +122,20 @@ def _plus(a, lo, hi, b):
     if b.size:
         for i in range(lo, hi):
             a[i] = a[i] + b[i - lo]
+
+
+@njit(cache=True, nogil=True)
+def _add_residual(x, y, bias, post_norm, eps):
+    """``x += norm(y + bias)`` over a row ``[1, d]``: the bias and the post-norm (gemma's) where
+    the block has them. ``y`` is shared, so each thread normalizes into its own row."""
+    d = x.shape[1]
+    row = np.empty((1, d), F32)
+    for j in range(d):
+        row[0, j] = y[0, j] + bias[j] if bias.size else y[0, j]
+    if post_norm.size:
+        rms_norm_rows(row, post_norm, eps, row)
+    for j in range(d):
+        x[0, j] = row[0, j] + x[0, j]
 
 
 @njit(cache=True, nogil=True)
@@ -196,10 +212,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
-        bo = vecs[v + _BO]
-        for j in range(d):
-            y = ob[0, j] + bo[j] if bo.size else ob[0, j]
-            x[0, j] = y + x[0, j]
+        _add_residual(x, ob, vecs[v + _BO], vecs[v + _APOST], eps)
         # the MLP; each thread activates the gate/up rows it computed
         rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
         _quantize(xn, a_d, kinds, m + _GATE, 2)
@@ -216,10 +229,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
-        bd = vecs[v + _BDOWN]
-        for j in range(d):
-            y = db[0, j] + bd[j] if bd.size else db[0, j]
-            x[0, j] = y + x[0, j]
+        _add_residual(x, db, vecs[v + _BDOWN], vecs[v + _FPOST], eps)
     rms_norm_rows(x, vecs[_NV * L], eps, xn)
     _quantize(xn, a_d, kinds, _NM * L, 1)
     _product(_NM * L, mats, kinds, rows, a_d, tid, threads, logits)
@@ -245,30 +255,37 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_ep
 
 
 def _decoder_blocks(net) -> list[tuple] | None:
-    """``(attention norm, attention, MLP norm, MLP)`` of each block of a network laid out as
-    ``layer_builders.build_decoder`` builds it, or None for any other layout (a cell replaced,
-    disabled or linked elsewhere; another architecture's block)."""
+    """``(attention norm, attention, its post-norm, MLP norm, MLP, its post-norm)`` of each block
+    (a post-norm None where the block has none) of a network laid out as
+    ``layer_builders.decoder_block`` lays out llama / mistral / qwen (``[norm, attention]``,
+    ``[norm, MLP]``) and gemma3 (each half with a norm after it too); None for any other layout
+    (a cell replaced, disabled or linked elsewhere; another architecture's block)."""
     cells = net.cells
     if len(cells) < 3 or not (isinstance(cells[0], LLMEmbedding) and isinstance(cells[-2], LLMRMSNorm)
                               and isinstance(cells[-1], LLMHead)):
         return None
     if any(la.cfg.is_disabled or la.cfg.is_remote_link for cell in cells for la in cell.walk()):
         return None  # the grid skips a disabled layer and runs a link's target: not this layout
-    kinds = ((Sequential, (LLMRMSNorm, LLMAttention)), (Residual, ()),
-             (Sequential, (LLMRMSNorm, LLMGatedMLP)), (Residual, ()))
     blocks = []
     for block in cells[1:-2]:
-        if type(block) is not Sequential or len(block.children) != len(kinds):
+        if type(block) is not Sequential or len(block.children) != 4 or \
+                any(type(block.children[k]) is not Residual or block.children[k].children for k in (1, 3)):
             return None
-        leaves = []
-        for child, (cls, inner) in zip(block.children, kinds, strict=True):
-            if type(child) is not cls or len(child.children) != len(inner):
-                return None
-            leaves += [c for c, k in zip(child.children, inner, strict=True) if type(c) is k]
-        if len(leaves) != 4:
+        halves = [_half(block.children[k], core) for k, core in ((0, LLMAttention), (2, LLMGatedMLP))]
+        if None in halves:
             return None
-        blocks.append(tuple(leaves))
+        blocks.append((*halves[0], *halves[1]))
     return blocks
+
+
+def _half(part, core) -> tuple | None:
+    """``(norm, core layer, post-norm or None)`` of a Sequential ``[norm, core]`` or ``[norm, core,
+    norm]``; None for anything else."""
+    kids = part.children
+    if type(part) is not Sequential or len(kids) not in (2, 3) or type(kids[0]) is not LLMRMSNorm \
+            or type(kids[1]) is not core or (len(kids) == 3 and type(kids[2]) is not LLMRMSNorm):
+        return None
+    return kids[0], kids[1], kids[2] if len(kids) == 3 else None
 
 
 class _Watch:
@@ -314,17 +331,18 @@ class FusedDecoder:
             m = store.current("float32").get(name)
             return empty if m is None or store.is_filler(name, m) else np.array(m, F32).reshape(-1)
 
-        for attn_norm, attn, mlp_norm, mlp in blocks:
+        for attn_norm, attn, attn_post, mlp_norm, mlp, mlp_post in blocks:
             w = {**attn.weights.current(attn.cfg.dtype), **mlp.weights.current(mlp.cfg.dtype)}
+            norms = {"attn_norm": attn_norm, "ffn_norm": mlp_norm, "attn_post_norm": attn_post,
+                     "ffn_post_norm": mlp_post}
             for name in MATRICES:
                 kind, packed = repacked(w[name])
                 mats.append(packed)
                 kinds.append(kind)
                 rows.append(w[name].shape[0])
             for name in VECTORS:
-                store = {"attn_norm": attn_norm.weights, "ffn_norm": mlp_norm.weights}.get(name)
-                if store is not None:
-                    vecs.append(vector(store, "gamma"))
+                if name in norms:
+                    vecs.append(empty if norms[name] is None else vector(norms[name].weights, "gamma"))
                 else:
                     vecs.append(vector(mlp.weights if name.startswith("b_") else attn.weights, name))
         head = net.cells[-1].weights.current("float32")["weight"]
@@ -338,13 +356,13 @@ class FusedDecoder:
         attns = [b[1] for b in blocks]
         s = attns[0].spec
         self.attentions = attns
-        ffn = blocks[0][3].cfg.output_height
+        ffn = blocks[0][4].cfg.output_height
         self.dims = np.array([head.shape[1], s.n_heads, s.n_kv_heads, s.head_dim, ffn, len(blocks)], np.int64)
         self.eps = F32(blocks[0][0].eps)
         self.qk_eps = F32(s.norm_eps)
         self.scale = F32(attns[0]._scale())
         self.interleaved = s.rope.interleaved
-        self.act = blocks[0][3].cfg.act_id
+        self.act = blocks[0][4].cfg.act_id
         self.windows = np.array([a.spec.window or 0 for a in attns], np.int64)
         self.vocab = head.shape[0]
         by_rope: dict[int, tuple] = {}
@@ -358,23 +376,24 @@ class FusedDecoder:
         """Whether the compiled step computes this decoder as the grid would: every matrix with
         an integer kernel, the layers in float32 on the host, one norm eps, and the attention
         shape, RoPE layout, score scale and activation alike in every block."""
-        leaves = [la for block in blocks for la in block] + list(net.cells[-2:]) + [net.cells[0]]
+        leaves = [la for block in blocks for la in block if la is not None] + [net.cells[0], *net.cells[-2:]]
         if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
             return False
 
         def shape(block) -> tuple:
-            norm1, attn, norm2, mlp = block
+            attn, mlp = block[1], block[4]
             a = attn.spec
-            return (norm1.eps, norm2.eps, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
+            norms = {la.eps for la in block if isinstance(la, LLMRMSNorm)}
+            return (len(norms), *norms, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
                     attn._scale(), mlp.cfg.act_id)
 
         first = shape(blocks[0])
         for block in blocks:
-            w = {**block[1].weights.current("float32"), **block[3].weights.current("float32")}
+            w = {**block[1].weights.current("float32"), **block[4].weights.current("float32")}
             if shape(block) != first or not all(supports(w[name]) for name in MATRICES):
                 return False
         head = net.cells[-1].weights.current("float32")["weight"]
-        return first[0] == first[1] == net.cells[-2].eps and first[-1] in GATED_ACTIVATIONS and supports(head)
+        return first[:2] == (1, net.cells[-2].eps) and first[-1] in GATED_ACTIVATIONS and supports(head)
 
     def step(self, token: int, caches: list[KVCache]) -> np.ndarray | None:
         """Logits ``[1, vocab]`` of ``token`` continuing the sequence in ``caches`` (one per
