@@ -26,6 +26,7 @@ from loomlab.core.llm.llm_layers import LLMGatedMLP, LLMHead
 from loomlab.core.llm.mlp_kernel import gated
 from loomlab.core.llm.model_args import ModelArgs
 from loomlab.core.llm.quant_int8 import int8_activations
+from loomlab.core.llm.rope import RopeConfig
 from loomlab.core.morph import morph_layer, morph_sublayer
 from loomlab.core.observe import CallbackObserver
 
@@ -201,6 +202,11 @@ CASES = {
     "one-kv-head": ({"num_kv_heads": 1, "num_layers": 3}, K_QUANTS, {}),
     "heads-of-32": ({"num_heads": 8, "num_kv_heads": 4, "head_dim": 32, "qk_norm": True,
                      "attention_biases": ("q", "k", "v"), "rope_interleaved": True}, MIXED, {"tied": False}),
+    # SmolLM2-like widths that are not whole super-blocks, 3 heads over 2 threads
+    "narrow": ({"hidden_size": 96, "num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
+                "intermediate_size": 160}, BLOCKS_32, {}),
+    "llama3-rope": ({"rope": RopeConfig(base=500000.0, kind="llama3", factor=8.0, original_context=4)},
+                    MIXED, {"tied": False}),
 }
 
 
