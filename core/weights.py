@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, edits
 from .backend import array_module, to_host
 from .errors import LoomConfigError
 
@@ -63,6 +63,10 @@ class WeightStore:
     # master otherwise (the language models' MatrixStore) starts without one.
     _device = None
     _host_stale = False
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        edits.bump()  # a compiled step built from these weights looks again (core.edits)
 
     def __init__(self, master, scale: float = 1.0):
         self.master = master

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import edits
 from ..activations import LINEAR
 from ..backend import array_module, host_dtype, to_host, widest_float
 from ..enums import ACTIVATIONS, lookup
@@ -92,6 +93,10 @@ class LayerConfig:
     def target(self) -> tuple[int, int, int, int]:
         return (self.target_z, self.target_y, self.target_x, self.target_l)
 
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        edits.bump()  # a compiled step built from this layer looks again (core.edits)
+
 
 CONFIG_FIELDS = tuple(f.name for f in fields(LayerConfig))
 
@@ -105,6 +110,12 @@ class Layer:
     # update from it there. ``grad`` is its host copy, made when something reads it.
     device_grad = None
     _host_grad: np.ndarray | None = None
+
+    def __setattr__(self, name, value):
+        if name == "children" and type(value) is not edits.EditedList:
+            value = edits.EditedList(value)  # its changes are edits too
+        object.__setattr__(self, name, value)
+        edits.bump()  # a compiled step built from this layer looks again (core.edits)
 
     def __init__(self, cfg: LayerConfig, weights: WeightStore | None = None,
                  children: list[Layer] | None = None):

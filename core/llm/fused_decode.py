@@ -36,6 +36,7 @@ import numpy as np
 from numba import carray, get_thread_id, njit, prange
 from numba.typed import List
 
+from .. import edits
 from ..layers.containers import Residual, Sequential
 from .attention_kernel import _attend_item, _f32_pointer
 from .kv_cache import KVCache
@@ -292,8 +293,8 @@ class _Watch:
     """What a network's fused layout (or its absence) depends on: the cells, the containers'
     children, each layer's switches, dtype and weight store, and each store's version and block
     encoding (by identity: the encodings seen are kept alive, so no other object takes their
-    ids). Read with C-level maps (~270 layers for SmolLM2: a Python loop over them was ~90 us a
-    token, and more with the caches cold after a step has streamed the weights)."""
+    ids). Compared only when :data:`loomlab.core.edits.last` moved (or the cells changed): a
+    comparison reads ~270 layers for SmolLM2, ~250 us a token with the caches cold after a step."""
 
     _switches = attrgetter("cfg.is_disabled", "cfg.is_remote_link", "cfg.dtype", "weights")
     _children = attrgetter("children")
@@ -302,10 +303,11 @@ class _Watch:
 
     def __init__(self, net):
         self.net = net
+        self.seen = edits.last  # read first: an edit during the reading below is seen next time
         self.layers = list(net.all_layers())
         self.containers = [la for la in self.layers if la.children]
         self.stores = [la.weights for la in self.layers if isinstance(la.weights, MatrixStore)]
-        self._seen = [st.encoded for st in self.stores]
+        self._kept = [st.encoded for st in self.stores]
         self.state = self._state()
 
     def _state(self) -> list:
@@ -315,7 +317,13 @@ class _Watch:
 
     def current(self) -> bool:
         """Whether the network is still what it was when this watch began."""
-        return self._state() == self.state
+        if edits.last == self.seen and self.net.cells == self.state[0]:
+            return True
+        seen = edits.last
+        if self._state() != self.state:
+            return False
+        self.seen = seen
+        return True
 
 
 class FusedDecoder:

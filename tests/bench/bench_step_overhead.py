@@ -5,7 +5,10 @@
 Greedy generation of ``--tokens`` tokens, timed three ways in one process (best of ``rounds``):
 the whole token (``generate``'s loop: step, choice, record), the ``net.step`` call alone, and the
 time inside the heavy kernels, summed by wrapping them: the weight matrices (``QuantMatrix``
-matvec / matmul / rows and ``linear`` on float arrays) and attention (``LLMAttention._attend``).
+matvec / matmul / rows and ``linear`` on float arrays) and attention (``LLMAttention._attend``);
+in the int8 mode a decode step is one compiled call (``fused_decode``), which counts whole as
+kernels (its norms, RoPE and residual adds included), and ``fused_steps`` says how many steps
+took it.
 Reported per token: kernels, the rest of the step (numpy's small ops: norms, RoPE, activations,
 residual adds, plus the Python that drives the layers) and the loop outside the step (logit
 processing, sampling, detokenizing, the record). Wrapping costs a clock read per kernel call
@@ -19,7 +22,7 @@ import json
 import time
 from contextlib import contextmanager
 
-from loomlab.core.llm import llm_layers, load_model, quant
+from loomlab.core.llm import causal_lm, fused_decode, llm_layers, load_model, quant
 from loomlab.core.procinfo import machine
 
 
@@ -27,6 +30,7 @@ class Clock:
     def __init__(self):
         self.kernels = 0.0
         self.step = 0.0
+        self.fused = 0
 
     def timed(self, fn, field: str):
         def wrapper(*args, **kwargs):
@@ -62,12 +66,20 @@ def one_round(model, prompt: str, tokens: int) -> dict:
             else:
                 clock.step += time.perf_counter() - t
 
+    def fused(*args, _real=causal_lm.fused_step):
+        logits = _real(*args)
+        clock.fused += logits is not None
+        return logits
+
     with (patched(qm, "matvec", clock.timed(qm.matvec, "kernels")),
           patched(qm, "matmul", clock.timed(qm.matmul, "kernels")),
           patched(qm, "rows", clock.timed(qm.rows, "kernels")),
           patched(att, "_attend", clock.timed(att._attend, "kernels")),
           patched(llm_layers, "int8_product", clock.timed(llm_layers.int8_product, "kernels")),
           patched(llm_layers, "int8_products", clock.timed(llm_layers.int8_products, "kernels")),
+          patched(fused_decode, "_step_parallel", clock.timed(fused_decode._step_parallel, "kernels")),
+          patched(fused_decode, "_step_worker", clock.timed(fused_decode._step_worker, "kernels")),
+          patched(causal_lm, "fused_step", fused),
           patched(model.net, "step", step)):
         records = list(model.generate(prompt, max_tokens=tokens))
     m = model.metrics()
@@ -75,7 +87,7 @@ def one_round(model, prompt: str, tokens: int) -> dict:
     kernels = clock.kernels - prefill["kernels"]
     return {"decode_tokens": n, "token_ms": m.decode_s / n * 1e3, "kernels_ms": kernels / n * 1e3,
             "step_outside_kernels_ms": (clock.step - kernels) / n * 1e3,
-            "loop_outside_step_ms": (m.decode_s - clock.step) / n * 1e3}
+            "loop_outside_step_ms": (m.decode_s - clock.step) / n * 1e3, "fused_steps": clock.fused}
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ step cannot pass on the grid alone, nor a fallback test on the fused step.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -127,6 +128,43 @@ def test_smollm2_generation_is_the_grid_bit_for_bit(smollm2, spy, monkeypatch, n
             grid, grid_tokens = greedy(net, prompt, 12)
     assert fused_tokens == grid_tokens
     assert_same_bits(fused, grid)
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    from loomlab.core.llm.textmodel import load_model
+
+    with load_model("gemma3-270m") as model:
+        yield model
+
+
+@pytest.mark.parametrize("n_threads", [pytest.param(2, marks=TWO_THREADS)])
+def test_gemma3_generation_is_the_grid_bit_for_bit(gemma3, spy, monkeypatch, n_threads):
+    """gemma3's blocks: a norm after each half, sliding and global layers with their own RoPE,
+    Q/K norms, GELU, Q4_K / Q6_K / Q5_0 / Q8_0 matrices, a scaled embedding."""
+    net = gemma3.net
+    prompt = gemma3.tokenizer.encode("The river Loom rises in the northern hills and")
+    with threads(n_threads):
+        fused, fused_tokens = greedy(net, prompt, 6)
+        assert spy == [False] + [True] * 6
+        with grid_only(monkeypatch):
+            grid, grid_tokens = greedy(net, prompt, 6)
+    assert fused_tokens == grid_tokens
+    assert_same_bits(fused, grid)
+
+
+def test_an_unknown_block_layout_stays_on_the_grid(spy, monkeypatch):
+    """A block whose attention half has a norm before and two after is no layout the step knows."""
+    def make():
+        net = synthetic("32-blocks")
+        half = net.cells[1].children[0]
+        half.children.append(copy.deepcopy(half.children[0]))
+        half.children.append(copy.deepcopy(half.children[0]))
+        return net
+
+    allowed, grid, answers = twin_runs(monkeypatch, spy, make, lambda net: greedy(net, PROMPT, 3)[0])
+    assert answers == [False] * 4
+    assert_same_bits(allowed, grid)
 
 
 # ---------------------------------------------------------------------------------------------
