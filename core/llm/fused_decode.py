@@ -13,8 +13,9 @@ Same bits as the grid: every number is computed by the functions the int8 mode's
 (``rms_norm_rows``, ``quantize_grouped`` / Q8_K, the repacked rows' products, RoPE's products
 and sums, ``_attend_item``, :mod:`.mlp_kernel`), in the same order; the tests compare the
 logits of whole generations bit for bit. So the grid stays the definition, and this is only
-taken when it would compute the same thing: one sequence, one new token, the int8 mode, float32
-host caches, no observer listening (they see every layer's output, which this step never makes),
+taken when it would compute the same thing: one new token for each of B sequences (a decode
+step, alone or batched: the products take the B rows together), the int8 mode, float32 host
+caches, no observer listening (they see every layer's output, which this step never makes),
 and the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
 qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
 :class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and
@@ -75,21 +76,21 @@ def _is_super(kind):
 
 
 @njit(cache=True, nogil=True)
-def _activations(n):
-    """One thread's buffers for a row of n values: the grouped Q8_1 set, the Q8_K set (when n is
-    whole super-blocks) and the row itself ``[1, n]``."""
+def _activations(B, n):
+    """One thread's buffers for B rows of n values: the grouped Q8_1 set and the Q8_K set (when
+    n is whole super-blocks)."""
     nk = n if n % 256 == 0 else 256
-    grouped = (np.empty((1, n), np.int8), np.empty((1, n // 32), F32), np.empty((1, n // 32), F32),
-               np.zeros((1, n // 8), np.int32))
-    q8_k = (np.empty((1, nk), np.int8), np.empty((1, nk // 256), F32), np.empty((1, nk // 32), F32),
-            np.empty((1, nk // 16), np.int32), np.zeros((1, nk // 4), np.int32),
-            np.empty((1, nk // 32), np.int32))
+    grouped = (np.empty((B, n), np.int8), np.empty((B, n // 32), F32), np.empty((B, n // 32), F32),
+               np.zeros((B, n // 8), np.int32))
+    q8_k = (np.empty((B, nk), np.int8), np.empty((B, nk // 256), F32), np.empty((B, nk // 32), F32),
+            np.empty((B, nk // 16), np.int32), np.zeros((B, nk // 4), np.int32),
+            np.empty((B, nk // 32), np.int32))
     return grouped, q8_k
 
 
 @njit(cache=True, nogil=True)
 def _quantize(x, acts, kinds, first, count):
-    """Row ``x[1, n]`` quantized for matrices ``first .. first + count - 1`` (grouped Q8_1 for the
+    """Rows ``x[B, n]`` quantized for matrices ``first .. first + count - 1`` (grouped Q8_1 for the
     32-weight formats, Q8_K for the super-blocks, each only if one of them needs it)."""
     grouped, k = acts
     need_g = need_k = False
@@ -106,7 +107,7 @@ def _quantize(x, acts, kinds, first, count):
 
 @njit(cache=True, nogil=True)
 def _product(m, mats, kinds, rows, acts, tid, threads, out):
-    """This thread's rows of matrix m times the quantized row in ``acts``, into ``out[0]``."""
+    """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``."""
     kind, n = kinds[m], rows[m]
     lo, hi = _share(n, tid, threads)
     w2 = mats[m].reshape(n, -1)
@@ -119,24 +120,27 @@ def _product(m, mats, kinds, rows, acts, tid, threads, out):
 
 @njit(inline="always")
 def _plus(a, lo, hi, b):
-    """``a[lo:hi] += b`` unless b is empty (no bias)."""
+    """``a[:, lo:hi] += b[lo:hi]`` unless b is empty (no bias)."""
     if b.size:
-        for i in range(lo, hi):
-            a[i] = a[i] + b[i - lo]
+        for r in range(a.shape[0]):
+            for i in range(lo, hi):
+                a[r, i] = a[r, i] + b[i]
 
 
 @njit(cache=True, nogil=True)
 def _add_residual(x, y, bias, post_norm, eps):
-    """``x += norm(y + bias)`` over a row ``[1, d]``: the bias and the post-norm (gemma's) where
-    the block has them. ``y`` is shared, so each thread normalizes into its own row."""
-    d = x.shape[1]
-    row = np.empty((1, d), F32)
-    for j in range(d):
-        row[0, j] = y[0, j] + bias[j] if bias.size else y[0, j]
+    """``x += norm(y + bias)`` over rows ``[B, d]``: the bias and the post-norm (gemma's) where
+    the block has them. ``y`` is shared, so each thread normalizes into its own rows."""
+    B, d = x.shape
+    rows = np.empty((B, d), F32)
+    for r in range(B):
+        for j in range(d):
+            rows[r, j] = y[r, j] + bias[j] if bias.size else y[r, j]
     if post_norm.size:
-        rms_norm_rows(row, post_norm, eps, row)
-    for j in range(d):
-        x[0, j] = row[0, j] + x[0, j]
+        rms_norm_rows(rows, post_norm, eps, rows)
+    for r in range(B):
+        for j in range(d):
+            x[r, j] = rows[r, j] + x[r, j]
 
 
 @njit(cache=True, nogil=True)
@@ -159,23 +163,26 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 @njit(cache=True, nogil=True)
 def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved,
-                 act, windows, cos, sin, caches, start, shared):
-    """Thread ``tid``'s part of one decode step (module doc); False if the region was abandoned."""
+                 act, windows, cos, sin, caches, starts, shared):
+    """Thread ``tid``'s part of one decode step of B sequences (module doc): ``x0[B, d]`` their
+    new tokens' embeddings, ``starts[B]`` their positions, ``caches[L, B, 3]`` their KV buffers,
+    ``cos``/``sin`` ``[L, B, head_dim / 2]``. False if the region was abandoned."""
     d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    B = x0.shape[0]
     qb, kb, vb, att, ob, gb, ub, hb, db, logits = shared
-    x = x0.copy()  # this thread's copy of the residual stream [1, d]
-    xn = np.empty((1, d), F32)
-    a_d, a_att, a_ffn = _activations(d), _activations(H * hd), _activations(ffn)
-    qr = np.empty((H, hd), F32)
+    x = x0.copy()  # this thread's copy of the residual stream [B, d]
+    xn = np.empty((B, d), F32)
+    a_d, a_att, a_ffn = _activations(B, d), _activations(B, H * hd), _activations(B, ffn)
+    qr = np.empty((B, H, hd), F32)
     scratch = np.empty((1, hd), F32)
     group = H // Hkv
-    kv0, kv1 = _share(Hkv, tid, threads)
-    h0, h1 = _share(H, tid, threads)
+    kv0, kv1 = _share(B * Hkv, tid, threads)  # (sequence, KV head) pairs
+    h0, h1 = _share(B * H, tid, threads)  # (sequence, query head) pairs
     f0, f1 = _share(ffn, tid, threads)
     epoch = 0
     for i in range(L):
         m, v = _NM * i, _NV * i
-        # attention: Q, K, V of the normed row
+        # attention: Q, K, V of the normed rows
         rms_norm_rows(x, vecs[v + _ANORM], eps, xn)
         _quantize(xn, a_d, kinds, m + _WQ, 3)
         _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
@@ -184,27 +191,31 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
-        # this thread's KV heads into the cache, its query heads rotated
-        cap = caches[i, 2]
-        keys_t = carray(_f32_pointer(caches[i, 0]), (Hkv, hd, cap))
-        values = carray(_f32_pointer(caches[i, 1]), (Hkv, cap, hd))
-        for kv in range(kv0, kv1):
-            o = kv * hd
-            bk, bv = vecs[v + _BK], vecs[v + _BV]
-            _rotated(kb[0, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
-                     cos[i], sin[i], interleaved, keys_t[kv, :, start], scratch)
+        # this thread's KV heads into the caches, its query heads rotated
+        bk, bv, bq = vecs[v + _BK], vecs[v + _BV], vecs[v + _BQ]
+        for item in range(kv0, kv1):
+            b, kv = item // Hkv, item % Hkv
+            cap, o, p = caches[i, b, 2], kv * hd, starts[b]
+            keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
+            values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
+            _rotated(kb[b, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
+                     cos[i, b], sin[i, b], interleaved, keys_t[kv, :, p], scratch)
             for j in range(hd):
-                values[kv, start, j] = vb[0, o + j] + bv[o + j] if bv.size else vb[0, o + j]
-        bq = vecs[v + _BQ]
-        for h in range(h0, h1):
+                values[kv, p, j] = vb[b, o + j] + bv[o + j] if bv.size else vb[b, o + j]
+        for item in range(h0, h1):
+            b, h = item // H, item % H
             o = h * hd
-            _rotated(qb[0, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
-                     cos[i], sin[i], interleaved, qr[h], scratch)
+            _rotated(qb[b, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
+                     cos[i, b], sin[i, b], interleaved, qr[b, h], scratch)
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
-        for h in range(h0, h1):
-            _attend_item(qr, h, h // group, keys_t, values, start, windows[i], scale, att[0])
+        for item in range(h0, h1):
+            b, h = item // H, item % H
+            cap = caches[i, b, 2]
+            keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
+            values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
+            _attend_item(qr[b], h, h // group, keys_t, values, starts[b], windows[i], scale, att[b])
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
@@ -214,14 +225,15 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         if not meet(flags, tid, threads, epoch):
             return False
         _add_residual(x, ob, vecs[v + _BO], vecs[v + _APOST], eps)
-        # the MLP; each thread activates the gate/up rows it computed
+        # the MLP; each thread activates the gate/up columns it computed
         rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
         _quantize(xn, a_d, kinds, m + _GATE, 2)
         _product(m + _GATE, mats, kinds, rows, a_d, tid, threads, gb)
         _product(m + _UP, mats, kinds, rows, a_d, tid, threads, ub)
-        _plus(gb[0], f0, f1, vecs[v + _BGATE][f0:f1] if vecs[v + _BGATE].size else vecs[v + _BGATE])
-        _plus(ub[0], f0, f1, vecs[v + _BUP][f0:f1] if vecs[v + _BUP].size else vecs[v + _BUP])
-        gated_range(act, gb[0], ub[0], hb[0], f0, f1)
+        _plus(gb, f0, f1, vecs[v + _BGATE])
+        _plus(ub, f0, f1, vecs[v + _BUP])
+        for b in range(B):
+            gated_range(act, gb[b], ub[b], hb[b], f0, f1)
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
@@ -239,7 +251,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
 
 @njit(cache=True, nogil=True, parallel=True)
 def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved, act,
-                   windows, cos, sin, caches, start, shared):
+                   windows, cos, sin, caches, starts, shared):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -248,7 +260,7 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_ep
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale,
-                         interleaved, act, windows, cos, sin, caches, start, shared)
+                         interleaved, act, windows, cos, sin, caches, starts, shared)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,67 +415,81 @@ class FusedDecoder:
         head = net.cells[-1].weights.current("float32")["weight"]
         return first[:2] == (1, net.cells[-2].eps) and first[-1] in GATED_ACTIVATIONS and supports(head)
 
-    def step(self, token: int, caches: list[KVCache]) -> np.ndarray | None:
-        """Logits ``[1, vocab]`` of ``token`` continuing the sequence in ``caches`` (one per
-        attention layer, moved on by one position), or None where the compiled step does not
-        apply (caches not float32 host ones at one offset) or its region was abandoned: the
-        caller then runs the grid, which rewrites what this wrote."""
-        start = caches[0].offset
-        for c in caches:
-            if c.offset != start or not c.on_host_float32:
-                return None
-            c.reserve(1)
-        addresses = np.array([c.host_buffers() for c in caches], np.int64)  # after reserve: growth moves them
-        x0, _ = self.embedding.forward(np.array([[token]]), None)
-        cos, sin = self._angles(start)
+    def step(self, tokens: np.ndarray, caches: list[list[KVCache]]) -> np.ndarray | None:
+        """Logits ``[B, vocab]`` of the integer ``tokens[B, 1]``, each continuing its sequence in
+        ``caches[b]`` (one per attention layer, moved on by one position), or None where the
+        compiled step does not apply (caches not float32 host ones, a sequence's caches at
+        different offsets) or its region was abandoned: the caller then runs the grid, which
+        rewrites what this wrote."""
+        starts = []
+        for row in caches:
+            start = row[0].offset
+            for c in row:
+                if c.offset != start or not c.on_host_float32:
+                    return None
+            starts.append(start)
+        for row in caches:
+            for c in row:
+                c.reserve(1)
+        # [layers, sequences, 3], after reserve: growth moves the buffers
+        addresses = np.array([[c.host_buffers() for c in row] for row in caches], np.int64).transpose(1, 0, 2)
+        x0, _ = self.embedding.forward(tokens, None)
+        cos, sin = self._angles(tuple(starts))
         _pace()
         threads = numba.get_num_threads()
         flags = counters(threads)
-        shared = self._scratch()
-        args = (flags, x0.reshape(1, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims, self.eps,
-                self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin, addresses, start,
-                shared)
+        B = len(caches)
+        shared = self._scratch(B)
+        args = (flags, x0.reshape(B, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims, self.eps,
+                self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
+                np.ascontiguousarray(addresses), np.array(starts, np.int64), shared)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
             _step_parallel(threads, *args)
         if flags[threads * PAD]:
             return None
-        for c in caches:
-            c.offset += 1
+        for row in caches:
+            for c in row:
+                c.offset += 1
         return shared[-1]
 
-    def _scratch(self) -> tuple:
-        """The step's shared rows: kept per calling thread (a step allocating ten arrays cost more
-        than its barriers), the logits new each step (the caller keeps them)."""
-        kept = self._kept.__dict__.get("rows")
-        if kept is None:
+    def _scratch(self, B: int) -> tuple:
+        """The step's shared rows for B sequences: kept per calling thread and batch size (a
+        step allocating ten arrays cost more than its barriers), the logits new each step (the
+        caller keeps them)."""
+        kept = self._kept.__dict__.setdefault("rows", {})
+        rows = kept.get(B)
+        if rows is None:
+            if len(kept) >= 8:  # batch sizes vary while serving
+                kept.clear()
             d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
             widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
-            kept = self._kept.rows = tuple(np.empty((1, n), F32) for n in widths)
-        return (*kept, np.empty((1, self.vocab), F32))
+            rows = kept[B] = tuple(np.empty((B, n), F32) for n in widths)
+        return (*rows, np.empty((B, self.vocab), F32))
 
-    def _angles(self, start: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each attention layer's RoPE cos and sin at position ``start``: ``[layers, head_dim / 2]``
-        (one computation per distinct RoPE, as the grid's layers share it)."""
-        cos = np.empty((len(self.attentions), int(self.dims[3]) // 2), F32)
+    def _angles(self, starts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Each attention layer's RoPE cos and sin at each sequence's position:
+        ``[layers, sequences, head_dim / 2]`` (one computation per distinct RoPE, as the grid's
+        layers share it)."""
+        cos = np.empty((len(self.attentions), len(starts), int(self.dims[3]) // 2), F32)
         sin = np.empty_like(cos)
         for rope, layers in self.ropes:
-            c, s = rope._angles((start,), 1)
-            cos[layers], sin[layers] = c.reshape(-1), s.reshape(-1)
+            c, s = rope._angles(starts, 1)
+            cos[layers], sin[layers] = c.reshape(len(starts), -1), s.reshape(len(starts), -1)
         return cos, sin
 
 
 def fused_step(net, ids: np.ndarray, caches) -> np.ndarray | None:
     """``net.step(ids, caches)``'s logits by the compiled step, or None where it does not apply
-    (module doc): ``ids`` ``[1, 1]`` and one sequence's caches, in the int8 mode, nothing
+    (module doc): integer ``ids`` ``[B, 1]`` and each sequence's caches, in the int8 mode, nothing
     observing. The layout is gathered on first use and again after the network changes."""
-    if ids.shape != (1, 1) or ids.dtype.kind not in "iu" or caches is None or len(caches) != 1 \
-            or not int8_enabled():
+    if ids.ndim != 2 or ids.shape[1] != 1 or ids.dtype.kind not in "iu" or caches is None \
+            or len(caches) != ids.shape[0] or not int8_enabled():
         return None  # (float ids: the grid's embedding checks they hold integers)
     known = net.__dict__.get("_fused_decoder")
     if known is None or not known[0].current():
         blocks = _decoder_blocks(net)
         known = net.__dict__["_fused_decoder"] = (
             _Watch(net), FusedDecoder(net, blocks) if blocks and FusedDecoder.fits(net, blocks) else None)
-    return None if known[1] is None else known[1].step(int(ids[0, 0]), caches[0])
+    return None if known[1] is None else known[1].step(ids, caches)

@@ -2,7 +2,8 @@
 every step's logits bit for bit, on the real SmolLM2 and on small llama-style decoders of every
 feature the step reads (block formats, biases, Q/K norms, sliding windows, RoPE layouts, tied or
 untied heads); and every case it must leave to the grid (observers, morphed or disabled layers,
-float16 caches, batches, prompts, a region that cannot run) gives the grid's logits.
+float16 caches, prompts, a region that cannot run) gives the grid's logits; a batch is fused and
+equals the grid and each sequence alone.
 
 Each test also counts the fused step's answers (:func:`spy`), so a test meant for the fused
 step cannot pass on the grid alone, nor a fallback test on the fused step.
@@ -484,7 +485,7 @@ def test_float16_caches_keep_the_step_on_the_grid(spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
-def test_a_batch_of_two_and_a_prompt_keep_the_step_on_the_grid(spy, monkeypatch):
+def test_a_prompt_stays_on_the_grid_and_a_batch_of_two_is_fused(spy, monkeypatch):
     def run(net):
         caches = [net.make_cache(), net.make_cache()]
         out = []
@@ -498,8 +499,37 @@ def test_a_batch_of_two_and_a_prompt_keep_the_step_on_the_grid(spy, monkeypatch)
         return [np.array(o) for o in out]
 
     fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("k-quants"), run)
-    assert answers == [False, False, False, True]
+    assert answers == [False, True, False, True]
     assert_same_bits(fused, grid)
+
+
+@pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
+@pytest.mark.parametrize("case", ["k-quants", "32-blocks"])
+def test_a_batch_is_the_grid_and_each_sequence_alone_bit_for_bit(case, n_threads, spy, monkeypatch):
+    """Three sequences at different positions decoded together: each step's logits are the
+    grid's batched step's, and each sequence's are what it gets decoded alone."""
+    prompts = [PROMPT, PROMPT[:3], PROMPT[::-1] + [1, 2]]
+
+    def together(net):
+        caches = [net.make_cache() for _ in prompts]
+        tokens, out = [], []
+        with int8_activations():
+            for p, c in zip(prompts, caches, strict=True):
+                tokens.append(int(np.argmax(net.step(np.array([p]), [c])[0])))
+            for _ in range(6):
+                logits = np.array(net.step(np.array(tokens)[:, None], caches))
+                out.append(logits)
+                tokens = [int(np.argmax(row)) for row in logits]
+        return out
+
+    with threads(n_threads):
+        fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic(case), together)
+        assert answers == [False] * len(prompts) + [True] * 6
+        assert_same_bits(fused, grid)
+        net = synthetic(case)
+        for b, p in enumerate(prompts):  # alone: the prompt's logits, then 6 steps
+            alone, _ = greedy(net, p, 6)
+            assert_same_bits([step[b:b + 1] for step in fused], alone[1:])
 
 
 def test_int8_mode_off_keeps_the_step_on_the_grid(spy, monkeypatch):
