@@ -67,11 +67,15 @@ def _u(i):
 
 
 @njit(inline="always")
-def _exp(x):
-    """e**x for x <= 0 (cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, times 2**n built
-    from bits), within 2 ulp; numba's exp calls libm once per element, this one vectorizes."""
-    x = max(x, F32(-87.0))  # e**-87 is ~1e-38: a weight that vanishes beside the max's 1
-    n = np.floor(x * F32(1.44269504088896341) + F32(0.5))
+def exp_poly(x):
+    """e**x (cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, times 2**n built from
+    bits), within 2 ulp for x in [-87, 88]; numba's exp calls libm once per element, this one
+    vectorizes. Below -87 it gives e**-87 (~1e-38: a weight that vanishes beside the max's 1),
+    above 88 e**88 (~1.7e38; 2**n would overflow the exponent's bits)."""
+    x = min(max(x, F32(-87.0)), F32(88.0))
+    t = x * F32(1.44269504088896341) + F32(0.5)
+    i = np.int32(t)  # floor(t) by conversion (exact here): numba's np.floor is a call, no vector op
+    n = F32(i) - (F32(1.0) if F32(i) > t else F32(0.0))
     r = x - n * F32(0.693359375) + n * F32(2.12194440e-4)
     y = F32(1.9875691500e-4) * r + F32(1.3981999507e-3)
     y = y * r + F32(8.3334519073e-3)
@@ -104,11 +108,11 @@ def _attend_item(q, h, kv, keys_t, values, p, window, scale, out):
     lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes i = j, j + L, ...
     for c in range(0, n - n % LANES, LANES):
         for j in range(LANES):
-            e = _exp(w[_u(c + j)] - top)
+            e = exp_poly(w[_u(c + j)] - top)
             w[_u(c + j)] = e
             lanes[j] += e
     for i in range(n - n % LANES, n):
-        w[i] = _exp(w[i] - top)
+        w[i] = exp_poly(w[i] - top)
         lanes[i % LANES] += w[i]
     total = F32(0)
     for j in range(LANES):
