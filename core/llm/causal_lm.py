@@ -82,10 +82,10 @@ class CausalLM(VolumetricNetwork):
             self._check_placed(caches)
         run = CachedRun(self, caches)
         if not run.listeners and not self.on_device:  # one compiled call, where it applies
-            logits = fused_step(self, x, caches)  # [1, vocab] of one new token, or None
+            logits = fused_step(self, x, caches, last_only)
             if logits is not None:
                 self.step_count += 1
-                return logits if last_only else logits[:, None, :]
+                return logits
         head = self.cells[-1]
         with single_threaded_blas():
             x = _call_cells(run, self.cells[:-1], x)

@@ -13,13 +13,13 @@ Same bits as the grid: every number is computed by the functions the int8 mode's
 (``rms_norm_rows``, ``quantize_grouped`` / Q8_K, the repacked rows' products, RoPE's products
 and sums, ``_attend_item``, :mod:`.mlp_kernel`), in the same order; the tests compare the
 logits of whole generations bit for bit. So the grid stays the definition, and this is only
-taken when it would compute the same thing: one new token for each of B sequences (a decode
-step, alone or batched: the products take the B rows together), the int8 mode, float32 host
-caches, no observer listening (they see every layer's output, which this step never makes),
-and the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
-qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
-:class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and
-the caller runs the grid.
+taken when it would compute the same thing: T new tokens for each of B sequences, at most
+MAX_ROWS rows in all (a decode step alone or batched, a speculative verification, a short
+prompt: the products take the rows together), the int8 mode, float32 host caches, no observer
+listening (they see every layer's output, which this step never makes), and the network still a
+decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral, qwen2/3, gemma3) with
+every matrix in a format with an integer kernel (re-checked whenever :class:`_Watch` sees a
+cell, child, switch or weight change). Anything else returns None and the caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
@@ -64,6 +64,10 @@ _SUPER = tuple(SUPER_KINDS)
 # 77-78, 256 KiB 189-195 / 73-75, the whole share 177-187 / 53-55; prefetching the next piece
 # whole besides made both slower.
 PIECE_BYTES = 65536
+# Rows (sequences x new tokens) a step may have: decode, speculative verification and batches.
+# Every thread quantizes every row itself, so a long prompt is left to the grid, which
+# quantizes its rows once for all threads.
+MAX_ROWS = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,21 +181,23 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 @njit(cache=True, nogil=True)
 def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved,
-                 act, windows, cos, sin, caches, starts, shared):
-    """Thread ``tid``'s part of one decode step of B sequences (module doc): ``x0[B, d]`` their
-    new tokens' embeddings, ``starts[B]`` their positions, ``caches[L, B, 3]`` their KV buffers,
-    ``cos``/``sin`` ``[L, B, head_dim / 2]``. False if the region was abandoned."""
+                 act, windows, cos, sin, caches, starts, T, last_only, shared):
+    """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
+    ``x0[B * T, d]`` their embeddings (row ``b * T + t``), ``starts[B]`` each sequence's first
+    new position, ``caches[L, B, 3]`` their KV buffers, ``cos``/``sin`` ``[L, B * T, head_dim /
+    2]``; the head over every row, or each sequence's last (``last_only``). False if the region
+    was abandoned."""
     d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    B = x0.shape[0]
+    R = x0.shape[0]
     qb, kb, vb, att, ob, gb, ub, hb, db, logits = shared
-    x = x0.copy()  # this thread's copy of the residual stream [B, d]
-    xn = np.empty((B, d), F32)
-    a_d, a_att, a_ffn = _activations(B, d), _activations(B, H * hd), _activations(B, ffn)
-    qr = np.empty((B, H, hd), F32)
+    x = x0.copy()  # this thread's copy of the residual stream [R, d]
+    xn = np.empty((R, d), F32)
+    a_d, a_att, a_ffn = _activations(R, d), _activations(R, H * hd), _activations(R, ffn)
+    qr = np.empty((R, H, hd), F32)
     scratch = np.empty((1, hd), F32)
     group = H // Hkv
-    kv0, kv1 = _share(B * Hkv, tid, threads)  # (sequence, KV head) pairs
-    h0, h1 = _share(B * H, tid, threads)  # (sequence, query head) pairs
+    kv0, kv1 = _share(R * Hkv, tid, threads)  # (row, KV head) pairs
+    h0, h1 = _share(R * H, tid, threads)  # (row, query head) pairs
     f0, f1 = _share(ffn, tid, threads)
     epoch = 0
     for i in range(L):
@@ -208,28 +214,30 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         # this thread's KV heads into the caches, its query heads rotated
         bk, bv, bq = vecs[v + _BK], vecs[v + _BV], vecs[v + _BQ]
         for item in range(kv0, kv1):
-            b, kv = item // Hkv, item % Hkv
-            cap, o, p = caches[i, b, 2], kv * hd, starts[b]
+            r, kv = item // Hkv, item % Hkv
+            b = r // T
+            cap, o, p = caches[i, b, 2], kv * hd, starts[b] + r % T
             keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
             values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
-            _rotated(kb[b, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
-                     cos[i, b], sin[i, b], interleaved, keys_t[kv, :, p], scratch)
+            _rotated(kb[r, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
+                     cos[i, r], sin[i, r], interleaved, keys_t[kv, :, p], scratch)
             for j in range(hd):
-                values[kv, p, j] = vb[b, o + j] + bv[o + j] if bv.size else vb[b, o + j]
+                values[kv, p, j] = vb[r, o + j] + bv[o + j] if bv.size else vb[r, o + j]
         for item in range(h0, h1):
-            b, h = item // H, item % H
+            r, h = item // H, item % H
             o = h * hd
-            _rotated(qb[b, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
-                     cos[i, b], sin[i, b], interleaved, qr[b, h], scratch)
+            _rotated(qb[r, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
+                     cos[i, r], sin[i, r], interleaved, qr[r, h], scratch)
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
         for item in range(h0, h1):
-            b, h = item // H, item % H
+            r, h = item // H, item % H
+            b = r // T
             cap = caches[i, b, 2]
             keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
             values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
-            _attend_item(qr[b], h, h // group, keys_t, values, starts[b], windows[i], scale, att[b])
+            _attend_item(qr[r], h, h // group, keys_t, values, starts[b] + r % T, windows[i], scale, att[r])
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
@@ -246,8 +254,8 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         _product(m + _UP, mats, kinds, rows, a_d, tid, threads, ub)
         _plus(gb, f0, f1, vecs[v + _BGATE])
         _plus(ub, f0, f1, vecs[v + _BUP])
-        for b in range(B):
-            gated_range(act, gb[b], ub[b], hb[b], f0, f1)
+        for r in range(R):
+            gated_range(act, gb[r], ub[r], hb[r], f0, f1)
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
@@ -257,6 +265,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         if not meet(flags, tid, threads, epoch):
             return False
         _add_residual(x, db, vecs[v + _BDOWN], vecs[v + _FPOST], eps)
+    if last_only and T > 1:  # each sequence's last row alone
+        x = np.ascontiguousarray(x[T - 1::T])
+        xn, a_d = np.empty_like(x), _activations(x.shape[0], d)
     rms_norm_rows(x, vecs[_NV * L], eps, xn)
     _quantize(xn, a_d, kinds, _NM * L, 1)
     _product(_NM * L, mats, kinds, rows, a_d, tid, threads, logits)
@@ -265,7 +276,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
 
 @njit(cache=True, nogil=True, parallel=True)
 def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved, act,
-                   windows, cos, sin, caches, starts, shared):
+                   windows, cos, sin, caches, starts, T, last_only, shared):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -274,7 +285,7 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_ep
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale,
-                         interleaved, act, windows, cos, sin, caches, starts, shared)
+                         interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,12 +440,14 @@ class FusedDecoder:
         head = net.cells[-1].weights.current("float32")["weight"]
         return first[:2] == (1, net.cells[-2].eps) and first[-1] in GATED_ACTIVATIONS and supports(head)
 
-    def step(self, tokens: np.ndarray, caches: list[list[KVCache]]) -> np.ndarray | None:
-        """Logits ``[B, vocab]`` of the integer ``tokens[B, 1]``, each continuing its sequence in
-        ``caches[b]`` (one per attention layer, moved on by one position), or None where the
+    def step(self, tokens: np.ndarray, caches: list[list[KVCache]], last_only: bool) -> np.ndarray | None:
+        """Logits of the integer ``tokens[B, T]``, each row continuing its sequence in
+        ``caches[b]`` (one per attention layer, moved on by T positions): ``[B, vocab]`` for each
+        sequence's last token when ``last_only``, else ``[B, T, vocab]``; or None where the
         compiled step does not apply (caches not float32 host ones, a sequence's caches at
         different offsets) or its region was abandoned: the caller then runs the grid, which
         rewrites what this wrote."""
+        B, T = tokens.shape
         starts = []
         for row in caches:
             start = row[0].offset
@@ -444,19 +457,18 @@ class FusedDecoder:
             starts.append(start)
         for row in caches:
             for c in row:
-                c.reserve(1)
+                c.reserve(T)
         # [layers, sequences, 3], after reserve: growth moves the buffers
         addresses = np.array([[c.host_buffers() for c in row] for row in caches], np.int64).transpose(1, 0, 2)
         x0, _ = self.embedding.forward(tokens, None)
-        cos, sin = self._angles(tuple(starts))
+        cos, sin = self._angles(tuple(starts), T)
         _pace()
         threads = numba.get_num_threads()
         flags = counters(threads)
-        B = len(caches)
-        shared = self._scratch(B)
-        args = (flags, x0.reshape(B, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims, self.eps,
-                self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
-                np.ascontiguousarray(addresses), np.array(starts, np.int64), shared)
+        shared = self._scratch(B * T, B if last_only else B * T)
+        args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims,
+                self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
+                np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
@@ -465,40 +477,41 @@ class FusedDecoder:
             return None
         for row in caches:
             for c in row:
-                c.offset += 1
-        return shared[-1]
+                c.offset += T
+        return shared[-1] if last_only else shared[-1].reshape(B, T, -1)
 
-    def _scratch(self, B: int) -> tuple:
-        """The step's shared rows for B sequences: kept per calling thread and batch size (a
-        step allocating ten arrays cost more than its barriers), the logits new each step (the
-        caller keeps them)."""
+    def _scratch(self, R: int, heads: int) -> tuple:
+        """The step's shared arrays for R rows: kept per calling thread and row count (a step
+        allocating ten arrays cost more than its barriers), the logits of ``heads`` rows new each
+        step (the caller keeps them)."""
         kept = self._kept.__dict__.setdefault("rows", {})
-        rows = kept.get(B)
+        rows = kept.get(R)
         if rows is None:
             if len(kept) >= 8:  # batch sizes vary while serving
                 kept.clear()
             d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
             widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
-            rows = kept[B] = tuple(np.empty((B, n), F32) for n in widths)
-        return (*rows, np.empty((B, self.vocab), F32))
+            rows = kept[R] = tuple(np.empty((R, n), F32) for n in widths)
+        return (*rows, np.empty((heads, self.vocab), F32))
 
-    def _angles(self, starts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Each attention layer's RoPE cos and sin at each sequence's position:
-        ``[layers, sequences, head_dim / 2]`` (one computation per distinct RoPE, as the grid's
-        layers share it)."""
-        cos = np.empty((len(self.attentions), len(starts), int(self.dims[3]) // 2), F32)
+    def _angles(self, starts: tuple[int, ...], T: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each attention layer's RoPE cos and sin at each row's position: ``[layers, sequences *
+        T, head_dim / 2]`` (one computation per distinct RoPE, as the grid's layers share it)."""
+        R = len(starts) * T
+        cos = np.empty((len(self.attentions), R, int(self.dims[3]) // 2), F32)
         sin = np.empty_like(cos)
         for rope, layers in self.ropes:
-            c, s = rope._angles(starts, 1)
-            cos[layers], sin[layers] = c.reshape(len(starts), -1), s.reshape(len(starts), -1)
+            c, s = rope._angles(starts, T)
+            cos[layers], sin[layers] = c.reshape(R, -1), s.reshape(R, -1)
         return cos, sin
 
 
-def fused_step(net, ids: np.ndarray, caches) -> np.ndarray | None:
+def fused_step(net, ids: np.ndarray, caches, last_only: bool = True) -> np.ndarray | None:
     """``net.step(ids, caches)``'s logits by the compiled step, or None where it does not apply
-    (module doc): integer ``ids`` ``[B, 1]`` and each sequence's caches, in the int8 mode, nothing
-    observing. The layout is gathered on first use and again after the network changes."""
-    if ids.ndim != 2 or ids.shape[1] != 1 or ids.dtype.kind not in "iu" or caches is None \
+    (module doc): integer ``ids`` ``[B, T]`` (at most MAX_ROWS in all) and each sequence's caches,
+    in the int8 mode, nothing observing; ``last_only`` as ``CausalLM.step``'s. The layout is
+    gathered on first use and again after the network changes."""
+    if ids.ndim != 2 or ids.size > MAX_ROWS or ids.dtype.kind not in "iu" or caches is None \
             or len(caches) != ids.shape[0] or not int8_enabled():
         return None  # (float ids: the grid's embedding checks they hold integers)
     known = net.__dict__.get("_fused_decoder")
@@ -506,4 +519,4 @@ def fused_step(net, ids: np.ndarray, caches) -> np.ndarray | None:
         blocks = _decoder_blocks(net)
         known = net.__dict__["_fused_decoder"] = (
             _Watch(net), FusedDecoder(net, blocks) if blocks and FusedDecoder.fits(net, blocks) else None)
-    return None if known[1] is None else known[1].step(ids, caches)
+    return None if known[1] is None else known[1].step(ids, caches, last_only)

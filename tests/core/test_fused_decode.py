@@ -2,8 +2,9 @@
 every step's logits bit for bit, on the real SmolLM2 and on small llama-style decoders of every
 feature the step reads (block formats, biases, Q/K norms, sliding windows, RoPE layouts, tied or
 untied heads); and every case it must leave to the grid (observers, morphed or disabled layers,
-float16 caches, prompts, a region that cannot run) gives the grid's logits; a batch is fused and
-equals the grid and each sequence alone.
+float16 caches, prompts longer than MAX_ROWS, a region that cannot run) gives the grid's logits;
+short prompts, speculative verification rows and batches are fused and equal the grid (and each
+sequence alone).
 
 Each test also counts the fused step's answers (:func:`spy`), so a test meant for the fused
 step cannot pass on the grid alone, nor a fallback test on the fused step.
@@ -124,7 +125,7 @@ def test_smollm2_generation_is_the_grid_bit_for_bit(smollm2, spy, monkeypatch, n
     prompt = smollm2.tokenizer.encode("The river Loom rises in the northern hills and")
     with threads(n_threads):
         fused, fused_tokens = greedy(net, prompt, 12)
-        assert spy == [False] + [True] * 12  # the prompt (T > 1) on the grid, every token fused
+        assert spy == [True] * 13  # the prompt (T <= MAX_ROWS rows) and every token fused
         with grid_only(monkeypatch):
             grid, grid_tokens = greedy(net, prompt, 12)
     assert fused_tokens == grid_tokens
@@ -147,7 +148,7 @@ def test_gemma3_generation_is_the_grid_bit_for_bit(gemma3, spy, monkeypatch, n_t
     prompt = gemma3.tokenizer.encode("The river Loom rises in the northern hills and")
     with threads(n_threads):
         fused, fused_tokens = greedy(net, prompt, 6)
-        assert spy == [False] + [True] * 6
+        assert spy == [True] * 7
         with grid_only(monkeypatch):
             grid, grid_tokens = greedy(net, prompt, 6)
     assert fused_tokens == grid_tokens
@@ -264,7 +265,7 @@ def test_synthetic_decoder_is_the_grid_bit_for_bit(case, n_threads, spy, monkeyp
     steps = 9
     with threads(n_threads):
         fused, fused_tokens = greedy(net, PROMPT, steps)
-        assert spy == [False] + [True] * steps
+        assert spy == [True] * (steps + 1)
         with grid_only(monkeypatch):
             grid, grid_tokens = greedy(net, PROMPT, steps)
     assert fused_tokens == grid_tokens
@@ -285,7 +286,7 @@ def test_gelu_decoder_is_the_grid_bit_for_bit(n_threads, spy, monkeypatch):
     assert blocks_of(net)[0][1].cfg.act_id == GELU
     with threads(n_threads):
         fused, _ = greedy(net, PROMPT, 8)
-        assert spy == [False] + [True] * 8
+        assert spy == [True] * 9
         with grid_only(monkeypatch):
             grid, _ = greedy(net, PROMPT, 8)
     assert_same_bits(fused, grid)
@@ -317,7 +318,7 @@ def test_caches_that_grow_alternate_trim_or_fork_are_followed(spy, monkeypatch):
         return [np.array(o) for o in out]
 
     fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("mixed-untied"), run)
-    assert answers == [False, False] + [True] * 32
+    assert answers == [False, True] + [True] * 32  # the long prompt: MAX_ROWS < 250 rows
     assert_same_bits(fused, grid)
 
 
@@ -331,13 +332,13 @@ def test_the_thread_count_changing_between_steps_is_followed(spy, monkeypatch):
 
     before = numba.get_num_threads()
     (fused, _), (grid, _), answers = twin_runs(monkeypatch, spy, lambda: synthetic("qwen3-qk-norm"), run)
-    assert answers == [False] + [True] * 8
+    assert answers == [True] * 9
     assert_same_bits(fused, grid)
 
 
 @pytest.mark.parametrize(("token", "asked"), [
-    (VOCAB, [False, True]), (-1, [False, True]), (2**40, [False, True]),  # the fused step's embedding raised
-    (3.5, [False, False, True])])  # a float id: left to the grid, whose embedding refuses it
+    (VOCAB, [True, True]), (-1, [True, True]), (2**40, [True, True]),  # the fused step's embedding raised
+    (3.5, [True, False, True])])  # a float id: left to the grid, whose embedding refuses it
 def test_a_bad_token_gets_the_grids_typed_error_and_moves_nothing(token, asked, spy):
     net = synthetic("32-blocks")
     caches = net.make_cache()
@@ -349,6 +350,26 @@ def test_a_bad_token_gets_the_grids_typed_error_and_moves_nothing(token, asked, 
         net.step(np.array([[3]]), [caches])
     assert spy == asked
     assert [c.offset for c in caches] == [len(PROMPT) + 1] * 2
+
+
+@pytest.mark.parametrize("last_only", [True, False])
+def test_several_tokens_of_a_sequence_are_the_grid_bit_for_bit(last_only, spy, monkeypatch):
+    """A prompt, then 7 tokens at once (a speculative verification), then a batch of two
+    sequences of 3 tokens each: every row's logits (or each sequence's last) as the grid's."""
+    def run(net):
+        a, b = net.make_cache(), net.make_cache()
+        with int8_activations():
+            out = [net.step(np.array([PROMPT]), [a], last_only=last_only),
+                   net.step(np.array([PROMPT[:4]]), [b], last_only=last_only),
+                   net.step(np.array([[3, 1, 4, 1, 5, 9, 2]]), [a], last_only=last_only),
+                   net.step(np.array([[6, 5, 3], [5, 8, 9]]), [a, b], last_only=last_only)]
+        return [np.array(o) for o in out]
+
+    fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("qwen3-qk-norm"), run)
+    assert answers == [True] * 4
+    rows = [(1, 6), (1, 4), (1, 7), (2, 3)]
+    assert [f.shape for f in fused] == [(b, VOCAB) if last_only else (b, t, VOCAB) for b, t in rows]
+    assert_same_bits(fused, grid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,10 +409,10 @@ def _morph_embedding(net, dtype):
     morph_layer(net, 0, "Q8_0" if dtype == "float16" else "Q4_0")
 
 
-GRID_FROM_3_TO_5 = [False, True, True, False, False, False, True, True, True]
+GRID_FROM_3_TO_5 = [True, True, True, False, False, False, True, True, True]
 MORPHS = {"head": (_morph_head, GRID_FROM_3_TO_5), "mlp": (_morph_mlp, GRID_FROM_3_TO_5),
           "f16-matrix": (_f16_down, GRID_FROM_3_TO_5),
-          "embedding-blocks": (_morph_embedding, [False] + [True] * 8)}
+          "embedding-blocks": (_morph_embedding, [True] * 9)}
 
 
 @pytest.mark.parametrize("where", list(MORPHS))
@@ -428,7 +449,7 @@ def test_a_changed_weight_is_noticed(spy, monkeypatch):
         return greedy(net, PROMPT, 7, between=change)
 
     (fused, _), (grid, _), answers = twin_runs(monkeypatch, spy, lambda: synthetic("k-quants"), run)
-    assert answers == [False] + [True] * 7
+    assert answers == [True] * 8
     assert_same_bits(fused, grid)
 
 
@@ -443,7 +464,7 @@ def _link_to_final_norm(layer, on, net):
 
 
 # a skipped attention's cache waits: the caches then stand at two offsets, the grid's for good
-LAGGING = [False, True, True] + [False] * 6
+LAGGING = [True, True, True] + [False] * 6
 SWITCHES = {"disabled-block": ("block", _disable, LAGGING),
             "disabled-attention": ("attention", _disable, LAGGING),
             "disabled-head": ("head", _disable, GRID_FROM_3_TO_5),
@@ -485,7 +506,7 @@ def test_float16_caches_keep_the_step_on_the_grid(spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
-def test_a_prompt_stays_on_the_grid_and_a_batch_of_two_is_fused(spy, monkeypatch):
+def test_prompts_batches_and_continuations_are_fused(spy, monkeypatch):
     def run(net):
         caches = [net.make_cache(), net.make_cache()]
         out = []
@@ -499,7 +520,7 @@ def test_a_prompt_stays_on_the_grid_and_a_batch_of_two_is_fused(spy, monkeypatch
         return [np.array(o) for o in out]
 
     fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic("k-quants"), run)
-    assert answers == [False, True, False, True]
+    assert answers == [True] * 4
     assert_same_bits(fused, grid)
 
 
@@ -524,7 +545,7 @@ def test_a_batch_is_the_grid_and_each_sequence_alone_bit_for_bit(case, n_threads
 
     with threads(n_threads):
         fused, grid, answers = twin_runs(monkeypatch, spy, lambda: synthetic(case), together)
-        assert answers == [False] * len(prompts) + [True] * 6
+        assert answers == [True] * (len(prompts) + 6)
         assert_same_bits(fused, grid)
         net = synthetic(case)
         for b, p in enumerate(prompts):  # alone: the prompt's logits, then 6 steps
@@ -559,7 +580,7 @@ def test_a_region_asking_for_more_threads_than_the_team_has_falls_back(n_threads
 
     with threads(n_threads):
         (fused, _), (grid, _), answers = twin_runs(monkeypatch, spy, lambda: synthetic("qwen2-biases"), run)
-    assert answers == [False, True, False, True, True]
+    assert answers == [True, True, False, True, True]
     assert_same_bits(fused, grid)
 
 
