@@ -161,6 +161,25 @@ def _add_residual(x, y, bias, post_norm, eps):
             x[r, j] = rows[r, j] + x[r, j]
 
 
+@njit(inline="always")
+def _project_into_stream(x, h, acts, m, mats, kinds, rows, tid, threads, out, bias, post_norm, eps, flags,
+                         epoch):
+    """``x += post_norm(h @ W_m.T + bias)`` (attention's output projection, the MLP's down): a
+    meeting (every thread has written its part of h), this thread's rows of the product, a
+    meeting (every thread adds all of them), the residual add. Returns the last meeting's epoch,
+    or -1 when the region was abandoned."""
+    epoch += 1
+    if not meet(flags, tid, threads, epoch):
+        return -1
+    _quantize(h, acts, kinds, m, 1)
+    _product(m, mats, kinds, rows, acts, tid, threads, out)
+    epoch += 1
+    if not meet(flags, tid, threads, epoch):
+        return -1
+    _add_residual(x, out, bias, post_norm, eps)
+    return epoch
+
+
 @njit(cache=True, nogil=True)
 def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
     """One head: ``src`` + bias, its RMSNorm (gamma non-empty), RoPE at cos/sin -> ``dst``;
@@ -238,15 +257,10 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
             keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
             values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
             _attend_item(qr[r], h, h // group, keys_t, values, starts[b] + r % T, windows[i], scale, att[r])
-        epoch += 1
-        if not meet(flags, tid, threads, epoch):
+        epoch = _project_into_stream(x, att, a_att, m + _WO, mats, kinds, rows, tid, threads, ob,
+                                     vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
+        if epoch < 0:
             return False
-        _quantize(att, a_att, kinds, m + _WO, 1)
-        _product(m + _WO, mats, kinds, rows, a_att, tid, threads, ob)
-        epoch += 1
-        if not meet(flags, tid, threads, epoch):
-            return False
-        _add_residual(x, ob, vecs[v + _BO], vecs[v + _APOST], eps)
         # the MLP; each thread activates the gate/up columns it computed
         rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
         _quantize(xn, a_d, kinds, m + _GATE, 2)
@@ -256,15 +270,10 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         _plus(ub, f0, f1, vecs[v + _BUP])
         for r in range(R):
             gated_range(act, gb[r], ub[r], hb[r], f0, f1)
-        epoch += 1
-        if not meet(flags, tid, threads, epoch):
+        epoch = _project_into_stream(x, hb, a_ffn, m + _DOWN, mats, kinds, rows, tid, threads, db,
+                                     vecs[v + _BDOWN], vecs[v + _FPOST], eps, flags, epoch)
+        if epoch < 0:
             return False
-        _quantize(hb, a_ffn, kinds, m + _DOWN, 1)
-        _product(m + _DOWN, mats, kinds, rows, a_ffn, tid, threads, db)
-        epoch += 1
-        if not meet(flags, tid, threads, epoch):
-            return False
-        _add_residual(x, db, vecs[v + _BDOWN], vecs[v + _FPOST], eps)
     if last_only and T > 1:  # each sequence's last row alone
         x = np.ascontiguousarray(x[T - 1::T])
         xn, a_d = np.empty_like(x), _activations(x.shape[0], d)
