@@ -315,6 +315,11 @@ def test_metrics_parse_and_grow(http, served):
 def test_request_log_reports_start_and_end(smollm2, http, served):
     logs = served[2]
     http.post("/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0}).raise_for_status()
+    # the end is reported once the app has returned, which can be just after the client has the
+    # whole reply: wait for it (at most a few seconds)
+    deadline = time.monotonic() + 10
+    while not logs[-1].status and time.monotonic() < deadline:
+        time.sleep(0.01)
     end = logs[-1]
     start = next(e for e in logs if e.id == end.id)
     assert (start.status, end.status) == (0, 200) and start.path == end.path == "/v1/completions"
