@@ -373,8 +373,8 @@ class _Watch:
 
 
 class FusedDecoder:
-    """A :class:`~.causal_lm.CausalLM`'s weights in the compiled step's layout (module doc), and
-    what the network looked like when they were gathered (:meth:`current`)."""
+    """A :class:`~.causal_lm.CausalLM`'s weights in the compiled step's layout (module doc);
+    :func:`fused_step` keeps it beside the :class:`_Watch` that says when to gather it again."""
 
     def __init__(self, net, blocks: list[tuple]):
         self.embedding = net.cells[0]
