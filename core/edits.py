@@ -29,50 +29,19 @@ class EditedList(list):
 
     __slots__ = ()
 
-    def __setitem__(self, index, value):
-        bump()
-        super().__setitem__(index, value)
 
-    def __delitem__(self, index):
-        bump()
-        super().__delitem__(index)
+def _recording(name: str):
+    change = getattr(list, name)
 
-    def __iadd__(self, other):
+    def method(self, *args, **kwargs):
         bump()
-        return super().__iadd__(other)
+        return change(self, *args, **kwargs)
 
-    def __imul__(self, n):
-        bump()
-        return super().__imul__(n)
+    method.__name__ = name
+    return method
 
-    def append(self, value):
-        bump()
-        super().append(value)
 
-    def extend(self, values):
-        bump()
-        super().extend(values)
-
-    def insert(self, index, value):
-        bump()
-        super().insert(index, value)
-
-    def remove(self, value):
-        bump()
-        super().remove(value)
-
-    def pop(self, index=-1):
-        bump()
-        return super().pop(index)
-
-    def clear(self):
-        bump()
-        super().clear()
-
-    def sort(self, *args, **kwargs):
-        bump()
-        super().sort(*args, **kwargs)
-
-    def reverse(self):
-        bump()
-        super().reverse()
+# every list method that changes the list (``a += b`` and ``a *= n`` included)
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "remove",
+              "pop", "clear", "sort", "reverse"):
+    setattr(EditedList, _name, _recording(_name))

@@ -144,6 +144,14 @@ def _f32_pointer(typingctx, address):
     return types.CPointer(types.float32)(types.int64), codegen
 
 
+@njit(inline="always")
+def cache_views(address_k, address_v, Hkv, hd, cap):
+    """A float32 host cache's buffers from their addresses (``KVCache.host_buffers``): the keys
+    ``[Hkv, hd, cap]`` (head_dim-major) and the values ``[Hkv, cap, hd]``."""
+    return (carray(_f32_pointer(address_k), (Hkv, hd, cap)),
+            carray(_f32_pointer(address_v), (Hkv, cap, hd)))
+
+
 @njit(**_KERNEL)
 def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
     """Each sequence b's new keys and values ``k/v[b]`` written into its cache buffers at
@@ -153,8 +161,7 @@ def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
     Hkv = k.shape[2]
     for b in prange(B):
         cap = buffers[b, 2]
-        keys_t = carray(_f32_pointer(buffers[b, 0]), (Hkv, hd, cap))
-        values = carray(_f32_pointer(buffers[b, 1]), (Hkv, cap, hd))
+        keys_t, values = cache_views(buffers[b, 0], buffers[b, 1], Hkv, hd, cap)
         for t in range(T):
             for kv in range(Hkv):
                 for d in range(hd):
@@ -165,8 +172,7 @@ def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
         wide_vectors()
         b, t, h = item // (T * H), item // H % T, item % H
         cap = buffers[b, 2]
-        keys_t = carray(_f32_pointer(buffers[b, 0]), (Hkv, hd, cap))
-        values = carray(_f32_pointer(buffers[b, 1]), (Hkv, cap, hd))
+        keys_t, values = cache_views(buffers[b, 0], buffers[b, 1], Hkv, hd, cap)
         _attend_item(q[b, t], h, h // group, keys_t, values, starts[b] + t, window, scale, out[b, t])
 
 

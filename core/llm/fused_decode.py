@@ -34,12 +34,12 @@ from operator import attrgetter
 
 import numba
 import numpy as np
-from numba import carray, get_thread_id, njit, prange
+from numba import get_thread_id, njit, prange
 from numba.typed import List
 
 from .. import edits
 from ..layers.containers import Residual, Sequential
-from .attention_kernel import _attend_item, _f32_pointer
+from .attention_kernel import _attend_item, cache_views
 from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
@@ -48,6 +48,7 @@ from .quant import ROW_CHUNK, _pace
 from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from .quant_int8_rows import quantize_grouped, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
+from .rope import rotate_head
 from .spin_barrier import PAD, abort, counters, meet
 
 F32 = np.float32
@@ -189,13 +190,7 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
         scratch[0, i] = src[i] + bias[i] if bias.size else src[i]
     if gamma.size:
         rms_norm_rows(scratch, gamma, eps, scratch)
-    half = cos.size
-    for i in range(half):
-        c, s = cos[i], sin[i]
-        ia, ib = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
-        x0, x1 = scratch[0, ia], scratch[0, ib]
-        dst[ia] = x0 * c - x1 * s
-        dst[ib] = x1 * c + x0 * s
+    rotate_head(scratch[0], cos, sin, interleaved, dst)
 
 
 @njit(cache=True, nogil=True)
@@ -236,8 +231,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
             r, kv = item // Hkv, item % Hkv
             b = r // T
             cap, o, p = caches[i, b, 2], kv * hd, starts[b] + r % T
-            keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
-            values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
+            keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
             _rotated(kb[r, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
                      cos[i, r], sin[i, r], interleaved, keys_t[kv, :, p], scratch)
             for j in range(hd):
@@ -254,8 +248,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
             r, h = item // H, item % H
             b = r // T
             cap = caches[i, b, 2]
-            keys_t = carray(_f32_pointer(caches[i, b, 0]), (Hkv, hd, cap))
-            values = carray(_f32_pointer(caches[i, b, 1]), (Hkv, cap, hd))
+            keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
             _attend_item(qr[r], h, h // group, keys_t, values, starts[b] + r % T, windows[i], scale, att[r])
         epoch = _project_into_stream(x, att, a_att, m + _WO, mats, kinds, rows, tid, threads, ob,
                                      vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
@@ -510,7 +503,7 @@ class FusedDecoder:
         cos = np.empty((len(self.attentions), R, int(self.dims[3]) // 2), F32)
         sin = np.empty_like(cos)
         for rope, layers in self.ropes:
-            c, s = rope._angles(starts, T)
+            c, s = rope.angles(starts, T)
             cos[layers], sin[layers] = c.reshape(R, -1), s.reshape(R, -1)
         return cos, sin
 

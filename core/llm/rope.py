@@ -60,10 +60,10 @@ class Rope:
     def __call__(self, starts: tuple[int, ...], T: int, *vs: np.ndarray) -> list[np.ndarray]:
         """Rotate each ``v[B, T, heads, head_dim]``, batch row b at positions ``starts[b] ..
         starts[b] + T - 1`` (a sequence continuing from its cache's offset)."""
-        cos, sin = self._angles(starts, T)
+        cos, sin = self.angles(starts, T)
         return [self._rotate(v, cos, sin) for v in vs]
 
-    def _angles(self, starts: tuple[int, ...], T: int) -> tuple[np.ndarray, np.ndarray]:
+    def angles(self, starts: tuple[int, ...], T: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin of the float32 angles, as transformers computes them. Every attention layer
         of a decode step asks for the same positions: the last answer is kept, keyed by
         ``(starts, T)`` (one tuple, swapped whole, so threads sharing the model never see half of
@@ -87,7 +87,7 @@ class Rope:
         key = (starts, T)
         last = self.__dict__.get("_last_device")
         if last is None or last[0] != key or last[1] is not xp:
-            cos, sin = self._angles(starts, T)
+            cos, sin = self.angles(starts, T)
             last = self.__dict__["_last_device"] = (key, xp, xp.asarray(cos), xp.asarray(sin))
         cos, sin = last[2], last[3]
         return [self._rotate_xp(xp, v, cos, sin) for v in vs]
@@ -122,13 +122,20 @@ def _rotate_pairs(v, cos, sin, interleaved, out):
     tensor, ~8 us a layer of decode): the same float32 products and sums in the same order (no
     fused multiply-add without fastmath), so the same bits. ``cos``/``sin`` are ``[B, T, 1, half]``."""
     B, T, heads, _ = v.shape
-    half = cos.shape[3]
     for b in range(B):
         for t in range(T):
             for h in range(heads):
-                for i in range(half):
-                    c, s = cos[b, t, 0, i], sin[b, t, 0, i]
-                    ia, ib = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
-                    x0, x1 = v[b, t, h, ia], v[b, t, h, ib]
-                    out[b, t, h, ia] = x0 * c - x1 * s
-                    out[b, t, h, ib] = x1 * c + x0 * s
+                rotate_head(v[b, t, h], cos[b, t, 0], sin[b, t, 0], interleaved, out[b, t, h])
+
+
+@njit(inline="always")
+def rotate_head(v, cos, sin, interleaved, out):
+    """One head's vector ``v[head_dim]`` rotated at one position's ``cos``/``sin`` ``[half]``
+    into ``out`` (the compiled decode step calls it too, so both give these bits)."""
+    half = cos.shape[0]
+    for i in range(half):
+        c, s = cos[i], sin[i]
+        ia, ib = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
+        x0, x1 = v[ia], v[ib]
+        out[ia] = x0 * c - x1 * s
+        out[ib] = x1 * c + x0 * s
