@@ -59,11 +59,11 @@ _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
 _ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
 _SUPER = tuple(SUPER_KINDS)
-# A thread's share of a matrix is multiplied in pieces of about this many bytes (module doc of
-# _product). Measured, greedy decode tok/s (int8, 2 threads, 4 runs each): 16 KiB 160-165 /
-# 66-70 (smollm2 / gemma3), 32 KiB 190-202 / 74-77, 64 KiB 191-210 / 71-73, 128 KiB 175-204 /
-# 77-78, 256 KiB 189-195 / 73-75, the whole share 177-187 / 53-55; prefetching the next piece
-# whole besides made both slower.
+# A thread's share of a matrix is multiplied in pieces of about this many bytes (see
+# _product). With the kernels prefetching as they stream (quant_int8_rows.rows_driver), greedy
+# decode tok/s (int8, 2 threads, 4 runs each): 64 KiB 315-329 / 105-112 (smollm2 / gemma3), 256
+# KiB 316-338 / 93-104, the whole share 335-345 / 104-112: alike for one row; the pieces keep
+# 2-3 rows' passes over a piece in the L2 cache.
 PIECE_BYTES = 65536
 # Rows (sequences x new tokens) a step may have: decode, speculative verification and batches.
 # Every thread quantizes every row itself, so a long prompt is left to the grid, which
@@ -123,11 +123,8 @@ def _product(m, mats, kinds, rows, acts, tid, threads, out):
     lo, hi = _share(n, tid, threads)
     w2 = mats[m].reshape(n, -1)
     grouped, k = acts
-    # in pieces of PIECE_BYTES: for one activation row the kernels first prefetch the rows of
-    # the range they are given (4 KiB ahead), then multiply them. A piece that fits the L2 cache
-    # many times over leaves those prefetches in flight together and finds its rows there; a
-    # whole share (gemma3's head: 89 MB a thread) was fetched twice (its head 5.5 -> 11.9 ms),
-    # and 16 KiB pieces issue too few at once (SmolLM2 160-165 instead of 191-210 tok/s)
+    # in pieces of PIECE_BYTES: with 2 or 3 rows the kernels pass over a piece once per row,
+    # the later passes finding it in the L2 cache
     step = max(ROW_CHUNK, PIECE_BYTES // w2.shape[1])
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)

@@ -52,6 +52,19 @@ def prefetch_row(a, r):
             _prefetch(a, start + min(o, row_bytes - 1))
 
 
+@njit(inline="always")
+def prefetch_until(a, at, end):
+    """Prefetch the bytes of ``a``'s buffer from ``at`` up to ``end`` (not past the buffer), a
+    line at a time; returns where the next call goes on from. A loop streaming a matrix calls it
+    as it goes with ``end`` AHEAD_BYTES past what it reads next, so the prefetches stay that far
+    ahead, spread among the work, however long the stream."""
+    end = min(end, a.size * a.itemsize)
+    while at < end:
+        _prefetch(a, at)
+        at += LINE
+    return at
+
+
 @intrinsic
 def wide_vectors(typingctx):
     """Let LLVM vectorize the calling function with 512-bit registers where the CPU has AVX-512.

@@ -35,7 +35,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_hints import prefetch_row
+from .kernel_hints import AHEAD_BYTES, prefetch_row, prefetch_until
 
 F32 = np.float32
 
@@ -445,17 +445,25 @@ def rows_driver(by_kind):
         w = w2.reshape(-1)
         stride, nb = w2.shape[1], xd.shape[1]
         T = xq.shape[0]
-        for r in range(r0, r1):
-            prefetch_row(w2, r)
-            t = 0
-            while t + ROWS_AT_ONCE <= T:
-                v = many(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
-                for i in range(ROWS_AT_ONCE):
-                    out[t + i, r] = v[i]
-                t += ROWS_AT_ONCE
-        for t in range(T // ROWS_AT_ONCE * ROWS_AT_ONCE, T):
+        rest = T // ROWS_AT_ONCE * ROWS_AT_ONCE
+        if rest:
+            for r in range(r0, r1):
+                prefetch_row(w2, r)
+                for t in range(0, rest, ROWS_AT_ONCE):
+                    v = many(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
+                    for i in range(ROWS_AT_ONCE):
+                        out[t + i, r] = v[i]
+        # fewer than ROWS_AT_ONCE rows: here the rows first come from memory (rest == 0), on the
+        # first pass, prefetched AHEAD_BYTES ahead as the pass goes (across the range's end
+        # too: the next range a thread takes is usually the next rows). Prefetching a whole
+        # range before multiplying it left the core idle while it came: a SmolLM2 decode
+        # step's products 2.97 -> 1.79 ms (2 threads)
+        ahead = r0 * stride + AHEAD_BYTES
+        for t in range(rest, T):
             r = r0
             while r + WEIGHT_ROWS_AT_ONCE <= r1:
+                if t == 0:
+                    ahead = prefetch_until(w, ahead, (r + WEIGHT_ROWS_AT_ONCE) * stride + AHEAD_BYTES)
                 v = pair(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
                 for j in range(WEIGHT_ROWS_AT_ONCE):
                     out[t, r + j] = v[j]
