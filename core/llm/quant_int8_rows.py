@@ -433,44 +433,52 @@ WEIGHT_ROWS_AT_ONCE = 2  # weight rows per call when fewer than ROWS_AT_ONCE act
 def rows_driver(by_kind):
     """The loop over a range of weight rows for a family of dots: ``by_kind(m, n)`` gives the
     function of m weight rows and n activation rows that picks the format's dot by kind."""
-    one, many, pair = by_kind(1, 1), by_kind(1, ROWS_AT_ONCE), by_kind(WEIGHT_ROWS_AT_ONCE, 1)
+    one, pair = by_kind(1, 1), by_kind(WEIGHT_ROWS_AT_ONCE, 1)
+    two, three, many = by_kind(1, 2), by_kind(1, 3), by_kind(1, ROWS_AT_ONCE)
 
     @njit(inline="always")
     def products(kind, w2, r0, r1, xq, xd, xa, xb, out):
         """``out[:, r0:r1]`` for repacked weight rows r0 .. r1 - 1 of ``w2`` (``[rows, row bytes]``)
-        and quantized activations (``xq``, scales ``xd`` and two arrays of the family's):
-        ROWS_AT_ONCE activation rows per call while that many remain, then the rest with
-        WEIGHT_ROWS_AT_ONCE weight rows per call (each result the same operations, so the same
-        bits, whichever call computes it)."""
+        and quantized activations (``xq``, scales ``xd`` and two arrays of the family's): for
+        several activation rows each weight row once, ROWS_AT_ONCE of them per call while that
+        many remain, then the other 1-3 in one call; for one activation row WEIGHT_ROWS_AT_ONCE
+        weight rows per call (each result the same operations, so the same bits, whichever call
+        computes it)."""
         w = w2.reshape(-1)
         stride, nb = w2.shape[1], xd.shape[1]
         T = xq.shape[0]
-        rest = T // ROWS_AT_ONCE * ROWS_AT_ONCE
-        if rest:
+        if T > 1:
+            rest = T // ROWS_AT_ONCE * ROWS_AT_ONCE
             for r in range(r0, r1):
                 prefetch_row(w2, r)
                 for t in range(0, rest, ROWS_AT_ONCE):
                     v = many(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
                     for i in range(ROWS_AT_ONCE):
                         out[t + i, r] = v[i]
-        # fewer than ROWS_AT_ONCE rows: here the rows first come from memory (rest == 0), on the
-        # first pass, prefetched AHEAD_BYTES ahead as the pass goes (across the range's end
-        # too: the next range a thread takes is usually the next rows). Prefetching a whole
-        # range before multiplying it left the core idle while it came: a SmolLM2 decode
-        # step's products 2.97 -> 1.79 ms (2 threads)
+                if T - rest == 3:
+                    v3 = three(kind, w, r * stride, stride, nb, xq, rest, xd, xa, xb)
+                    out[rest, r], out[rest + 1, r], out[rest + 2, r] = v3
+                elif T - rest == 2:
+                    v2 = two(kind, w, r * stride, stride, nb, xq, rest, xd, xa, xb)
+                    out[rest, r], out[rest + 1, r] = v2
+                elif T - rest == 1:
+                    out[rest, r] = one(kind, w, r * stride, stride, nb, xq, rest, xd, xa, xb)[0]
+            return
+        # one activation row (decode): the weights stream by once, prefetched AHEAD_BYTES ahead
+        # as the pass goes (across the range's end too: the next range a thread takes is usually
+        # the next rows). Prefetching a whole range before multiplying it left the core idle
+        # while it came: a SmolLM2 decode step's products 2.97 -> 1.79 ms (2 threads)
         ahead = r0 * stride + AHEAD_BYTES
-        for t in range(rest, T):
-            r = r0
-            while r + WEIGHT_ROWS_AT_ONCE <= r1:
-                if t == 0:
-                    ahead = prefetch_until(w, ahead, (r + WEIGHT_ROWS_AT_ONCE) * stride + AHEAD_BYTES)
-                v = pair(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)
-                for j in range(WEIGHT_ROWS_AT_ONCE):
-                    out[t, r + j] = v[j]
-                r += WEIGHT_ROWS_AT_ONCE
-            while r < r1:
-                out[t, r] = one(kind, w, r * stride, stride, nb, xq, t, xd, xa, xb)[0]
-                r += 1
+        r = r0
+        while r + WEIGHT_ROWS_AT_ONCE <= r1:
+            ahead = prefetch_until(w, ahead, (r + WEIGHT_ROWS_AT_ONCE) * stride + AHEAD_BYTES)
+            v = pair(kind, w, r * stride, stride, nb, xq, 0, xd, xa, xb)
+            for j in range(WEIGHT_ROWS_AT_ONCE):
+                out[0, r + j] = v[j]
+            r += WEIGHT_ROWS_AT_ONCE
+        while r < r1:
+            out[0, r] = one(kind, w, r * stride, stride, nb, xq, 0, xd, xa, xb)[0]
+            r += 1
     return products
 
 
