@@ -54,12 +54,14 @@ class PromptLookup(Drafter):
 
     ``min_ngram`` defaults to 3: shorter matches guess badly and a rejected draft still costs its
     verify rows (SmolLM2-135M, 128-token chat reply: n = 3..1 drafted 393 tokens, 6 accepted,
-    0.31x plain speed; n = 3 only: 12 drafted, no loss). ``num_draft`` defaults to 6: with the int8
-    kernels a step of 7 rows costs ~2x a step of one, and longer drafts are rejected more
-    (summary prompt, 96 tokens, int8: 3 / 4 / 6 / 8 / 10 / 16 drafted 1.63 / 1.66 / 1.69 / 1.62 /
-    1.57 / 1.54x plain speed)."""
+    0.31x plain speed; n = 3 only: 12 drafted, no loss). ``num_draft`` defaults to 3: each row a
+    step verifies costs about a third of a one-row step in the int8 kernels (they are bound by
+    their integer dots, not by reading the weights, on this machine), and longer drafts are
+    rejected more (int8, 96 tokens, best of 3, 2026-11-25: summary prompt 1 / 2 / 3 / 4 / 6
+    drafted 1.14-1.16 / 1.20-1.22 / 1.20-1.21 / 1.15-1.20 / 1.20x plain speed, chat 1.01-1.05 /
+    1.03-1.04 / 1.00-1.05 / 0.94-1.00 / 0.95-0.98x)."""
 
-    def __init__(self, num_draft: int = 6, max_ngram: int = 3, min_ngram: int = 3):
+    def __init__(self, num_draft: int = 3, max_ngram: int = 3, min_ngram: int = 3):
         if not 1 <= min_ngram <= max_ngram:
             raise LoomConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         _check_num_draft(num_draft)
