@@ -48,6 +48,7 @@ from .quant import ROW_CHUNK, _pace
 from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from .quant_int8_rows import quantize_grouped, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
+from .quant_int8_tiles import TILE, TILE_KINDS, tiles_products
 from .rope import rotate_head
 from .spin_barrier import PAD, abort, counters, meet
 
@@ -59,6 +60,7 @@ _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
 _ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
 _SUPER = tuple(SUPER_KINDS)
+_TILES = tuple(TILE_KINDS)
 # A thread's share of a matrix is multiplied in pieces of about this many bytes (see
 # _product). With the kernels prefetching as they stream (quant_int8_rows.rows_driver), greedy
 # decode tok/s (int8, 2 threads, 4 runs each): 64 KiB 315-329 / 105-112 (smollm2 / gemma3), 256
@@ -120,16 +122,23 @@ def _quantize(x, acts, kinds, first, count):
 def _product(m, mats, kinds, rows, acts, tid, threads, out):
     """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``."""
     kind, n = kinds[m], rows[m]
-    lo, hi = _share(n, tid, threads)
+    tiled = kind == _TILES[0] or kind == _TILES[1] or kind == _TILES[2]
+    if tiled:  # whole tiles to each thread
+        lo, hi = _share(n // TILE, tid, threads)
+        lo, hi = lo * TILE, hi * TILE
+    else:
+        lo, hi = _share(n, tid, threads)
     w2 = mats[m].reshape(n, -1)
     grouped, k = acts
-    # in pieces of PIECE_BYTES: with 2 or 3 rows the kernels pass over a piece once per row,
-    # the later passes finding it in the L2 cache
-    step = max(ROW_CHUNK, PIECE_BYTES // w2.shape[1])
+    # in pieces of PIECE_BYTES: with 2 or 3 rows the row kernels pass over a piece once per row,
+    # the later passes finding it in the L2 cache (ROW_CHUNK: whole tiles)
+    step = max(ROW_CHUNK, PIECE_BYTES // w2.shape[1] // ROW_CHUNK * ROW_CHUNK)
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)
         if _is_super(kind):
             superblock_products(kind, w2, r0, r1, k[0], k[1], k[4], k[5], out)
+        elif tiled:
+            tiles_products(kind, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
         else:
             rows_products(kind, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
 

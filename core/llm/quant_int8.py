@@ -53,6 +53,8 @@ from .quant_int8_rows import (
 )
 from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_products, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
+from .quant_int8_tiles import TILE_KIND, TILE_KINDS, tiles_fit, tiles_products
+from .quant_int8_tiles import repack as tiles_repack
 
 F32 = np.float32
 I32 = np.int32
@@ -175,7 +177,11 @@ def _rows_matmul(kind, w, xg, d, s, nsum, out):
     rows = out.shape[1]
     w2 = w.reshape(rows, -1)
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        rows_products(kind, w2, c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), xg, d, s, nsum, out)
+        r0, r1 = c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)
+        if kind in TILE_KINDS:  # (ROW_CHUNK is a whole number of tiles)
+            tiles_products(kind, w2, r0, r1, xg, d, s, nsum, out)
+        else:
+            rows_products(kind, w2, r0, r1, xg, d, s, nsum, out)
 
 
 @njit(**_KERNEL)
@@ -252,7 +258,11 @@ def repacked(qm: QuantMatrix) -> tuple:
             if rows is None:
                 kind, akind = _WEIGHT_KIND[GT(qm.ggml_type)]
                 nb = qm.shape[1] // (256 if akind == AQ8_K else 32)
-                packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
+                if kind in TILE_KIND and tiles_fit(qm.shape[0]):  # 16 rows interleaved
+                    kind = TILE_KIND[kind]
+                    packed = tiles_repack(kind, qm.raw_blocks, nb)
+                else:
+                    packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
                 rows = qm.int8_rows = (kind, _read_only(packed.reshape(-1)))
     return rows
 

@@ -34,6 +34,7 @@ from loomlab.core.llm.quant_int8 import (
     int8_matvec,
     quantize_activations,
 )
+from loomlab.core.llm.quant_int8_tiles import TILE, TILE_KINDS
 
 from .test_quant import QUANTIZED, gemma3, random_blocks, smollm2  # noqa: F401 (fixtures)
 
@@ -209,7 +210,8 @@ def assert_llama_close(got: np.ndarray, data: np.ndarray, ggml_type: GT, X: np.n
     assert excess.max() <= 0, f"worst error exceeds the bound by {excess.max():.3g}"
 
 
-CASES = [(t, rows, blocks) for t in QUANTIZED for rows, blocks in ((1, 1), (37, 5), (9, 7))]
+# 32 and 48 rows: whole tiles of 16, which Q4_0 / Q4_1 / Q8_0 take (quant_int8_tiles)
+CASES = [(t, rows, blocks) for t in QUANTIZED for rows, blocks in ((1, 1), (37, 5), (9, 7), (32, 7), (48, 1))]
 
 
 @pytest.mark.parametrize(("ggml_type", "rows", "n_blocks"), CASES,
@@ -222,6 +224,8 @@ def test_products_match_llama_formula(ggml_type, rows, n_blocks):
     X = np.array([*rng.standard_normal((3, cols)), *edge_rows(rng, cols)], F32)
     got = int8_matmul(m, X)
     assert_llama_close(got, data, ggml_type, X)
+    tiled = ggml_type in (GT.Q4_0, GT.Q4_1, GT.Q8_0) and rows % TILE == 0
+    assert (m.int8_rows[0] in TILE_KINDS) == tiled  # the layout this case means to test
     for t in range(X.shape[0]):  # a row alone gets the same bits as among others (1-7 of them:
         # each count of rows takes its own mix of kernels)
         np.testing.assert_array_equal(int8_matvec(m, X[t]).view(np.uint32), got[t].view(np.uint32))
@@ -323,31 +327,35 @@ with np.load(sys.argv[1]) as f:
 out = {}
 for name in sys.argv[3:]:
     data, X = cases[name + "_data"], cases[name + "_X"]
-    elems, nbytes = GGML_QUANT_SIZES[GT[name]]
+    ggml_type = GT[name.split("-")[0]]
+    elems, nbytes = GGML_QUANT_SIZES[ggml_type]
     cols = data.shape[1] // nbytes * elems
-    out[name] = quant_int8.int8_matmul(QuantMatrix(data, GT[name], (data.shape[0], cols)), X)
+    out[name] = quant_int8.int8_matmul(QuantMatrix(data, ggml_type, (data.shape[0], cols)), X)
 np.savez(sys.argv[2], **out)
 """
 
 
 def test_row_dots_without_vnni_match_llama_formula(tmp_path):
-    """The whole-row dots' portable code (no VNNI, no F16C: products summed to lanes and halves
-    widened in plain IR), compiled for a generic x86 CPU in a fresh process, against the same
-    formula."""
+    """The whole-row and tile dots' portable code (no VNNI, no F16C: products summed to lanes
+    and halves widened in plain IR), compiled for a generic x86 CPU in a fresh process, against
+    the same formula: 37 rows take the row layout, 48 (whole tiles) Q4_0 / Q4_1 / Q8_0's tiles."""
     rng = np.random.default_rng(5)
     cases = {}
     formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q6_K)
+    names = []
     for ggml_type in formats:
         cols = 7 * 32 if GGML_QUANT_SIZES[ggml_type][0] == 32 else 2 * 256  # groups of 4, 2 and 1 blocks
-        cases[f"{ggml_type.name}_data"] = random_blocks(ggml_type, 37, cols, rng)
-        cases[f"{ggml_type.name}_X"] = np.array([*rng.standard_normal((3, cols)), *edge_rows(rng, cols)], F32)
+        for rows in (37, 48):
+            name = f"{ggml_type.name}-{rows}"
+            cases[f"{name}_data"] = random_blocks(ggml_type, rows, cols, rng)
+            cases[f"{name}_X"] = np.array([*rng.standard_normal((3, cols)), *edge_rows(rng, cols)], F32)
+            names.append((name, ggml_type))
     np.savez(tmp_path / "in.npz", **cases)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
     subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
-                    *(t.name for t in formats)], env=env, check=True, timeout=300)
+                    *(name for name, _ in names)], env=env, check=True, timeout=300)
     with np.load(tmp_path / "out.npz") as got:
-        for ggml_type in formats:
-            name = ggml_type.name
+        for name, ggml_type in names:
             assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
 
 
