@@ -118,6 +118,38 @@ def _quantize(x, acts, kinds, first, count):
         quantize_q8_k(x, k[0], k[1], k[2], k[3], k[4], k[5])
 
 
+@njit(inline="always")
+def _acts_set(i8, f32, i32, j):
+    """The j-th :func:`_activations` set of ones handed to the region by dtype (numba's parallel
+    region takes tuples of arrays of one type, not nested ones): 2 int8, 4 float32, 4 int32
+    arrays a set."""
+    return ((i8[2 * j], f32[4 * j], f32[4 * j + 1], i32[4 * j]),
+            (i8[2 * j + 1], f32[4 * j + 2], f32[4 * j + 3], i32[4 * j + 1], i32[4 * j + 2], i32[4 * j + 3]))
+
+
+@njit(inline="always")
+def _rows_of(acts, r0, r1):
+    """Rows r0 .. r1 - 1 of an :func:`_activations` set."""
+    g, k = acts
+    return ((g[0][r0:r1], g[1][r0:r1], g[2][r0:r1], g[3][r0:r1]),
+            (k[0][r0:r1], k[1][r0:r1], k[2][r0:r1], k[3][r0:r1], k[4][r0:r1], k[5][r0:r1]))
+
+
+@njit(inline="always")
+def _quantize_for(x, acts, kinds, first, count, split, tid, threads, flags, epoch):
+    """``x`` quantized into ``acts`` for matrices ``first ..``: by this thread whole into its
+    own buffers, or (``split``) each thread its share of the rows into shared ones, then a
+    meeting. Returns the epoch after it, or -1 when the region was abandoned."""
+    if not split:
+        _quantize(x, acts, kinds, first, count)
+        return epoch
+    r0, r1 = _share(x.shape[0], tid, threads)
+    if r1 > r0:
+        _quantize(x[r0:r1], _rows_of(acts, r0, r1), kinds, first, count)
+    epoch += 1
+    return epoch if meet(flags, tid, threads, epoch) else -1
+
+
 @njit(cache=True, nogil=True)
 def _product(m, mats, kinds, rows, acts, tid, threads, out):
     """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``."""
@@ -169,16 +201,18 @@ def _add_residual(x, y, bias, post_norm, eps):
 
 
 @njit(inline="always")
-def _project_into_stream(x, h, acts, m, mats, kinds, rows, tid, threads, out, bias, post_norm, eps, flags,
-                         epoch):
+def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, tid, threads, out, bias, post_norm, eps,
+                         flags, epoch):
     """``x += post_norm(h @ W_m.T + bias)`` (attention's output projection, the MLP's down): a
-    meeting (every thread has written its part of h), this thread's rows of the product, a
-    meeting (every thread adds all of them), the residual add. Returns the last meeting's epoch,
-    or -1 when the region was abandoned."""
+    meeting (every thread has written its part of h), h quantized (:func:`_quantize_for`), this
+    thread's rows of the product, a meeting (every thread adds all of them), the residual add.
+    Returns the last meeting's epoch, or -1 when the region was abandoned."""
     epoch += 1
     if not meet(flags, tid, threads, epoch):
         return -1
-    _quantize(h, acts, kinds, m, 1)
+    epoch = _quantize_for(h, acts, kinds, m, 1, split, tid, threads, flags, epoch)
+    if epoch < 0:
+        return -1
     _product(m, mats, kinds, rows, acts, tid, threads, out)
     epoch += 1
     if not meet(flags, tid, threads, epoch):
@@ -201,18 +235,27 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 @njit(cache=True, nogil=True)
 def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved,
-                 act, windows, cos, sin, caches, starts, T, last_only, shared):
+                 act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
+                 acts_i32):
     """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
     ``x0[B * T, d]`` their embeddings (row ``b * T + t``), ``starts[B]`` each sequence's first
     new position, ``caches[L, B, 3]`` their KV buffers, ``cos``/``sin`` ``[L, B * T, head_dim /
     2]``; the head over every row, or each sequence's last (``last_only``). False if the region
-    was abandoned."""
+    was abandoned. With several rows and threads the threads quantize a matrix's input a share
+    of the rows each into shared buffers (``acts_*``: sets for the model, attention and MLP
+    widths) and meet; with one row each quantizes it itself, which costs no meeting."""
     d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     R = x0.shape[0]
     qb, kb, vb, att, ob, gb, ub, hb, db, logits = shared
     x = x0.copy()  # this thread's copy of the residual stream [R, d]
     xn = np.empty((R, d), F32)
-    a_d, a_att, a_ffn = _activations(R, d), _activations(R, H * hd), _activations(R, ffn)
+    split = R > 1 and threads > 1
+    if split:
+        a_d = _acts_set(acts_i8, acts_f32, acts_i32, 0)
+        a_att = _acts_set(acts_i8, acts_f32, acts_i32, 1)
+        a_ffn = _acts_set(acts_i8, acts_f32, acts_i32, 2)
+    else:
+        a_d, a_att, a_ffn = _activations(R, d), _activations(R, H * hd), _activations(R, ffn)
     qr = np.empty((R, H, hd), F32)
     scratch = np.empty((1, hd), F32)
     group = H // Hkv
@@ -224,7 +267,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         m, v = _NM * i, _NV * i
         # attention: Q, K, V of the normed rows
         rms_norm_rows(x, vecs[v + _ANORM], eps, xn)
-        _quantize(xn, a_d, kinds, m + _WQ, 3)
+        epoch = _quantize_for(xn, a_d, kinds, m + _WQ, 3, split, tid, threads, flags, epoch)
+        if epoch < 0:
+            return False
         _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
         _product(m + _WK, mats, kinds, rows, a_d, tid, threads, kb)
         _product(m + _WV, mats, kinds, rows, a_d, tid, threads, vb)
@@ -256,35 +301,38 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
             cap = caches[i, b, 2]
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
             _attend_item(qr[r], h, h // group, keys_t, values, starts[b] + r % T, windows[i], scale, att[r])
-        epoch = _project_into_stream(x, att, a_att, m + _WO, mats, kinds, rows, tid, threads, ob,
+        epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, tid, threads, ob,
                                      vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
         if epoch < 0:
             return False
         # the MLP; each thread activates the gate/up columns it computed
         rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
-        _quantize(xn, a_d, kinds, m + _GATE, 2)
+        epoch = _quantize_for(xn, a_d, kinds, m + _GATE, 2, split, tid, threads, flags, epoch)
+        if epoch < 0:
+            return False
         _product(m + _GATE, mats, kinds, rows, a_d, tid, threads, gb)
         _product(m + _UP, mats, kinds, rows, a_d, tid, threads, ub)
         _plus(gb, f0, f1, vecs[v + _BGATE])
         _plus(ub, f0, f1, vecs[v + _BUP])
         for r in range(R):
             gated_range(act, gb[r], ub[r], hb[r], f0, f1)
-        epoch = _project_into_stream(x, hb, a_ffn, m + _DOWN, mats, kinds, rows, tid, threads, db,
+        epoch = _project_into_stream(x, hb, a_ffn, split, m + _DOWN, mats, kinds, rows, tid, threads, db,
                                      vecs[v + _BDOWN], vecs[v + _FPOST], eps, flags, epoch)
         if epoch < 0:
             return False
-    if last_only and T > 1:  # each sequence's last row alone
+    if last_only and T > 1:  # each sequence's last row alone, quantized by each thread itself
         x = np.ascontiguousarray(x[T - 1::T])
-        xn, a_d = np.empty_like(x), _activations(x.shape[0], d)
+        xn, a_d, split = np.empty_like(x), _activations(x.shape[0], d), False
     rms_norm_rows(x, vecs[_NV * L], eps, xn)
-    _quantize(xn, a_d, kinds, _NM * L, 1)
+    if _quantize_for(xn, a_d, kinds, _NM * L, 1, split, tid, threads, flags, epoch) < 0:
+        return False
     _product(_NM * L, mats, kinds, rows, a_d, tid, threads, logits)
     return True
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved, act,
-                   windows, cos, sin, caches, starts, T, last_only, shared):
+                   windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32, acts_i32):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -293,7 +341,8 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_ep
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale,
-                         interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared)
+                         interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
+                         acts_i8, acts_f32, acts_i32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,10 +522,10 @@ class FusedDecoder:
         _pace()
         threads = numba.get_num_threads()
         flags = counters(threads)
-        shared = self._scratch(B * T, B if last_only else B * T)
+        shared, acts = self._scratch(B * T, B if last_only else B * T)
         args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims,
                 self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
-                np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared)
+                np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared, *acts)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
@@ -489,9 +538,10 @@ class FusedDecoder:
         return shared[-1] if last_only else shared[-1].reshape(B, T, -1)
 
     def _scratch(self, R: int, heads: int) -> tuple:
-        """The step's shared arrays for R rows: kept per calling thread and row count (a step
-        allocating ten arrays cost more than its barriers), the logits of ``heads`` rows new each
-        step (the caller keeps them)."""
+        """The step's shared arrays for R rows and the shared activation buffers of the model,
+        attention and MLP widths (by dtype, :func:`_acts_set`): kept per calling thread and row
+        count (a step allocating ten arrays cost more than its barriers), the logits of
+        ``heads`` rows new each step (the caller keeps them)."""
         kept = self._kept.__dict__.setdefault("rows", {})
         rows = kept.get(R)
         if rows is None:
@@ -499,8 +549,12 @@ class FusedDecoder:
                 kept.clear()
             d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
             widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
-            rows = kept[R] = tuple(np.empty((R, n), F32) for n in widths)
-        return (*rows, np.empty((heads, self.vocab), F32))
+            arrays = [a for n in (d, H * hd, ffn) for grouped, q8_k in [_activations(R, n)]
+                      for a in (grouped[0], q8_k[0], grouped[1], grouped[2], q8_k[1], q8_k[2],
+                                grouped[3], *q8_k[3:])]
+            acts = tuple(tuple(a for a in arrays if a.dtype == t) for t in (np.int8, F32, np.int32))
+            rows = kept[R] = (tuple(np.empty((R, n), F32) for n in widths), acts)
+        return (*rows[0], np.empty((heads, self.vocab), F32)), rows[1]
 
     def _angles(self, starts: tuple[int, ...], T: int) -> tuple[np.ndarray, np.ndarray]:
         """Each attention layer's RoPE cos and sin at each row's position: ``[layers, sequences *
