@@ -4,8 +4,10 @@
         [--llama-python /path/to/venv/bin/python] [--activations float32,int8] [--llama-batch 512]
 
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
-(`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. Both engines
-decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
+(`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. On Xeons with
+AMX the native build has crashed evaluating batched prompts (then pass ``--llama-batch 1``); a
+build without AMX evaluates them (README: ``CMAKE_ARGS="-DGGML_NATIVE=OFF ... -DGGML_AMX_INT8=OFF"``).
+Both engines decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
 in each activation mode asked for (``float32``, exact against transformers; ``int8``, 8-bit
 activations as llama.cpp computes) with its ratios to llama.cpp.
 """
