@@ -195,6 +195,9 @@ def test_redraws_at_most_once_per_tick_while_a_worker_floods_events(qtbot, panel
     original = panel.image.setImage
     monkeypatch.setattr(panel.image, "setImage", lambda *a, **k: (draws.append(1), original(*a, **k)))
     panel.timer.timeout.connect(lambda: ticks.append(1))
+    # ten ticks a second: at the default rate (1 Hz) the five waited for below take the whole
+    # 5 s the wait allows, and the test failed about one run in three
+    panel.timer.setInterval(100)
     runner = JobRunner()
     steps = []
 
