@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_hints import AHEAD_BYTES, prefetch_row, prefetch_until
+from .kernel_hints import AHEAD_BYTES, prefetch_until
 from .quant_int8_rows import WQ4_0, WQ4_1, WQ8_0, dot_frame, fmuladd, half_to_float, lanes_dot
 
 TILE = 16  # rows per tile: the int32 lanes of a 512-bit vector
@@ -182,8 +182,9 @@ def _store(out, t, r, v, n):
 def tiles_products(kind, w2, r0, r1, xg, xd, xs, nsum, out):
     """``out[:, r0:r1]`` for rows r0 .. r1 - 1 of tiled ``w2`` (``[rows, row bytes]``; r0 and r1
     multiples of TILE) and grouped Q8_1 activations: for each tile, ROWS_AT_ONCE activation rows
-    per call while that many remain, then the other 1-3 in one call. With one activation row the
-    weights stream by once, prefetched AHEAD_BYTES ahead as they go."""
+    per call while that many remain, then the other 1-3 in one call. The weights stream by,
+    prefetched AHEAD_BYTES past the tile being multiplied as they go (with several activation
+    rows the later passes over a tile find it in the L1 cache)."""
     w = w2.reshape(-1)
     stride, nb = w2.shape[1], xd.shape[1]
     T = xg.shape[0]
@@ -191,12 +192,10 @@ def tiles_products(kind, w2, r0, r1, xg, xd, xs, nsum, out):
     ahead = r0 * stride + AHEAD_BYTES
     for r in range(r0, r1, TILE):
         wi = r * stride
+        ahead = prefetch_until(w, ahead, wi + TILE * stride + AHEAD_BYTES)
         if T == 1:
-            ahead = prefetch_until(w, ahead, wi + TILE * stride + AHEAD_BYTES)
             _store(out, 0, r, _one(kind, w, wi, nb, xg, 0, xd, xs, nsum), 1)
             continue
-        for j in range(TILE):
-            prefetch_row(w2, r + j)
         for t in range(0, rest, _ROWS_AT_ONCE):
             _store(out, t, r, _many(kind, w, wi, nb, xg, t, xd, xs, nsum), _ROWS_AT_ONCE)
         if T - rest == 3:
