@@ -26,7 +26,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.quant import ROW_CHUNK, QuantMatrix
 from loomlab.core.llm.quant_int8 import (
     int8_activations,
     int8_enabled,
@@ -379,6 +379,12 @@ def test_fp16_round_is_the_float16_conversion():
                 want = np.float32(np.float16(x))
             got = np.float32(rounded(x))
             assert got.view(np.uint32) == want.view(np.uint32), (x, got, want)
+
+
+def test_parallel_chunks_are_whole_tiles():
+    """The products hand each parallel work item ROW_CHUNK rows and the fused step's pieces are
+    multiples of it; a tiled matrix's kernel takes whole tiles only."""
+    assert ROW_CHUNK % TILE == 0
 
 
 def test_products_of_several_matrices_equal_each_alone():
