@@ -50,7 +50,7 @@ from .quant import ROW_CHUNK, _pace
 from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from .quant_int8_rows import quantize_grouped, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
-from .quant_int8_tiles import TILE, TILE_KINDS, tiles_products
+from .quant_int8_tiles import TILE, is_tiled, tiles_products
 from .rope import rotate_head
 from .spin_barrier import PAD, abort, counters, meet
 
@@ -62,7 +62,6 @@ _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
 _ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
 _SUPER = tuple(SUPER_KINDS)
-_TILES = tuple(TILE_KINDS)
 # A thread's share of a matrix is multiplied in pieces of about this many bytes (see
 # _product). With the kernels prefetching as they stream (quant_int8_rows.rows_driver), greedy
 # decode tok/s (int8, 2 threads, 4 runs each): 64 KiB 315-329 / 105-112 (smollm2 / gemma3), 256
@@ -120,11 +119,18 @@ def _quantize(x, acts, kinds, first, count):
         quantize_q8_k(x, k[0], k[1], k[2], k[3], k[4], k[5])
 
 
+def _acts_by_dtype(R: int, widths) -> tuple:
+    """:func:`_activations` sets of R rows for each width, handed to the parallel region as
+    three tuples by dtype (int8, float32, int32: numba's region takes tuples of arrays of one
+    type, not nested ones), each set's arrays in its order; :func:`_acts_set` takes one back."""
+    arrays = [a for n in widths for part in _activations(R, n) for a in part]
+    return tuple(tuple(a for a in arrays if a.dtype == t) for t in (np.int8, F32, np.int32))
+
+
 @njit(inline="always")
 def _acts_set(i8, f32, i32, j):
-    """The j-th :func:`_activations` set of ones handed to the region by dtype (numba's parallel
-    region takes tuples of arrays of one type, not nested ones): 2 int8, 4 float32, 4 int32
-    arrays a set."""
+    """The j-th set of :func:`_acts_by_dtype`'s tuples: a set is (int8, float32, float32,
+    int32) grouped, then (int8, float32, float32, int32, int32, int32) Q8_K."""
     return ((i8[2 * j], f32[4 * j], f32[4 * j + 1], i32[4 * j]),
             (i8[2 * j + 1], f32[4 * j + 2], f32[4 * j + 3], i32[4 * j + 1], i32[4 * j + 2], i32[4 * j + 3]))
 
@@ -156,7 +162,7 @@ def _quantize_for(x, acts, kinds, first, count, split, tid, threads, flags, epoc
 def _product(m, mats, kinds, rows, acts, tid, threads, out):
     """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``."""
     kind, n = kinds[m], rows[m]
-    tiled = kind == _TILES[0] or kind == _TILES[1] or kind == _TILES[2]
+    tiled = is_tiled(kind)
     if tiled:  # whole tiles to each thread
         lo, hi = _share(n // TILE, tid, threads)
         lo, hi = lo * TILE, hi * TILE
@@ -551,10 +557,7 @@ class FusedDecoder:
                 kept.clear()
             d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
             widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
-            arrays = [a for n in (d, H * hd, ffn) for grouped, q8_k in [_activations(R, n)]
-                      for a in (grouped[0], q8_k[0], grouped[1], grouped[2], q8_k[1], q8_k[2],
-                                grouped[3], *q8_k[3:])]
-            acts = tuple(tuple(a for a in arrays if a.dtype == t) for t in (np.int8, F32, np.int32))
+            acts = _acts_by_dtype(R, (d, H * hd, ffn))
             rows = kept[R] = (tuple(np.empty((R, n), F32) for n in widths), acts)
         return (*rows[0], np.empty((heads, self.vocab), F32)), rows[1]
 

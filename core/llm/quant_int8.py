@@ -18,8 +18,9 @@ format with a zero point (Q4_0 nibbles are ``n - 8``) multiplies the unsigned qu
 subtracts ``zero * sum`` exactly, which is llama.cpp's result with a u8 x s8 product.
 
 Kernel shape: each matrix's rows are repacked once, on first use (:mod:`.quant_int8_rows` for
-the 32-weight formats, :mod:`.quant_int8_superblocks` for Q4_K / Q6_K), so that 64 quants are
-one vector load; the integer products are LLVM IR that LLVM's x86 backend compiles to
+the 32-weight formats, :mod:`.quant_int8_tiles` instead for Q4_0 / Q4_1 / Q8_0 matrices of whole
+16-row tiles, :mod:`.quant_int8_superblocks` for Q4_K / Q6_K), so that 64 quants are one vector
+load; the integer products are LLVM IR that LLVM's x86 backend compiles to
 ``vpdpbusd`` where the CPU has AVX-VNNI or AVX512-VNNI (plain IR elsewhere), then one float
 multiply-add by both scales per block, as in llama.cpp. The activations are quantized once per
 call (once for several matrices that share them: :func:`int8_products`). Output rows run in
@@ -53,7 +54,7 @@ from .quant_int8_rows import (
 )
 from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_products, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
-from .quant_int8_tiles import TILE_KIND, TILE_KINDS, tiles_fit, tiles_products
+from .quant_int8_tiles import TILE_KIND, is_tiled, tiles_fit, tiles_products
 from .quant_int8_tiles import repack as tiles_repack
 
 F32 = np.float32
@@ -178,7 +179,7 @@ def _rows_matmul(kind, w, xg, d, s, nsum, out):
     w2 = w.reshape(rows, -1)
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         r0, r1 = c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)
-        if kind in TILE_KINDS:  # (ROW_CHUNK is a whole number of tiles)
+        if is_tiled(kind):  # (ROW_CHUNK is a whole number of tiles)
             tiles_products(kind, w2, r0, r1, xg, d, s, nsum, out)
         else:
             rows_products(kind, w2, r0, r1, xg, d, s, nsum, out)

@@ -50,6 +50,12 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
 
 
+@njit(inline="always")
+def is_tiled(kind):
+    """Whether a repacked matrix of this kind is laid out in tiles (one of TILE_KINDS)."""
+    return kind == WQ4_0_T or kind == WQ4_1_T or kind == WQ8_0_T
+
+
 def tiles_fit(rows: int) -> bool:
     """Whether a matrix of ``rows`` rows can be laid out in tiles."""
     return rows % TILE == 0
