@@ -50,7 +50,7 @@ from .quant import ROW_CHUNK, _pace
 from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from .quant_int8_rows import quantize_grouped, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
-from .quant_int8_tiles import TILE, is_tiled, tiles_products
+from .quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled, tiles_products
 from .rope import rotate_head
 from .spin_barrier import PAD, abort, counters, meet
 
@@ -171,8 +171,9 @@ def _product(m, mats, kinds, rows, acts, tid, threads, out):
     w2 = mats[m].reshape(n, -1)
     grouped, k = acts
     # in pieces of PIECE_BYTES: with 2 or 3 rows the row kernels pass over a piece once per row,
-    # the later passes finding it in the L2 cache (ROW_CHUNK: whole tiles)
-    step = max(ROW_CHUNK, PIECE_BYTES // w2.shape[1] // ROW_CHUNK * ROW_CHUNK)
+    # the later passes finding it in the L2 cache (tiled: whole passes' tiles)
+    unit = TILES_AT_ONCE * TILE if tiled else ROW_CHUNK
+    step = max(unit, PIECE_BYTES // w2.shape[1] // unit * unit)
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)
         if _is_super(kind):

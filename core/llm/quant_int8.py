@@ -54,7 +54,7 @@ from .quant_int8_rows import (
 )
 from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_products, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
-from .quant_int8_tiles import TILE_KIND, is_tiled, tiles_fit, tiles_products
+from .quant_int8_tiles import TILE, TILE_KIND, TILES_AT_ONCE, is_tiled, tiles_fit, tiles_products
 from .quant_int8_tiles import repack as tiles_repack
 
 F32 = np.float32
@@ -177,9 +177,11 @@ def _rows_matmul(kind, w, xg, d, s, nsum, out):
     X gets the same bits alone or among others."""
     rows = out.shape[1]
     w2 = w.reshape(rows, -1)
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        r0, r1 = c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK)
-        if is_tiled(kind):  # (ROW_CHUNK is a whole number of tiles)
+    tiled = is_tiled(kind)
+    chunk = TILES_AT_ONCE * TILE if tiled else ROW_CHUNK  # a tiled matrix: whole passes' tiles
+    for c in prange((rows + chunk - 1) // chunk):
+        r0, r1 = c * chunk, min(rows, c * chunk + chunk)
+        if tiled:
             tiles_products(kind, w2, r0, r1, xg, d, s, nsum, out)
         else:
             rows_products(kind, w2, r0, r1, xg, d, s, nsum, out)

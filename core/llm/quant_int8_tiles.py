@@ -45,6 +45,8 @@ _BLOCK_BYTES = {WQ4_0_T: 18, WQ4_1_T: 20, WQ8_0_T: 34}  # the file's
 _CHUNKS = {WQ4_0_T: 4, WQ4_1_T: 4, WQ8_0_T: 8}
 _ZERO_SHIFT = {WQ4_0_T: 3, WQ8_0_T: 7}  # stored quants are value + 2^shift
 _ROWS_AT_ONCE = 4  # activation rows per pass over a tile (then 1-3 in one more call)
+TILES_AT_ONCE = 2  # tiles per pass (_tile_dot's doc); ranges of a multiple of this many tiles
+# take no single-tile pass
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -78,19 +80,27 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(tiles * TILE, nb * bbytes)
 
 
-def _tile_dot(kind: int, n: int):
-    """``dot(w, wi, stride, nb, xg, t0, xd, xs, nsum)``: the tile at byte ``wi`` of ``w`` (``nb``
-    blocks; ``stride`` unused, the frame's) times activation rows t0 .. t0 + n - 1 (grouped
-    Q8_1, :func:`.quant_int8_rows.quantize_grouped`) -> a tuple of 16 * n float32 (activation
-    row major)."""
+def _tile_dot(kind: int, n: int, nt: int):
+    """``dot(w, wi, stride, nb, xg, t0, xd, xs, nsum, out, r)``: the ``nt`` tiles at bytes ``wi,
+    wi + stride, ...`` of ``w`` (``nb`` blocks each) times activation rows t0 .. t0 + n - 1
+    (grouped Q8_1, :func:`.quant_int8_rows.quantize_grouped`), stored straight into ``out[t0 + i,
+    r + 16 tt + j]`` (row j of tile tt) as one 16-float vector per tile and activation row.
+
+    Each broadcast of four activation bytes feeds the nt tiles' ``vpdpbusd``: broadcasting a word
+    from memory for every ``vpdpbusd`` held the kernel to about one broadcast a cycle (measured:
+    a synthetic block loop with the words in registers ran 391 GMAC/s a core, with a broadcast
+    load per ``vpdpbusd`` 178), and a second tile halves them."""
     chunks = _CHUNKS[kind]
     record = 64 * chunks + 32 * (2 if kind == WQ4_1_T else 1)  # bytes a block of a tile takes
 
     @intrinsic
-    def dot(typingctx, w, wi, stride, nb, xg, t0, xd, xs, nsum):
+    def dot(typingctx, w, wi, stride, nb, xg, t0, xd, xs, nsum, out, r):
+        if not (isinstance(out, types.Array) and out.layout == "C" and out.dtype == types.float32):
+            return None  # the vector stores below need contiguous float32 rows
+
         def codegen(context, builder, sig, args):
-            load, i64, nblocks, (tile,), (xg_rows, xd_rows, xs_rows, nsum_rows) = \
-                dot_frame(context, builder, sig, args, 1, n)
+            load, i64, nblocks, tiles, (xg_rows, xd_rows, xs_rows, nsum_rows) = \
+                dot_frame(context, builder, sig, args, nt, n)
             v64, v16i, v16f = ir.VectorType(_I8, 64), ir.VectorType(_I32, TILE), ir.VectorType(_F32, TILE)
             splat = ir.Constant(v16i, [0] * TILE)
 
@@ -99,42 +109,48 @@ def _tile_dot(kind: int, n: int):
                 return builder.shuffle_vector(one, one, splat)
 
             zero = ir.Constant(v16f, [0.0] * TILE)
-            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n)]
-            mins = [cgutils.alloca_once_value(builder, zero) for _ in range(n)]
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(nt)]
+            mins = [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(nt)]
 
             def block(b, g, j, k):
                 """Block b, the j-th of the activations' group of k blocks starting at block g."""
                 at = builder.mul(b, i64(record))
-                weights = []  # (unsigned bytes, x byte offset of their four weights) per vpdpbusd
-                for c in range(chunks):
-                    v = load(tile, builder.add(at, i64(64 * c)), v64)
-                    if kind == WQ8_0_T:
-                        weights.append((v, c // 4, 4 * (c % 4)))
-                    else:
-                        weights.append((builder.and_(v, ir.Constant(v64, [0xF] * 64)), 0, 4 * c))
-                        weights.append((builder.lshr(v, ir.Constant(v64, [4] * 64)), 1, 4 * c))
-                scales_at = builder.add(at, i64(64 * chunks))
-                halves = ir.VectorType(_I16, TILE)
-                d = half_to_float(builder, load(tile, scales_at, halves))
-                m = None
-                if kind == WQ4_1_T:
-                    m = half_to_float(builder, load(tile, builder.add(scales_at, i64(32)), halves))
                 group_at = builder.mul(g, i64(32))
+                totals = []  # [activation row][tile]: the block's integer sums
                 for i in range(n):
-                    total = ir.Constant(v16i, [0] * TILE)
+                    start = ir.Constant(v16i, [0] * TILE)
                     if kind in _ZERO_SHIFT:  # -zero * sum(x quants): the block's nsum, shifted
                         nsum = load(nsum_rows[i], builder.mul(b, i64(4)), _I32)
-                        total = broadcast(builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), v16i)
-                    for v, half, within in weights:
+                        start = broadcast(builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), v16i)
+                    totals.append([start] * nt)
+                for c in range(chunks):
+                    vs = [load(tile, builder.add(at, i64(64 * c)), v64) for tile in tiles]
+                    if kind == WQ8_0_T:
+                        parts = [(vs, c // 4, 4 * (c % 4))]
+                    else:  # low nibbles: weights 4c .., high nibbles: 16 + 4c ..
+                        parts = [([builder.and_(v, ir.Constant(v64, [0xF] * 64)) for v in vs], 0, 4 * c),
+                                 ([builder.lshr(v, ir.Constant(v64, [4] * 64)) for v in vs], 1, 4 * c)]
+                    for weights, half, within in parts:
                         x_at = builder.add(group_at, i64(16 * (half * k + j) + within))
-                        x4 = broadcast(load(xg_rows[i], x_at, _I32), v16i)
-                        total = lanes_dot(builder, total, v, builder.bitcast(x4, v64))
-                    scale = builder.fmul(d, broadcast(load(xd_rows[i], b, _F32), v16f))
-                    builder.store(fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(accs[i])),
-                                  accs[i])
-                    if m is not None:  # + m * s
-                        s = broadcast(load(xs_rows[i], b, _F32), v16f)
-                        builder.store(fmuladd(builder, m, s, builder.load(mins[i])), mins[i])
+                        for i in range(n):
+                            x4 = builder.bitcast(broadcast(load(xg_rows[i], x_at, _I32), v16i), v64)
+                            totals[i] = [lanes_dot(builder, total, v, x4)
+                                         for total, v in zip(totals[i], weights, strict=True)]
+                scales_at = builder.add(at, i64(64 * chunks))
+                halves = ir.VectorType(_I16, TILE)
+                for tt, tile in enumerate(tiles):
+                    d = half_to_float(builder, load(tile, scales_at, halves))
+                    m = None
+                    if kind == WQ4_1_T:
+                        m = half_to_float(builder, load(tile, builder.add(scales_at, i64(32)), halves))
+                    for i in range(n):
+                        scale = builder.fmul(d, broadcast(load(xd_rows[i], b, _F32), v16f))
+                        acc = accs[tt][i]
+                        builder.store(fmuladd(builder, builder.sitofp(totals[i][tt], v16f), scale,
+                                              builder.load(acc)), acc)
+                        if m is not None:  # + m * s
+                            s = broadcast(load(xs_rows[i], b, _F32), v16f)
+                            builder.store(fmuladd(builder, m, s, builder.load(mins[tt][i])), mins[tt][i])
 
             # the activations' groups: fours, then a two, then a one (quantize_grouped's layout)
             full = builder.udiv(nblocks, i64(4))
@@ -150,63 +166,79 @@ def _tile_dot(kind: int, n: int):
             with builder.if_then(builder.icmp_unsigned("==", builder.urem(rest, i64(2)), i64(1))):
                 last = builder.sub(nblocks, i64(1))
                 block(last, last, 0, 1)
-            out = []
+            result = context.make_array(sig.args[9])(context, builder, args[9])
+            width = cgutils.unpack_tuple(builder, result.shape, 2)[1]
             for i in range(n):
-                total = builder.load(accs[i])
-                if kind == WQ4_1_T:
-                    total = builder.fadd(total, builder.load(mins[i]))
-                out += [builder.extract_element(total, _I32(r)) for r in range(TILE)]
-            return context.make_tuple(builder, sig.return_type, out)
-        return types.UniTuple(types.float32, TILE * n)(w, wi, stride, nb, xg, t0, xd, xs, nsum), codegen
+                row = builder.mul(builder.add(args[5], i64(i)), width)
+                for tt in range(nt):
+                    total = builder.load(accs[tt][i])
+                    if kind == WQ4_1_T:
+                        total = builder.fadd(total, builder.load(mins[tt][i]))
+                    at = builder.add(row, builder.add(args[10], i64(TILE * tt)))
+                    where = builder.gep(result.data, [at], inbounds=True)
+                    builder.store(total, builder.bitcast(where, v16f.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(w, wi, stride, nb, xg, t0, xd, xs, nsum, out, r), codegen
     return dot
 
 
-def _by_kind(n):
-    q4_0, q4_1, q8_0 = (_tile_dot(k, n) for k in TILE_KINDS)
+def _by_kind(n, nt):
+    """One function over the three formats' dots of nt tiles and n activation rows, by kind."""
+    q4_0, q4_1, q8_0 = (_tile_dot(k, n, nt) for k in TILE_KINDS)
 
     @njit(inline="always")
-    def dot(kind, w, wi, nb, xg, t, xd, xs, nsum):
+    def dot(kind, w, wi, stride, nb, xg, t, xd, xs, nsum, out, r):
         if kind == WQ4_0_T:
-            return q4_0(w, wi, 0, nb, xg, t, xd, xs, nsum)
-        if kind == WQ4_1_T:
-            return q4_1(w, wi, 0, nb, xg, t, xd, xs, nsum)
-        return q8_0(w, wi, 0, nb, xg, t, xd, xs, nsum)
+            q4_0(w, wi, stride, nb, xg, t, xd, xs, nsum, out, r)
+        elif kind == WQ4_1_T:
+            q4_1(w, wi, stride, nb, xg, t, xd, xs, nsum, out, r)
+        else:
+            q8_0(w, wi, stride, nb, xg, t, xd, xs, nsum, out, r)
     return dot
 
 
-_one, _two, _three, _many = (_by_kind(n) for n in (1, 2, 3, _ROWS_AT_ONCE))
+def _passes(nt):
+    """``passes(kind, w, wi, stride, nb, xg, xd, xs, nsum, out, r)``: every activation row times
+    the nt tiles at byte wi, ROWS_AT_ONCE rows a pass while that many remain, then the other 1-3
+    in one pass (a row's result is the same operations in any pass)."""
+    one, two, three, many = (_by_kind(n, nt) for n in (1, 2, 3, _ROWS_AT_ONCE))
+
+    @njit(inline="always")
+    def passes(kind, w, wi, stride, nb, xg, xd, xs, nsum, out, r):
+        T = xg.shape[0]
+        rest = T // _ROWS_AT_ONCE * _ROWS_AT_ONCE
+        for t in range(0, rest, _ROWS_AT_ONCE):
+            many(kind, w, wi, stride, nb, xg, t, xd, xs, nsum, out, r)
+        if T - rest == 3:
+            three(kind, w, wi, stride, nb, xg, rest, xd, xs, nsum, out, r)
+        elif T - rest == 2:
+            two(kind, w, wi, stride, nb, xg, rest, xd, xs, nsum, out, r)
+        elif T - rest == 1:
+            one(kind, w, wi, stride, nb, xg, rest, xd, xs, nsum, out, r)
+    return passes
 
 
-@njit(inline="always")
-def _store(out, t, r, v, n):
-    for i in range(n):
-        for j in range(TILE):
-            out[t + i, r + j] = v[i * TILE + j]
+_single, _several = _passes(1), _passes(TILES_AT_ONCE)
 
 
 @njit(inline="always")
 def tiles_products(kind, w2, r0, r1, xg, xd, xs, nsum, out):
     """``out[:, r0:r1]`` for rows r0 .. r1 - 1 of tiled ``w2`` (``[rows, row bytes]``; r0 and r1
-    multiples of TILE) and grouped Q8_1 activations: for each tile, ROWS_AT_ONCE activation rows
-    per call while that many remain, then the other 1-3 in one call. The weights stream by,
-    prefetched AHEAD_BYTES past the tile being multiplied as they go (with several activation
-    rows the later passes over a tile find it in the L1 cache)."""
+    multiples of TILE) and grouped Q8_1 activations: TILES_AT_ONCE tiles at a time (then one at a
+    time), each
+    pass over them taking ROWS_AT_ONCE activation rows while that many remain, then the other 1-3.
+    The weights stream by, prefetched AHEAD_BYTES past the tiles being multiplied as they go (with
+    several activation rows the later passes over them find them in the L1 cache)."""
     w = w2.reshape(-1)
-    stride, nb = w2.shape[1], xd.shape[1]
-    T = xg.shape[0]
-    rest = T // _ROWS_AT_ONCE * _ROWS_AT_ONCE
-    ahead = r0 * stride + AHEAD_BYTES
-    for r in range(r0, r1, TILE):
-        wi = r * stride
-        ahead = prefetch_until(w, ahead, wi + TILE * stride + AHEAD_BYTES)
-        if T == 1:
-            _store(out, 0, r, _one(kind, w, wi, nb, xg, 0, xd, xs, nsum), 1)
-            continue
-        for t in range(0, rest, _ROWS_AT_ONCE):
-            _store(out, t, r, _many(kind, w, wi, nb, xg, t, xd, xs, nsum), _ROWS_AT_ONCE)
-        if T - rest == 3:
-            _store(out, rest, r, _three(kind, w, wi, nb, xg, rest, xd, xs, nsum), 3)
-        elif T - rest == 2:
-            _store(out, rest, r, _two(kind, w, wi, nb, xg, rest, xd, xs, nsum), 2)
-        elif T - rest == 1:
-            _store(out, rest, r, _one(kind, w, wi, nb, xg, rest, xd, xs, nsum), 1)
+    row_bytes, nb = w2.shape[1], xd.shape[1]
+    stride = TILE * row_bytes
+    ahead = r0 * row_bytes + AHEAD_BYTES
+    r = r0
+    while r + TILES_AT_ONCE * TILE <= r1:
+        ahead = prefetch_until(w, ahead, (r + TILES_AT_ONCE * TILE) * row_bytes + AHEAD_BYTES)
+        _several(kind, w, r * row_bytes, stride, nb, xg, xd, xs, nsum, out, r)
+        r += TILES_AT_ONCE * TILE
+    while r < r1:
+        ahead = prefetch_until(w, ahead, (r + TILE) * row_bytes + AHEAD_BYTES)
+        _single(kind, w, r * row_bytes, stride, nb, xg, xd, xs, nsum, out, r)
+        r += TILE
