@@ -145,6 +145,16 @@ def _f32_pointer(typingctx, address):
 
 
 @njit(inline="always")
+def uncounted(a):
+    """A view of the float32 C-contiguous array ``a`` that carries no reference count (as
+    :func:`cache_views`' do), for arrays the caller keeps alive. Slicing a counted array changes
+    its count atomically; when the threads of a parallel region slice the same shared array (a
+    row of the queries, a position's cos), its count's cache line bounces between the cores at
+    every slice."""
+    return carray(_f32_pointer(a.ctypes.data), a.shape)
+
+
+@njit(inline="always")
 def cache_views(address_k, address_v, Hkv, hd, cap):
     """A float32 host cache's buffers from their addresses (``KVCache.host_buffers``): the keys
     ``[Hkv, hd, cap]`` (head_dim-major) and the values ``[Hkv, cap, hd]``."""

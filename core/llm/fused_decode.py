@@ -41,7 +41,8 @@ from numba.typed import List
 
 from .. import edits
 from ..layers.containers import Residual, Sequential
-from .attention_kernel import _attend_item, cache_views
+from .attention_kernel import _attend_item, cache_views, uncounted
+from .kernel_hints import LINE, prefetch_until
 from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
@@ -230,6 +231,40 @@ def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, tid, threads, 
     return epoch
 
 
+@njit(inline="always")
+def _prefetch_caches(caches, i, starts, T, Hkv, hd, group, kv0, kv1, h0, h1, H, windows):
+    """Ask for the cache lines of layer i's KV caches that this thread's writes (items kv0 .. kv1
+    of (row, KV head)) and attention reads (items h0 .. h1 of (row, head)) will touch, before
+    the products those wait for. The caches are too big to stay cached while a step's weights
+    stream by, so otherwise every key written (hd lines apart, the keys being head_dim-major)
+    and every row of keys and values read waits on a miss."""
+    for item in range(kv0, kv1):
+        r, kv = item // Hkv, item % Hkv
+        b = r // T
+        cap, p = caches[i, b, 2], starts[b] + r % T
+        keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
+        for j in range(hd):
+            at = ((kv * hd + j) * cap + p) * 4
+            prefetch_until(keys_t, at, at + 1)
+        at = (kv * cap + p) * hd * 4
+        prefetch_until(values, at, at + hd * 4)
+    last = -1
+    for item in range(h0, h1):
+        r, kv = item // H, item % H // group
+        if r * Hkv + kv == last:
+            continue
+        last = r * Hkv + kv
+        b = r // T
+        cap, p = caches[i, b, 2], starts[b] + r % T
+        lo = max(0, p - windows[i] + 1) if windows[i] > 0 else 0
+        keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
+        for j in range(hd):
+            at = (kv * hd + j) * cap * 4
+            prefetch_until(keys_t, at + lo * 4 // LINE * LINE, at + p * 4)
+        at = kv * cap * hd * 4
+        prefetch_until(values, at + lo * hd * 4 // LINE * LINE, at + p * hd * 4)
+
+
 @njit(cache=True, nogil=True)
 def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
     """One head: ``src`` + bias, its RMSNorm (gamma non-empty), RoPE at cos/sin -> ``dst``;
@@ -255,7 +290,11 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
     widths) and meet; with one row each quantizes it itself, which costs no meeting."""
     d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     R = x0.shape[0]
-    qb, kb, vb, att, ob, gb, ub, hb, db, logits = shared
+    # the arrays every thread reads and writes, as views without a reference count (uncounted's
+    # doc): the query rotations of an 8-row SmolLM2 step took ~15x longer slicing counted ones
+    qb, kb, vb, att = uncounted(shared[0]), uncounted(shared[1]), uncounted(shared[2]), uncounted(shared[3])
+    ob, gb, ub, hb = uncounted(shared[4]), uncounted(shared[5]), uncounted(shared[6]), uncounted(shared[7])
+    db, logits, cos, sin = uncounted(shared[8]), uncounted(shared[9]), uncounted(cos), uncounted(sin)
     x = x0.copy()  # this thread's copy of the residual stream [R, d]
     xn = np.empty((R, d), F32)
     split = R > 1 and threads > 1
@@ -279,6 +318,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch = _quantize_for(xn, a_d, kinds, m + _WQ, 3, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
+        _prefetch_caches(caches, i, starts, T, Hkv, hd, group, kv0, kv1, h0, h1, H, windows)
         _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
         _product(m + _WK, mats, kinds, rows, a_d, tid, threads, kb)
         _product(m + _WV, mats, kinds, rows, a_d, tid, threads, vb)
@@ -286,20 +326,21 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         if not meet(flags, tid, threads, epoch):
             return False
         # this thread's KV heads into the caches, its query heads rotated
-        bk, bv, bq = vecs[v + _BK], vecs[v + _BV], vecs[v + _BQ]
+        bk, bv, bq = uncounted(vecs[v + _BK]), uncounted(vecs[v + _BV]), uncounted(vecs[v + _BQ])
+        k_norm, q_norm = uncounted(vecs[v + _KNORM]), uncounted(vecs[v + _QNORM])
         for item in range(kv0, kv1):
             r, kv = item // Hkv, item % Hkv
             b = r // T
             cap, o, p = caches[i, b, 2], kv * hd, starts[b] + r % T
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
-            _rotated(kb[r, o:o + hd], bk[o:o + hd] if bk.size else bk, vecs[v + _KNORM], qk_eps,
+            _rotated(kb[r, o:o + hd], bk[o:o + hd] if bk.size else bk, k_norm, qk_eps,
                      cos[i, r], sin[i, r], interleaved, keys_t[kv, :, p], scratch)
             for j in range(hd):
                 values[kv, p, j] = vb[r, o + j] + bv[o + j] if bv.size else vb[r, o + j]
         for item in range(h0, h1):
             r, h = item // H, item % H
             o = h * hd
-            _rotated(qb[r, o:o + hd], bq[o:o + hd] if bq.size else bq, vecs[v + _QNORM], qk_eps,
+            _rotated(qb[r, o:o + hd], bq[o:o + hd] if bq.size else bq, q_norm, qk_eps,
                      cos[i, r], sin[i, r], interleaved, qr[r, h], scratch)
         epoch += 1
         if not meet(flags, tid, threads, epoch):

@@ -187,9 +187,11 @@ class Speculation:
             if j < len(draft) and record.id == draft[j]:
                 run.metrics.accepted_tokens += 1
                 continue
-            # draft[j:] went into the cache after a token the target did not choose
-            for c in run.caches[0]:
-                c.trim(len(draft) - j)
+            # draft[j:] went into the cache after a token the target did not choose (none when
+            # there was no draft: plain decoding steps through here every token)
+            if j < len(draft):
+                for c in run.caches[0]:
+                    c.trim(len(draft) - j)
             return
 
 
