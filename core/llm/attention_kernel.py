@@ -96,7 +96,17 @@ def _attend_item(q, h, kv, keys_t, values, p, window, scale, out):
     lo = max(0, p - window + 1) if window > 0 else 0
     n = p + 1 - lo
     w = np.zeros(n, F32)
-    for d in range(hd):
+    # four d a pass: each score still takes its terms one at a time in d order (the same
+    # operations, so the same bits), but is loaded and stored once per four of them
+    d4 = hd - hd % 4
+    for d in range(0, d4, 4):
+        q0, q1, q2, q3 = q[h, d], q[h, d + 1], q[h, d + 2], q[h, d + 3]
+        k0, k1, k2, k3 = keys_t[kv, d], keys_t[kv, d + 1], keys_t[kv, d + 2], keys_t[kv, d + 3]
+        for i in range(n):
+            j = _u(lo + i)
+            w[i] = (((w[i] + q0 * _element(k0, j)) + q1 * _element(k1, j)) + q2 * _element(k2, j)) \
+                + q3 * _element(k3, j)
+    for d in range(d4, hd):
         qd = q[h, d]
         row = keys_t[kv, d]
         for i in range(n):
@@ -118,7 +128,16 @@ def _attend_item(q, h, kv, keys_t, values, p, window, scale, out):
     for j in range(LANES):
         total += lanes[j]
     acc = np.zeros(hd, F32)
-    for i in range(n):
+    n4 = n - n % 4  # four positions a pass, each output still summing them in order (as above)
+    for i in range(0, n4, 4):
+        s = lo + i
+        w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
+        v0, v1, v2, v3 = values[kv, s], values[kv, s + 1], values[kv, s + 2], values[kv, s + 3]
+        for d in range(hd):
+            j = _u(d)
+            acc[d] = (((acc[d] + w0 * _element(v0, j)) + w1 * _element(v1, j)) + w2 * _element(v2, j)) \
+                + w3 * _element(v3, j)
+    for i in range(n4, n):
         vr = values[kv, lo + i]
         for d in range(hd):
             acc[d] += w[i] * _element(vr, _u(d))
