@@ -42,7 +42,6 @@ from numba.typed import List
 from .. import edits
 from ..layers.containers import Residual, Sequential
 from .attention_kernel import _attend_item, cache_views, uncounted
-from .kernel_hints import LINE, prefetch_until
 from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
@@ -231,40 +230,6 @@ def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, tid, threads, 
     return epoch
 
 
-@njit(inline="always")
-def _prefetch_caches(caches, i, starts, T, Hkv, hd, group, kv0, kv1, h0, h1, H, windows):
-    """Ask for the cache lines of layer i's KV caches that this thread's writes (items kv0 .. kv1
-    of (row, KV head)) and attention reads (items h0 .. h1 of (row, head)) will touch, before
-    the products those wait for. The caches are too big to stay cached while a step's weights
-    stream by, so otherwise every key written (hd lines apart, the keys being head_dim-major)
-    and every row of keys and values read waits on a miss."""
-    for item in range(kv0, kv1):
-        r, kv = item // Hkv, item % Hkv
-        b = r // T
-        cap, p = caches[i, b, 2], starts[b] + r % T
-        keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
-        for j in range(hd):
-            at = ((kv * hd + j) * cap + p) * 4
-            prefetch_until(keys_t, at, at + 1)
-        at = (kv * cap + p) * hd * 4
-        prefetch_until(values, at, at + hd * 4)
-    last = -1
-    for item in range(h0, h1):
-        r, kv = item // H, item % H // group
-        if r * Hkv + kv == last:
-            continue
-        last = r * Hkv + kv
-        b = r // T
-        cap, p = caches[i, b, 2], starts[b] + r % T
-        lo = max(0, p - windows[i] + 1) if windows[i] > 0 else 0
-        keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
-        for j in range(hd):
-            at = (kv * hd + j) * cap * 4
-            prefetch_until(keys_t, at + lo * 4 // LINE * LINE, at + p * 4)
-        at = kv * cap * hd * 4
-        prefetch_until(values, at + lo * hd * 4 // LINE * LINE, at + p * hd * 4)
-
-
 @njit(cache=True, nogil=True)
 def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
     """One head: ``src`` + bias, its RMSNorm (gamma non-empty), RoPE at cos/sin -> ``dst``;
@@ -318,7 +283,6 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch = _quantize_for(xn, a_d, kinds, m + _WQ, 3, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
-        _prefetch_caches(caches, i, starts, T, Hkv, hd, group, kv0, kv1, h0, h1, H, windows)
         _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
         _product(m + _WK, mats, kinds, rows, a_d, tid, threads, kb)
         _product(m + _WV, mats, kinds, rows, a_d, tid, threads, vb)
