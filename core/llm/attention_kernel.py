@@ -21,42 +21,21 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..errors import LoomShapeError
 from .kernel_hints import wide_vectors
-from .quantize import _bits, _from_bits
+from .quant_int8_rows import fmuladd, half_to_float
+from .quantize import _from_bits
 
 F32 = np.float32
 LANES = 16  # float32 lanes of the exponentials' sum: one AVX-512 register
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16))  # float16 travels as its bits
+_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 # nogil: the GUI thread keeps running while a worker decodes; parallel over (query, head) pairs
 _KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
-
-
-@njit(inline="always")
-def _half_to_float(h):
-    """float16 bits ``h`` as float32, bit for bit what numpy's ``astype`` gives (NaN payloads
-    included). The magnitude's bits, shifted into float32's places, are a float32 2**112 times too
-    small, exactly, for normals and subnormals alike (a float16 subnormal lands on a float32
-    subnormal), so one multiply converts both; inf/NaN keep their payload by integer ops.
-    No branches: the loops that read float16 stay vectorized."""
-    h = np.int64(h)
-    magnitude = _bits(_from_bits((h & 0x7FFF) << 13) * F32(2.0**112))
-    special = 0x7F800000 | ((h & 0x3FF) << 13)
-    return _from_bits((special if (h & 0x7C00) == 0x7C00 else magnitude) | ((h & 0x8000) << 16))
-
-
-def _element(a, i):
-    """``a[i]`` as float32 (a float16's bits converted); compiled by the overload below."""
-
-
-@overload(_element)
-def _element_typed(a, i):
-    if a.dtype == types.uint16:
-        return lambda a, i: _half_to_float(a[i])
-    return lambda a, i: a[i]
 
 
 @njit(inline="always")
@@ -86,73 +65,273 @@ def exp_poly(x):
     return y * _from_bits((np.int64(n) + 127) << 23)
 
 
+_VF = ir.VectorType(_F32, LANES)
+_STRIPE = 4  # vectors a kernel pass sums at once: four independent sums hide an add's latency
+_SPAN = _STRIPE * LANES  # scores a pass computes, head dims a pass outputs
+
+
+def _splat(builder, value):
+    """``value`` in every lane of a LANES-lane vector."""
+    vt = ir.VectorType(value.type, LANES)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+def _lanes_below(builder, first, limit):
+    """The mask of lanes j with ``first + j < limit``."""
+    at = builder.add(_splat(builder, first), ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES))))
+    return builder.icmp_signed("<", at, _splat(builder, limit))
+
+
+def _masked(builder, name, vt, args):
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vt if name == "load" else ir.VoidType(), [a.type for a in args]),
+        f"llvm.masked.{name}.v{LANES}{'f32' if vt.element == _F32 else 'i16'}.p0")
+    return builder.call(fn, args)
+
+
+def _load(builder, base, at, mask):
+    """LANES float32 elements of ``base`` from element ``at`` (float16 bits converted exactly),
+    the lanes ``mask`` leaves out read as 0 without touching memory."""
+    vt = ir.VectorType(base.type.pointee, LANES)
+    where = builder.bitcast(builder.gep(base, [at], inbounds=True), vt.as_pointer())
+    v = _masked(builder, "load", vt, [where, _I32(1), mask, ir.Constant(vt, [0] * LANES)])
+    return v if vt.element == _F32 else half_to_float(builder, v)
+
+
+def _larger(builder, a, b):
+    """Lane by lane ``b if b > a else a`` (``max(a, b)``: a NaN in b is passed over)."""
+    return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+
+
+def _sums(builder, count, k, terms):
+    """``k`` vector sums, each starting at 0 and adding the products ``x * y`` of the pairs
+    ``terms(i)`` lists (the i-th of each sum) for i = 0 .. count - 1 in order, each as one fused
+    multiply-add where the CPU has them; ``terms(i)`` may also give a mask, where the sum keeps
+    its value on the lanes it leaves out."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * LANES)) for _ in range(k)]
+    with cgutils.for_range(builder, count) as loop:
+        for acc, (x, y, keep) in zip(accs, terms(loop.index), strict=True):
+            old = builder.load(acc)
+            new = fmuladd(builder, x, y, old)
+            builder.store(new if keep is None else builder.select(keep, new, old), acc)
+    return [builder.load(acc) for acc in accs]
+
+
+def _element_at(builder, array, i):
+    return builder.load(builder.gep(array.data, [i], inbounds=True))
+
+
+def _pass_firsts(builder, index):
+    """The first elements of the _STRIPE vectors of pass ``index`` (_SPAN elements a pass)."""
+    return [builder.add(builder.mul(index, _I64(_SPAN)), _I64(LANES * u)) for u in range(_STRIPE)]
+
+
+def _largest_lane(builder, v):
+    """The largest of a vector's lanes (:func:`_larger`'s, halves against halves: the largest is
+    the same in any order)."""
+    half = LANES // 2
+    while half:
+        low, high = (ir.Constant(ir.VectorType(_I32, half), list(range(first, first + half)))
+                     for first in (0, half))
+        v = _larger(builder, builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
+        half //= 2
+    return builder.extract_element(v, _I32(0))
+
+
+def _scores_kernel(G: int):
+    """``scores(qs, keys_t, kv, lo, n, los, ps, scale, w, tops)``: for queries g < G (``qs[g]``,
+    query g seeing positions ``los[g] .. ps[g]``), ``w[g, i] = scale * (sum over d in order of
+    qs[g, d] * keys_t[kv, d, lo + i])`` for i < n, and ``tops[g]`` the largest of its own
+    (NaN passed over, as ``max`` does). Each key is a vector lane (a score's sum never crosses
+    lanes), _SPAN keys a pass, every key vector read once for the G queries. ``w`` rows hold n
+    rounded up to _SPAN (lanes past n get 0)."""
+    @intrinsic
+    def scores(typingctx, qs, keys_t, kv, lo, n, los, ps, scale, w, tops):
+        def codegen(context, builder, sig, args):
+            qa, ka, la, pa, wa, ta = (context.make_array(sig.args[i])(context, builder, args[i])
+                                      for i in (0, 1, 5, 6, 8, 9))
+            kv, lo, n, scale = args[2], args[3], args[4], _splat(builder, args[7])
+            hd = cgutils.unpack_tuple(builder, qa.shape, 2)[1]
+            cap = cgutils.unpack_tuple(builder, ka.shape, 3)[2]
+            width = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            base = builder.gep(ka.data, [builder.add(builder.mul(builder.mul(kv, hd), cap), lo)],
+                               inbounds=True)  # keys_t[kv, 0, lo]
+            queries = [builder.gep(qa.data, [builder.mul(_I64(g), hd)], inbounds=True) for g in range(G)]
+            sees = [(_splat(builder, builder.sub(_element_at(builder, la, _I64(g)), lo)),
+                     _splat(builder, builder.sub(_element_at(builder, pa, _I64(g)), lo))) for g in range(G)]
+            lowest = ir.Constant(_VF, [float("-inf")] * LANES)
+            top = [cgutils.alloca_once_value(builder, lowest) for _ in range(G)]
+            iota = ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES)))
+            passes = builder.udiv(builder.add(n, _I64(_SPAN - 1)), _I64(_SPAN))
+            with cgutils.for_range(builder, passes) as p:
+                firsts = _pass_firsts(builder, p.index)
+                masks = [_lanes_below(builder, f, n) for f in firsts]
+
+                def terms(d):
+                    row = builder.gep(base, [builder.mul(d, cap)], inbounds=True)
+                    keys = [_load(builder, row, f, mask) for f, mask in zip(firsts, masks, strict=True)]
+                    qd = [_splat(builder, builder.load(builder.gep(q, [d], inbounds=True))) for q in queries]
+                    return [(qd[g], key, None) for g in range(G) for key in keys]
+
+                totals = _sums(builder, hd, G * _STRIPE, terms)
+                for g in range(G):
+                    for u, f in enumerate(firsts):
+                        score = builder.fmul(totals[g * _STRIPE + u], scale)
+                        at = builder.add(builder.mul(_I64(g), width), f)
+                        where = builder.bitcast(builder.gep(wa.data, [at], inbounds=True), _VF.as_pointer())
+                        builder.store(score, where, align=4)
+                        i = builder.add(_splat(builder, f), iota)
+                        own = builder.and_(builder.icmp_signed(">=", i, sees[g][0]),
+                                           builder.icmp_signed("<=", i, sees[g][1]))
+                        largest = _larger(builder, builder.load(top[g]), builder.select(own, score, lowest))
+                        builder.store(largest, top[g])
+            for g in range(G):
+                builder.store(_largest_lane(builder, builder.load(top[g])),
+                              builder.gep(ta.data, [_I64(g)], inbounds=True))
+            return context.get_dummy_value()
+        return types.none(qs, keys_t, types.int64, types.int64, types.int64, los, ps, types.float32, w,
+                          tops), codegen
+    return scores
+
+
+def _values_kernel(G: int):
+    """``weigh(w, values, kv, lo, n, los, ps, totals, out, at)``: for queries g < G, the
+    ``hd`` floats at ``out``'s element ``at[g]`` get ``(sum over i in order of w[g, i] *
+    values[kv, lo + i]) / totals[g]`` over the positions ``lo + i`` in ``los[g] .. ps[g]``, each
+    head dim a vector lane, _SPAN of them a pass, every value vector read once for the G
+    queries."""
+    @intrinsic
+    def weigh(typingctx, w, values, kv, lo, n, los, ps, totals, out, at):
+        def codegen(context, builder, sig, args):
+            wa, va, la, pa, sa, oa, aa = (context.make_array(sig.args[i])(context, builder, args[i])
+                                          for i in (0, 1, 5, 6, 7, 8, 9))
+            kv, lo, n = args[2], args[3], args[4]
+            cap, hd = cgutils.unpack_tuple(builder, va.shape, 3)[1:]
+            width = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            base = builder.gep(va.data, [builder.mul(builder.add(builder.mul(kv, cap), lo), hd)],
+                               inbounds=True)  # values[kv, lo, 0]
+            sees = [(builder.sub(_element_at(builder, la, _I64(g)), lo),
+                     builder.sub(_element_at(builder, pa, _I64(g)), lo)) for g in range(G)]
+            weights = [builder.gep(wa.data, [builder.mul(_I64(g), width)], inbounds=True) for g in range(G)]
+            passes = builder.udiv(builder.add(hd, _I64(_SPAN - 1)), _I64(_SPAN))
+            with cgutils.for_range(builder, passes) as p:
+                firsts = _pass_firsts(builder, p.index)
+                masks = [_lanes_below(builder, f, hd) for f in firsts]
+
+                def terms(i):
+                    row = builder.gep(base, [builder.mul(i, hd)], inbounds=True)
+                    vs = [_load(builder, row, f, mask) for f, mask in zip(firsts, masks, strict=True)]
+                    out = []
+                    for g in range(G):
+                        wi = _splat(builder, builder.load(builder.gep(weights[g], [i], inbounds=True)))
+                        own = builder.and_(builder.icmp_signed(">=", i, sees[g][0]),
+                                           builder.icmp_signed("<=", i, sees[g][1]))
+                        keep = _splat(builder, own)
+                        out += [(wi, v, keep) for v in vs]
+                    return out
+
+                accs = _sums(builder, n, G * _STRIPE, terms)
+                for g in range(G):
+                    total = _splat(builder, _element_at(builder, sa, _I64(g)))
+                    start = _element_at(builder, aa, _I64(g))
+                    for u, (f, mask) in enumerate(zip(firsts, masks, strict=True)):
+                        where = builder.bitcast(builder.gep(oa.data, [builder.add(start, f)], inbounds=True),
+                                                _VF.as_pointer())
+                        _masked(builder, "store", _VF,
+                                [builder.fdiv(accs[g * _STRIPE + u], total), where, _I32(4), mask])
+            return context.get_dummy_value()
+        return types.none(w, values, types.int64, types.int64, types.int64, los, ps, totals, out, at), codegen
+    return weigh
+
+
+GROUP = 4  # queries of a KV head that share one pass over its keys and values
+_s1, _s2, _s3, _s4 = (_scores_kernel(g) for g in range(1, GROUP + 1))
+_v1, _v2, _v3, _v4 = (_values_kernel(g) for g in range(1, GROUP + 1))
+
+
 @njit(inline="always")
-def _attend_item(q, h, kv, keys_t, values, p, window, scale, out):
-    """Query ``q[h]`` (head h, KV head kv) at position ``p`` over ``keys_t[Hkv, hd, S]`` (head_dim-
-    major: a score is then a sum over d in order, and the scores of all visible keys are one
-    vector loop per d, with no reduction across lanes) and ``values[Hkv, S, hd]``, into
-    ``out[h * hd : (h + 1) * hd]``."""
-    hd = q.shape[1]
-    lo = max(0, p - window + 1) if window > 0 else 0
-    n = p + 1 - lo
-    w = np.zeros(n, F32)
-    # four d a pass: each score still takes its terms one at a time in d order (the same
-    # operations, so the same bits), but is loaded and stored once per four of them
-    d4 = hd - hd % 4
-    for d in range(0, d4, 4):
-        q0, q1, q2, q3 = q[h, d], q[h, d + 1], q[h, d + 2], q[h, d + 3]
-        k0, k1, k2, k3 = keys_t[kv, d], keys_t[kv, d + 1], keys_t[kv, d + 2], keys_t[kv, d + 3]
-        for i in range(n):
-            j = _u(lo + i)
-            w[i] = (((w[i] + q0 * _element(k0, j)) + q1 * _element(k1, j)) + q2 * _element(k2, j)) \
-                + q3 * _element(k3, j)
-    for d in range(d4, hd):
-        qd = q[h, d]
-        row = keys_t[kv, d]
-        for i in range(n):
-            w[i] += qd * _element(row, _u(lo + i))
-    top = F32(-np.inf)
-    for i in range(n):
-        w[i] *= scale
-        top = max(top, w[i])
-    lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes i = j, j + L, ...
-    for c in range(0, n - n % LANES, LANES):
+def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
+    """Queries ``qs[:count]`` of KV head ``kv`` (query g at position ``ps[g]`` sees keys
+    ``los[g] .. ps[g]``) over ``keys_t[Hkv, hd, S]`` (head_dim-major: a score is a sum over d in
+    order, the keys of a pass one vector each) and ``values[Hkv, S, hd]``, into the ``hd``
+    floats at element ``at[g]`` of ``out``. One pass over the keys and values for all of them;
+    each query's result has the bits it gets alone: its scores and weighted sums take the same
+    operations in the same order, and the lanes of its exponentials' sum start at its first key."""
+    lo, hi = los[0], ps[0]
+    for g in range(1, count):
+        lo, hi = min(lo, los[g]), max(hi, ps[g])
+    n = hi + 1 - lo
+    w = np.empty((GROUP, n + (-n) % _SPAN + LANES), F32)
+    tops, totals = np.empty(GROUP, F32), np.empty(GROUP, F32)
+    if count == 1:
+        _s1(qs, keys_t, kv, lo, n, los, ps, scale, w, tops)
+    elif count == 2:
+        _s2(qs, keys_t, kv, lo, n, los, ps, scale, w, tops)
+    elif count == 3:
+        _s3(qs, keys_t, kv, lo, n, los, ps, scale, w, tops)
+    else:
+        _s4(qs, keys_t, kv, lo, n, los, ps, scale, w, tops)
+    for g in range(count):
+        s0, m, top = los[g] - lo, ps[g] + 1 - los[g], tops[g]
+        row = w[g]
+        for i in range(s0, s0 + m, LANES):  # whole vectors (the lanes past the query's keys unread)
+            for j in range(LANES):
+                row[_u(i + j)] = exp_poly(row[_u(i + j)] - top)
+        lanes = np.zeros(LANES, F32)  # the exponentials' sum: lane j takes keys j, j + L, ...
+        for c in range(0, m - m % LANES, LANES):
+            for j in range(LANES):
+                lanes[j] += row[_u(s0 + c + j)]
+        for i in range(m - m % LANES, m):
+            lanes[i % LANES] += row[s0 + i]
+        total = F32(0)
         for j in range(LANES):
-            e = exp_poly(w[_u(c + j)] - top)
-            w[_u(c + j)] = e
-            lanes[j] += e
-    for i in range(n - n % LANES, n):
-        w[i] = exp_poly(w[i] - top)
-        lanes[i % LANES] += w[i]
-    total = F32(0)
-    for j in range(LANES):
-        total += lanes[j]
-    acc = np.zeros(hd, F32)
-    n4 = n - n % 4  # four positions a pass, each output still summing them in order (as above)
-    for i in range(0, n4, 4):
-        s = lo + i
-        w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
-        v0, v1, v2, v3 = values[kv, s], values[kv, s + 1], values[kv, s + 2], values[kv, s + 3]
+            total += lanes[j]
+        totals[g] = total
+    if count == 1:
+        _v1(w, values, kv, lo, n, los, ps, totals, out, at)
+    elif count == 2:
+        _v2(w, values, kv, lo, n, los, ps, totals, out, at)
+    elif count == 3:
+        _v3(w, values, kv, lo, n, los, ps, totals, out, at)
+    else:
+        _v4(w, values, kv, lo, n, los, ps, totals, out, at)
+
+
+@njit(inline="always")
+def chunks_of(T, group):
+    """How many chunks of at most GROUP queries a KV head's T * group queries take."""
+    return -(-(T * group) // GROUP)
+
+
+@njit(inline="always")
+def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale):
+    """Chunk ``k`` of ``chunks`` of KV head ``kv``'s queries in ``q[T, H, hd]`` (positions
+    ``start ..``; row-major (t, head), chunks of near-equal size), into ``out[T, H * hd]``."""
+    T, H, hd = q.shape
+    group = H // keys_t.shape[0]
+    total = T * group
+    g0, g1 = k * total // chunks, (k + 1) * total // chunks
+    qs = np.empty((GROUP, hd), F32)
+    los, ps, at = np.empty(GROUP, np.int64), np.empty(GROUP, np.int64), np.empty(GROUP, np.int64)
+    for g in range(g1 - g0):
+        t, h = (g0 + g) // group, kv * group + (g0 + g) % group
         for d in range(hd):
-            j = _u(d)
-            acc[d] = (((acc[d] + w0 * _element(v0, j)) + w1 * _element(v1, j)) + w2 * _element(v2, j)) \
-                + w3 * _element(v3, j)
-    for i in range(n4, n):
-        vr = values[kv, lo + i]
-        for d in range(hd):
-            acc[d] += w[i] * _element(vr, _u(d))
-    for d in range(hd):
-        out[h * hd + d] = acc[d] / total
+            qs[g, d] = q[t, h, d]
+        ps[g] = start + t
+        los[g] = max(0, ps[g] - window + 1) if window > 0 else 0
+        at[g] = t * out.shape[1] + h * hd
+    _attend_group(qs, g1 - g0, los, ps, keys_t, values, kv, scale, out, at)
 
 
 @njit(**_KERNEL)
 def _attend(q, keys_t, values, start, window, scale, out):
     T, H, hd = q.shape
-    group = H // keys_t.shape[0]
-    for item in prange(T * H):
+    Hkv = keys_t.shape[0]
+    chunks = chunks_of(T, H // Hkv)
+    for item in prange(Hkv * chunks):
         wide_vectors()
-        t, h = item // H, item % H
-        _attend_item(q[t], h, h // group, keys_t, values, start + t, window, scale, out[t])
+        attend_chunk(q, out, item % chunks, chunks, item // chunks, keys_t, values, start, window, scale)
 
 
 @intrinsic
@@ -196,13 +375,12 @@ def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
                 for d in range(hd):
                     keys_t[kv, d, starts[b] + t] = k[b, t, kv, d]
                     values[kv, starts[b] + t, d] = v[b, t, kv, d]
-    group = H // Hkv
-    for item in prange(B * T * H):
+    chunks = chunks_of(T, H // Hkv)
+    for item in prange(B * Hkv * chunks):
         wide_vectors()
-        b, t, h = item // (T * H), item // H % T, item % H
-        cap = buffers[b, 2]
-        keys_t, values = cache_views(buffers[b, 0], buffers[b, 1], Hkv, hd, cap)
-        _attend_item(q[b, t], h, h // group, keys_t, values, starts[b] + t, window, scale, out[b, t])
+        b, kv, k = item // (Hkv * chunks), item // chunks % Hkv, item % chunks
+        keys_t, values = cache_views(buffers[b, 0], buffers[b, 1], Hkv, hd, buffers[b, 2])
+        attend_chunk(q[b], out[b], k, chunks, kv, keys_t, values, starts[b], window, scale)
 
 
 def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | None,

@@ -41,7 +41,7 @@ from numba.typed import List
 
 from .. import edits
 from ..layers.containers import Residual, Sequential
-from .attention_kernel import _attend_item, cache_views, uncounted
+from .attention_kernel import attend_chunk, cache_views, chunks_of, uncounted
 from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
@@ -259,7 +259,8 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
     # doc): the query rotations of an 8-row SmolLM2 step took ~15x longer slicing counted ones
     qb, kb, vb, att = uncounted(shared[0]), uncounted(shared[1]), uncounted(shared[2]), uncounted(shared[3])
     ob, gb, ub, hb = uncounted(shared[4]), uncounted(shared[5]), uncounted(shared[6]), uncounted(shared[7])
-    db, logits, cos, sin = uncounted(shared[8]), uncounted(shared[9]), uncounted(cos), uncounted(sin)
+    db, logits, cos, sin = uncounted(shared[8]), uncounted(shared[10]), uncounted(cos), uncounted(sin)
+    qr = uncounted(shared[9]).reshape((R, H, hd))  # the rotated query heads, all threads' for all
     x = x0.copy()  # this thread's copy of the residual stream [R, d]
     xn = np.empty((R, d), F32)
     split = R > 1 and threads > 1
@@ -269,11 +270,12 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         a_ffn = _acts_set(acts_i8, acts_f32, acts_i32, 2)
     else:
         a_d, a_att, a_ffn = _activations(R, d), _activations(R, H * hd), _activations(R, ffn)
-    qr = np.empty((R, H, hd), F32)
     scratch = np.empty((1, hd), F32)
     group = H // Hkv
     kv0, kv1 = _share(R * Hkv, tid, threads)  # (row, KV head) pairs
     h0, h1 = _share(R * H, tid, threads)  # (row, query head) pairs
+    chunks = chunks_of(T, group)
+    u0, u1 = _share((R // T) * Hkv * chunks, tid, threads)  # (sequence, KV head, query chunk)
     f0, f1 = _share(ffn, tid, threads)
     epoch = 0
     for i in range(L):
@@ -309,12 +311,11 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
-        for item in range(h0, h1):
-            r, h = item // H, item % H
-            b = r // T
-            cap = caches[i, b, 2]
-            keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
-            _attend_item(qr[r], h, h // group, keys_t, values, starts[b] + r % T, windows[i], scale, att[r])
+        for unit in range(u0, u1):
+            b, kv, k = unit // (Hkv * chunks), unit // chunks % Hkv, unit % chunks
+            keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, caches[i, b, 2])
+            attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
+                         starts[b], windows[i], scale)
         epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, tid, threads, ob,
                                      vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
         if epoch < 0:
@@ -562,7 +563,8 @@ class FusedDecoder:
             if len(kept) >= 8:  # batch sizes vary while serving
                 kept.clear()
             d, H, Hkv, hd, ffn, _ = (int(n) for n in self.dims)
-            widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d)  # q k v att o gate up h down
+            # q k v att o gate up h down, the rotated queries
+            widths = (H * hd, Hkv * hd, Hkv * hd, H * hd, d, ffn, ffn, ffn, d, H * hd)
             acts = _acts_by_dtype(R, (d, H * hd, ffn))
             rows = kept[R] = (tuple(np.empty((R, n), F32) for n in widths), acts)
         return (*rows[0], np.empty((heads, self.vocab), F32)), rows[1]

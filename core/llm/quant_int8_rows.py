@@ -234,19 +234,26 @@ def lanes_dot(builder, acc, w, x):
 
 def half_to_float(builder, bits):
     """float16 values given as their ``<k x i16>`` bits -> ``<k x float>``, exactly: ``vcvtph2ps``
-    where the CPU has F16C; elsewhere (LLVM would call a libgcc routine numba cannot link) the
-    magnitude's bits moved to float32's exponent and fraction places and scaled by 2^112 (exact,
-    subnormals included; scales are never inf or NaN), then the sign."""
+    where the CPU has F16C (a signalling NaN comes out quiet); elsewhere (LLVM would call a
+    libgcc routine numba cannot link) the magnitude's bits moved to float32's exponent and
+    fraction places and scaled by 2^112 (exact, subnormals included), inf and NaN (payload kept)
+    by their bits, then the sign."""
     k = bits.type.count
     if host_features().get("f16c"):
         return builder.fpext(builder.bitcast(bits, ir.VectorType(_F16, k)), ir.VectorType(_F32, k))
     vi = ir.VectorType(_I32, k)
+
+    def const(value):
+        return ir.Constant(vi, [value] * k)
+
     wide = builder.zext(bits, vi)
-    magnitude = builder.shl(builder.and_(wide, ir.Constant(vi, [0x7FFF] * k)), ir.Constant(vi, [13] * k))
+    magnitude = builder.shl(builder.and_(wide, const(0x7FFF)), const(13))
     scaled = builder.fmul(builder.bitcast(magnitude, ir.VectorType(_F32, k)),
                           ir.Constant(ir.VectorType(_F32, k), [2.0 ** 112] * k))
-    sign = builder.shl(builder.and_(wide, ir.Constant(vi, [0x8000] * k)), ir.Constant(vi, [16] * k))
-    return builder.bitcast(builder.or_(builder.bitcast(scaled, vi), sign), ir.VectorType(_F32, k))
+    special = builder.icmp_unsigned("==", builder.and_(wide, const(0x7C00)), const(0x7C00))
+    value = builder.select(special, builder.or_(magnitude, const(0x70000000)), builder.bitcast(scaled, vi))
+    sign = builder.shl(builder.and_(wide, const(0x8000)), const(16))
+    return builder.bitcast(builder.or_(value, sign), ir.VectorType(_F32, k))
 
 
 def fmuladd(builder, a, b, c):

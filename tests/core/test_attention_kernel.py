@@ -1,8 +1,8 @@
 """The decode-attention kernel: accuracy, query invariance, float16 caches.
 
 Oracles: a float64 numpy causal GQA attention with sliding windows; numpy's float16 -> float32
-conversion of every bit pattern; the kernel itself called one query at a time (invariance must
-be bitwise); SmolLM2's float32-cache logits for the float16 cache.
+conversion of every bit pattern (with and without F16C); the kernel itself called one query at a
+time (invariance must be bitwise); SmolLM2's float32-cache logits for the float16 cache.
 """
 
 from __future__ import annotations
@@ -12,29 +12,54 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm import llm_layers, registry
-from loomlab.core.llm.attention_kernel import _half_to_float, attend
+from loomlab.core.llm import llm_layers, quant_int8_rows, registry
+from loomlab.core.llm.attention_kernel import attend
 from loomlab.core.llm.llm_layers import linear
 from loomlab.core.llm.loader import load_causal_lm
 
 GOLDEN = Path(__file__).parents[1] / "data" / "llm" / "smollm2-135m-instruct-q4_1.json"
 
 
-@njit
-def _halves_to_floats(bits):
-    out = np.empty(bits.shape[0], np.float32)
-    for i in range(bits.shape[0]):
-        out[i] = _half_to_float(bits[i])
-    return out
+def _halves_to_floats(f16c: bool, monkeypatch):
+    """The kernels' float16 conversion (quant_int8_rows.half_to_float) compiled as the host
+    with or without F16C would have it, over an array of bits 16 at a time."""
+    monkeypatch.setattr(quant_int8_rows, "host_features", lambda: {"f16c": f16c})
+
+    @intrinsic
+    def convert16(typingctx, bits, out, i):
+        def codegen(context, builder, sig, args):
+            src, dst = (context.make_array(sig.args[j])(context, builder, args[j]) for j in (0, 1))
+            vi, vf = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.FloatType(), 16)
+            v = builder.load(builder.bitcast(builder.gep(src.data, [args[2]]), vi.as_pointer()), align=2)
+            f = quant_int8_rows.half_to_float(builder, v)
+            builder.store(f, builder.bitcast(builder.gep(dst.data, [args[2]]), vf.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(bits, out, types.int64), codegen
+
+    @njit
+    def convert(bits):
+        out = np.empty(bits.shape[0], np.float32)
+        for i in range(0, bits.shape[0], 16):
+            convert16(bits, out, i)
+        return out
+    return convert
 
 
-def test_half_to_float_matches_numpy_for_every_bit_pattern():
+@pytest.mark.parametrize("f16c", [True, False])
+def test_half_to_float_matches_numpy_for_every_bit_pattern(f16c, monkeypatch):
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     expected = bits.view(np.float16).astype(np.float32)
-    assert np.array_equal(_halves_to_floats(bits).view(np.uint32), expected.view(np.uint32))
+    got = _halves_to_floats(f16c, monkeypatch)(bits)
+    nan = np.isnan(expected)
+    assert np.array_equal(got[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+    assert np.isnan(got[nan]).all()
+    if not f16c:  # integer operations keep a NaN's payload too (F16C's conversion quiets it)
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
 def reference(q, keys, values, start, window, scale):
