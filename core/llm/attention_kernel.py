@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import carray, get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -299,9 +299,13 @@ def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
 
 
 @njit(inline="always")
-def chunks_of(T, group):
-    """How many chunks of at most GROUP queries a KV head's T * group queries take."""
-    return -(-(T * group) // GROUP)
+def chunks_of(T, group, heads, threads):
+    """How many chunks a KV head's T * group queries are cut into: enough for GROUP queries
+    each, and enough for ``threads`` units of work over the ``heads`` KV heads of all sequences
+    (a one-row Gemma 3 step has one KV head: its four queries in one unit kept one thread busy
+    and the other waiting), never more than one query each."""
+    total = T * group
+    return min(total, max(-(-total // GROUP), -(-threads // heads)))
 
 
 @njit(inline="always")
@@ -325,10 +329,10 @@ def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale):
 
 
 @njit(**_KERNEL)
-def _attend(q, keys_t, values, start, window, scale, out):
+def _attend(q, keys_t, values, start, window, scale, threads, out):
     T, H, hd = q.shape
     Hkv = keys_t.shape[0]
-    chunks = chunks_of(T, H // Hkv)
+    chunks = chunks_of(T, H // Hkv, Hkv, threads)
     for item in prange(Hkv * chunks):
         wide_vectors()
         attend_chunk(q, out, item % chunks, chunks, item // chunks, keys_t, values, start, window, scale)
@@ -361,7 +365,7 @@ def cache_views(address_k, address_v, Hkv, hd, cap):
 
 
 @njit(**_KERNEL)
-def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
+def _append_and_attend(q, k, v, buffers, starts, window, scale, threads, out):
     """Each sequence b's new keys and values ``k/v[b]`` written into its cache buffers at
     ``starts[b]..`` (``buffers[b]``: addresses of keys ``[Hkv, hd, cap]`` and values
     ``[Hkv, cap, hd]``, and cap), then every (sequence, query, head) as :func:`_attend` does it."""
@@ -375,7 +379,7 @@ def _append_and_attend(q, k, v, buffers, starts, window, scale, out):
                 for d in range(hd):
                     keys_t[kv, d, starts[b] + t] = k[b, t, kv, d]
                     values[kv, starts[b] + t, d] = v[b, t, kv, d]
-    chunks = chunks_of(T, H // Hkv)
+    chunks = chunks_of(T, H // Hkv, B * Hkv, threads)
     for item in prange(B * Hkv * chunks):
         wide_vectors()
         b, kv, k = item // (Hkv * chunks), item // chunks % Hkv, item % chunks
@@ -395,7 +399,7 @@ def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | No
     buffers = np.array([c.host_buffers() for c in caches], np.int64)  # after reserve: growth moves them
     out = np.empty((B, T, q.shape[2] * q.shape[3]), F32)
     _append_and_attend(q, k, v, buffers, np.array(starts, np.int64), 0 if window is None else window,
-                       F32(scale), out)
+                       F32(scale), get_num_threads(), out)
     for c in caches:
         c.offset += T
     return out
@@ -458,5 +462,5 @@ def attend_checked(q, keys_t, values, start: int, window: int | None, scale: flo
     ``[Hkv, hd, S]`` and ``values`` ``[Hkv, S, hd]``, both C-contiguous (a KVCache's buffers)."""
     T, H, hd = q.shape
     out = np.empty((T, H * hd), F32)
-    _attend(q, keys_t, values, start, 0 if window is None else window, F32(scale), out)
+    _attend(q, keys_t, values, start, 0 if window is None else window, F32(scale), get_num_threads(), out)
     return out

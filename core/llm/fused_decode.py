@@ -274,7 +274,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
     group = H // Hkv
     kv0, kv1 = _share(R * Hkv, tid, threads)  # (row, KV head) pairs
     h0, h1 = _share(R * H, tid, threads)  # (row, query head) pairs
-    chunks = chunks_of(T, group)
+    chunks = chunks_of(T, group, (R // T) * Hkv, threads)
     u0, u1 = _share((R // T) * Hkv * chunks, tid, threads)  # (sequence, KV head, query chunk)
     f0, f1 = _share(ffn, tid, threads)
     epoch = 0

@@ -17,6 +17,7 @@ SmolLM2's logits), which flips a choice only at a near tie.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -47,38 +48,77 @@ class Drafter:
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         raise NotImplementedError
 
+    def fork(self) -> Drafter:
+        """The drafter one sequence uses (its own track record, where the drafter keeps one)."""
+        return self
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """How the last proposal fared: ``accepted`` of its ``drafted`` tokens were kept."""
+
 
 class PromptLookup(Drafter):
     """Find the last ``n`` tokens (``max_ngram`` down to ``min_ngram``) earlier in the history;
-    propose the tokens that followed their latest earlier occurrence.
+    propose up to ``per_token * n`` of the tokens that followed their latest earlier occurrence.
 
-    ``min_ngram`` defaults to 3: shorter matches guess badly and a rejected draft still costs its
-    verify rows (SmolLM2-135M, 128-token chat reply: n = 3..1 drafted 393 tokens, 6 accepted,
-    0.31x plain speed; n = 3 only: 12 drafted, no loss). ``num_draft`` defaults to 3: each row a
-    step verifies costs about a third of a one-row step in the int8 kernels (they are bound by
-    their integer dots, not by reading the weights, on this machine), and longer drafts are
-    rejected more (int8, 96 tokens, best of 3, 2026-11-25: summary prompt 1 / 2 / 3 / 4 / 6
-    drafted 1.14-1.16 / 1.20-1.22 / 1.20-1.21 / 1.15-1.20 / 1.20x plain speed, chat 1.01-1.05 /
-    1.03-1.04 / 1.00-1.05 / 0.94-1.00 / 0.95-0.98x)."""
+    A longer match predicts a longer copy: a reply that has begun copying a sentence of the
+    prompt matches 3 tokens and goes on for many more, while a 2-token match is often a common
+    pair and a 1-token match almost always is (SmolLM2-135M, 128-token chat reply: n = 3..1
+    drafted 393 tokens, 6 accepted, 0.31x plain speed). So 2-grams propose up to 4 tokens and
+    3-grams up to ``num_draft`` = 6; each row a step verifies costs about a fifth of a one-row
+    step in the int8 kernels (context ~156: 1 / 2 / 4 / 8 rows 3.5 / 4.2 / 5.9 / 9.3 ms), so a
+    rejected draft costs less than an accepted one gains. Replayed over the greedy outputs of
+    eight prompts (five that quote or summarise a text, three chats) with those step costs,
+    this rule gave 1.75 / 1.76 / 2.56x on the summary, notes and question prompts where 3-grams
+    proposing 3 tokens gave 1.60 / 1.64 / 2.20x, and 0.98-1.03x on the chats (0.99-1.07x);
+    ``tests/bench/bench_speculative.py`` measures it.
 
-    def __init__(self, num_draft: int = 3, max_ngram: int = 3, min_ngram: int = 3):
+    In a reply that does not quote the prompt, the 2-gram drafts are rejected one after another
+    (measured: a story, 0 of 35 drafted tokens kept, 0.91x). So each sequence keeps a track
+    record per n-gram length (:meth:`fork`), and a length whose drafts were kept less than
+    ``MIN_KEPT`` of the time, once it has drafted ``TRIAL`` tokens, drafts no more in that
+    sequence: the story's 2-grams stop after their first proposal, the summaries' keep going."""
+
+    TRIAL = 4  # tokens an n-gram length drafts before its track record counts
+    MIN_KEPT = 0.25  # the share of them kept below which it stops drafting
+
+    def __init__(self, num_draft: int = 6, max_ngram: int = 3, min_ngram: int = 2, per_token: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise LoomConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         _check_num_draft(num_draft)
+        _check_num_draft(per_token, "per_token")
         self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
+        self.per_token = per_token
+        self._record: dict[int, tuple[int, int]] = {}  # n -> (tokens drafted, kept)
+        self._n = 0  # the n-gram length of the last proposal
+
+    def fork(self) -> PromptLookup:
+        fork = copy.copy(self)  # settings (TRIAL, MIN_KEPT set on the instance too), a fresh record
+        fork._record, fork._n = {}, 0
+        return fork
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            tried, kept = self._record.get(self._n, (0, 0))
+            self._record[self._n] = (tried + drafted, kept + accepted)
+
+    def _trusted(self, n: int) -> bool:
+        tried, kept = self._record.get(n, (0, 0))
+        return tried < self.TRIAL or kept >= self.MIN_KEPT * tried
 
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         h = np.asarray(history, np.int64)
+        # where a match can end: the earlier positions holding the last token (a scan per n-gram
+        # length with sliding windows took ~50 us a step, ~1.5% of a SmolLM2 step)
+        ends = np.flatnonzero(h[:-1] == h[-1])
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if h.size <= n:
+            if h.size <= n or not self._trusted(n):
                 continue
-            # windows of h[:-1] start everywhere but at the suffix itself, and each leaves at
-            # least one following token to propose
-            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
-            hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
+            hits = ends[ends >= n - 1]
+            for back in range(1, n):
+                hits = hits[h[hits - back] == h[-1 - back]]
             if hits.size:
-                start = int(hits[-1]) + n
-                return h[start:start + k].tolist()
+                start, self._n = int(hits[-1]) + 1, n
+                return h[start:start + min(k, self.per_token * n)].tolist()
         return []
 
 
@@ -155,14 +195,17 @@ class Speculation:
     def __init__(self, drafter: Drafter | None, run: Decoding):
         """``drafter`` None: plain decoding, one token a step (the batch treats every sequence
         alike)."""
-        self.drafter, self.run = drafter, run
+        self.drafter, self.run = (None if drafter is None else drafter.fork()), run
         self.draft: list[int] = []
+        self.kept = 0  # how many of the draft the last verification kept
 
     def feed(self, token: int, limit: int | None = None) -> list[int]:
         """The tokens the next target step takes: ``token`` (the last chosen, not yet in the
         cache) and a fresh draft of at most ``limit`` tokens, none past the sequence's last
         allowed token."""
         run = self.run
+        if self.draft:
+            self.drafter.record(len(self.draft), self.kept)
         k = 0 if self.drafter is None else min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
         if limit is not None:
             k = min(k, limit)
@@ -176,6 +219,7 @@ class Speculation:
         decoding), kept while it equals the draft; the first disagreement ends the step and the
         rejected positions leave the cache."""
         run, draft = self.run, self.draft
+        self.kept = 0
         for j in range(rows.shape[0]):  # by index: a device array may refuse iteration
             if cancel():
                 yield run.cancelled()
@@ -186,6 +230,7 @@ class Speculation:
                 return
             if j < len(draft) and record.id == draft[j]:
                 run.metrics.accepted_tokens += 1
+                self.kept += 1
                 continue
             # draft[j:] went into the cache after a token the target did not choose (none when
             # there was no draft: plain decoding steps through here every token)
@@ -213,6 +258,6 @@ def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Calla
     run.end()
 
 
-def _check_num_draft(num_draft: int) -> None:
+def _check_num_draft(num_draft: int, name: str = "num_draft") -> None:
     if isinstance(num_draft, bool) or not isinstance(num_draft, int) or num_draft < 1:
-        raise LoomConfigError(f"num_draft must be an integer >= 1, got {num_draft!r}")
+        raise LoomConfigError(f"{name} must be an integer >= 1, got {num_draft!r}")

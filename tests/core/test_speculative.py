@@ -38,8 +38,12 @@ def draft():
 
 
 def _drafter(kind, draft):
-    # n-grams down to 1 draft the most, so rejections (cache trims) happen often
-    return PromptLookup(min_ngram=1) if kind == "prompt-lookup" else DraftModel(draft, num_draft=4)
+    if kind == "draft-model":
+        return DraftModel(draft, num_draft=4)
+    # n-grams down to 1, never given up on, draft the most, so rejections (cache trims) happen often
+    lookup = PromptLookup(min_ngram=1)
+    lookup.MIN_KEPT = 0.0
+    return lookup
 
 
 def _records(model, prompt, **kw):
@@ -156,9 +160,81 @@ def test_the_target_cannot_draft_for_itself(model):
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
     lookup = PromptLookup(num_draft=3, min_ngram=1)
     assert lookup.propose([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 3) == [7, 8, 2]  # latest "2 3"
-    assert lookup.propose([5, 6, 7, 5], 3) == [6, 7, 5]  # a 1-gram when no 2- or 3-gram matches
+    assert lookup.propose([5, 6, 7, 5], 3) == [6, 7]  # a 1-gram when no 2- or 3-gram matches: 2 at most
+    assert PromptLookup(min_ngram=1, per_token=3).propose([5, 6, 7, 5], 3) == [6, 7, 5]
     assert lookup.propose([1, 2, 3], 3) == []
     assert lookup.propose(list(np.arange(4)), 2) == []
-    assert PromptLookup().propose([1, 2, 3, 4, 2, 3], 3) == []  # 3-grams by default
+    assert PromptLookup().propose([1, 2, 3, 4, 1, 2], 6) == [3, 4, 1, 2]  # a 2-gram: 4 at most
+    assert PromptLookup().propose(list(range(10)) + [1, 2, 3], 6) == [4, 5, 6, 7, 8, 9]  # a 3-gram: 6
+    assert PromptLookup().propose([1, 2, 3, 4, 2], 6) == []  # 1-grams never by default
     with pytest.raises(LoomConfigError):
         PromptLookup(num_draft=0)
+    with pytest.raises(LoomConfigError, match="per_token"):
+        PromptLookup(per_token=0)
+
+
+def _lookup_by_hand(h, k, max_ngram, min_ngram, per_token):
+    """Prompt lookup's rule in plain loops: the longest n whose last n tokens occur earlier, its
+    latest earlier occurrence, up to min(k, per_token * n) of the tokens after it."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        for start in range(len(h) - 1 - n, -1, -1):
+            if h[start:start + n] == h[-n:]:
+                return h[start + n:start + n + min(k, per_token * n)]
+    return []
+
+
+def test_prompt_lookup_matches_its_rule_by_hand_on_random_histories():
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        h = rng.integers(0, 3, int(rng.integers(1, 25))).tolist()  # 3 symbols: many matches
+        min_ngram = int(rng.integers(1, 4))
+        max_ngram = int(rng.integers(min_ngram, 5))
+        k, per_token = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        lookup = PromptLookup(num_draft=8, max_ngram=max_ngram, min_ngram=min_ngram, per_token=per_token)
+        assert lookup.fork().propose(h, k) == _lookup_by_hand(h, k, max_ngram, min_ngram, per_token), h
+
+
+def test_prompt_lookup_stops_drafting_with_an_ngram_length_whose_drafts_are_rejected():
+    shared = PromptLookup()
+    lookup = shared.fork()
+    assert lookup is not shared and shared.fork() is not lookup  # one track record per sequence
+    two = [1, 2, 3, 4, 5, 1, 2]  # "1 2" recurs: a 2-gram match, 4 tokens proposed
+    assert lookup.propose(two, 6) == [3, 4, 5, 1]
+    lookup.record(4, 1)  # 1 of 4 kept: a quarter, still trusted
+    assert lookup.propose(two, 6) == [3, 4, 5, 1]
+    lookup.record(4, 0)  # 1 of 8 kept: 2-grams draft no more in this sequence
+    assert lookup.propose(two, 6) == []
+    three = [7, 8, 9, 6, 7, 8, 9]  # 3-grams keep their own record
+    assert lookup.propose(three, 6) == [6, 7, 8, 9]
+    assert shared.fork().propose(two, 6) == [3, 4, 5, 1]  # a new sequence starts afresh
+
+
+class _Logged(PromptLookup):
+    """Prompt lookup that logs its proposals' sizes and the records it is given (in lists its
+    forks share)."""
+
+    def __init__(self):
+        super().__init__(min_ngram=1)
+        self.proposals, self.records = [], []
+
+    def propose(self, history, k):
+        out = super().propose(history, k)
+        self.proposals.append(len(out))
+        return out
+
+    def record(self, drafted, accepted):
+        super().record(drafted, accepted)
+        self.records.append((drafted, accepted))
+
+
+def test_each_verification_reports_how_its_draft_fared(model):
+    lookup = _Logged()
+    _records(model, SUMMARY, max_tokens=60, speculative=lookup)
+    m = model.metrics()
+    drafted = [n for n in lookup.proposals if n]
+    assert [d for d, _ in lookup.records] == drafted[:len(lookup.records)]
+    assert len(lookup.records) >= len(drafted) - 1  # all but perhaps the last, which ended the reply
+    assert all(0 <= kept <= d for d, kept in lookup.records)
+    kept = sum(k for _, k in lookup.records)
+    assert kept <= m.accepted_tokens <= kept + (drafted[-1] if len(lookup.records) < len(drafted) else 0)
+    assert m.accepted_tokens > 0
