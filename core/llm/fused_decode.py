@@ -272,7 +272,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         a_d, a_att, a_ffn = _activations(R, d), _activations(R, H * hd), _activations(R, ffn)
     scratch = np.empty((1, hd), F32)
     group = H // Hkv
-    kv0, kv1 = _share(R * Hkv, tid, threads)  # (row, KV head) pairs
+    # (KV head, row) pairs, head-major: a key's cache line holds 16 positions, so two threads writing
+    # rows of the same head would pass its 64 lines back and forth
+    kv0, kv1 = _share(R * Hkv, tid, threads)
     h0, h1 = _share(R * H, tid, threads)  # (row, query head) pairs
     chunks = chunks_of(T, group, (R // T) * Hkv, threads)
     u0, u1 = _share((R // T) * Hkv * chunks, tid, threads)  # (sequence, KV head, query chunk)
@@ -295,7 +297,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         bk, bv, bq = uncounted(vecs[v + _BK]), uncounted(vecs[v + _BV]), uncounted(vecs[v + _BQ])
         k_norm, q_norm = uncounted(vecs[v + _KNORM]), uncounted(vecs[v + _QNORM])
         for item in range(kv0, kv1):
-            r, kv = item // Hkv, item % Hkv
+            kv, r = item // R, item % R
             b = r // T
             cap, o, p = caches[i, b, 2], kv * hd, starts[b] + r % T
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, cap)
