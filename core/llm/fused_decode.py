@@ -13,7 +13,7 @@ per block: 8 rows quantized twice over cost ~1 ms of a ~12 ms SmolLM2 step).
 
 Same bits as the grid: every number is computed by the functions the int8 mode's layers call
 (``rms_norm_rows``, ``quantize_grouped`` / Q8_K, the repacked rows' products, RoPE's products
-and sums, ``_attend_item``, :mod:`.mlp_kernel`), in the same order; the tests compare the
+and sums, ``attend_chunk``, :mod:`.mlp_kernel`), in the same order; the tests compare the
 logits of whole generations bit for bit. So the grid stays the definition, and this is only
 taken when it would compute the same thing: T new tokens for each of B sequences, at most
 MAX_ROWS rows in all (a decode step alone or batched, a speculative verification, a short
