@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from ..errors import LoomShapeError
 from .kernel_hints import wide_vectors
-from .quant_int8_rows import fmuladd, half_to_float
+from .quant_int8_rows import fmuladd, half_to_float, splat
 from .quantize import _from_bits
 
 F32 = np.float32
@@ -40,7 +40,8 @@ LANES = 16  # float32 lanes of the exponentials' sum: one AVX-512 register
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16))  # float16 travels as its bits
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
-# nogil: the GUI thread keeps running while a worker decodes; parallel over (query, head) pairs
+# nogil: the GUI thread keeps running while a worker decodes; parallel over (sequence, KV head,
+# query chunk) units
 _KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
 
 
@@ -76,17 +77,15 @@ _STRIPE = 4  # vectors a kernel pass sums at once: four independent sums hide an
 _SPAN = _STRIPE * LANES  # scores a pass computes, head dims a pass outputs
 
 
-def _splat(builder, value):
-    """``value`` in every lane of a LANES-lane vector."""
-    vt = ir.VectorType(value.type, LANES)
-    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+def _lane_indices(builder, first):
+    """``first + j`` in lane j."""
+    iota = ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES)))
+    return builder.add(splat(builder, first, LANES), iota)
 
 
 def _lanes_below(builder, first, limit):
     """The mask of lanes j with ``first + j < limit``."""
-    at = builder.add(_splat(builder, first), ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES))))
-    return builder.icmp_signed("<", at, _splat(builder, limit))
+    return builder.icmp_signed("<", _lane_indices(builder, first), splat(builder, limit, LANES))
 
 
 def _masked(builder, name, vt, args):
@@ -124,8 +123,9 @@ def _sums(builder, count, k, terms):
     return [builder.load(acc) for acc in accs]
 
 
-def _element_at(builder, array, i):
-    return builder.load(builder.gep(array.data, [i], inbounds=True))
+def _element_at(builder, base, i):
+    """Element ``i`` from pointer ``base`` (an array's ``.data``)."""
+    return builder.load(builder.gep(base, [i], inbounds=True))
 
 
 def _passes(builder, count):
@@ -135,7 +135,8 @@ def _passes(builder, count):
 
 def _bounds(builder, los, ps, lo, G):
     """Each of the G queries' first and last positions (arrays ``los``, ``ps``) less ``lo``."""
-    return [tuple(builder.sub(_element_at(builder, a, _I64(g)), lo) for a in (los, ps)) for g in range(G)]
+    return [tuple(builder.sub(_element_at(builder, a.data, _I64(g)), lo) for a in (los, ps))
+            for g in range(G)]
 
 
 def _within(builder, i, bounds):
@@ -180,23 +181,22 @@ def _scores_kernel(G: int):
         def codegen(context, builder, sig, args):
             qa, ka, la, pa, wa, ta = (context.make_array(sig.args[i])(context, builder, args[i])
                                       for i in (0, 1, 5, 6, 8, 9))
-            kv, lo, n, scale = args[2], args[3], args[4], _splat(builder, args[7])
+            kv, lo, n, scale = args[2], args[3], args[4], splat(builder, args[7], LANES)
             hd = cgutils.unpack_tuple(builder, qa.shape, 2)[1]
             cap = cgutils.unpack_tuple(builder, ka.shape, 3)[2]
             width = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
             base = builder.gep(ka.data, [builder.add(builder.mul(builder.mul(kv, hd), cap), lo)],
                                inbounds=True)  # keys_t[kv, 0, lo]
             queries = [builder.gep(qa.data, [builder.mul(_I64(g), hd)], inbounds=True) for g in range(G)]
-            sees = [tuple(_splat(builder, b) for b in pair) for pair in _bounds(builder, la, pa, lo, G)]
+            sees = [tuple(splat(builder, b, LANES) for b in pair) for pair in _bounds(builder, la, pa, lo, G)]
             lowest = ir.Constant(_VF, [float("-inf")] * LANES)
             top = [cgutils.alloca_once_value(builder, lowest) for _ in range(G)]
-            iota = ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES)))
             with cgutils.for_range(builder, _passes(builder, n)) as p:
                 firsts, masks = _pass_lanes(builder, p.index, n)
 
                 def terms(d):
                     keys = _stripe(builder, base, builder.mul(d, cap), firsts, masks)
-                    qd = [_splat(builder, builder.load(builder.gep(q, [d], inbounds=True))) for q in queries]
+                    qd = [splat(builder, _element_at(builder, q, d), LANES) for q in queries]
                     return [(qd[g], key, None) for g in range(G) for key in keys]
 
                 totals = _sums(builder, hd, G * _STRIPE, terms)
@@ -206,9 +206,8 @@ def _scores_kernel(G: int):
                         at = builder.add(builder.mul(_I64(g), width), f)
                         where = builder.bitcast(builder.gep(wa.data, [at], inbounds=True), _VF.as_pointer())
                         builder.store(score, where, align=4)
-                        i = builder.add(_splat(builder, f), iota)
-                        own = builder.select(_within(builder, i, sees[g]), score, lowest)
-                        largest = _larger(builder, builder.load(top[g]), own)
+                        seen = _within(builder, _lane_indices(builder, f), sees[g])
+                        largest = _larger(builder, builder.load(top[g]), builder.select(seen, score, lowest))
                         builder.store(largest, top[g])
             for g in range(G):
                 builder.store(_largest_lane(builder, builder.load(top[g])),
@@ -244,15 +243,15 @@ def _values_kernel(G: int):
                     vs = _stripe(builder, base, builder.mul(i, hd), firsts, masks)
                     out = []
                     for g in range(G):
-                        wi = _splat(builder, builder.load(builder.gep(weights[g], [i], inbounds=True)))
-                        keep = _splat(builder, _within(builder, i, sees[g]))
+                        wi = splat(builder, _element_at(builder, weights[g], i), LANES)
+                        keep = splat(builder, _within(builder, i, sees[g]), LANES)
                         out += [(wi, v, keep) for v in vs]
                     return out
 
                 accs = _sums(builder, n, G * _STRIPE, terms)
                 for g in range(G):
-                    total = _splat(builder, _element_at(builder, sa, _I64(g)))
-                    start = _element_at(builder, aa, _I64(g))
+                    total = splat(builder, _element_at(builder, sa.data, _I64(g)), LANES)
+                    start = _element_at(builder, aa.data, _I64(g))
                     for u, (f, mask) in enumerate(zip(firsts, masks, strict=True)):
                         where = builder.bitcast(builder.gep(oa.data, [builder.add(start, f)], inbounds=True),
                                                 _VF.as_pointer())

@@ -256,6 +256,13 @@ def half_to_float(builder, bits):
     return builder.bitcast(builder.or_(value, sign), ir.VectorType(_F32, k))
 
 
+def splat(builder, value, lanes: int):
+    """``value`` in every lane of a ``lanes``-lane vector (one broadcast instruction)."""
+    vt = ir.VectorType(value.type, lanes)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+
 def fmuladd(builder, a, b, c):
     """``a * b + c`` lane by lane, fused where the target has FMA (``llvm.fmuladd``): one
     instruction instead of two on the ports the 512-bit integer dots also need."""

@@ -28,7 +28,16 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quant_int8_rows import accumulators, dot_frame, fmuladd, half_to_float, lanes_dot, rows_driver, totals
+from .quant_int8_rows import (
+    accumulators,
+    dot_frame,
+    fmuladd,
+    half_to_float,
+    lanes_dot,
+    rows_driver,
+    splat,
+    totals,
+)
 
 WQ4_K, WQ6_K = 5, 6  # quant_int8's numbering, after quant_int8_rows' five
 SUPER_KINDS = (WQ4_K, WQ6_K)
@@ -107,11 +116,6 @@ def _super_dot(kind: int, m: int, n: int):
             v16i, v16f = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
             v8i, v8f = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
-            def splat(value, vt):
-                one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
-                return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, vt.count),
-                                                                     [0] * vt.count))
-
             def scalar_f16(row, at):
                 one = half_to_float(builder, load(row, at, ir.VectorType(_I16, 1)))
                 return builder.extract_element(one, _I32(0))
@@ -167,12 +171,12 @@ def _super_dot(kind: int, m: int, n: int):
                         for c in range(4):
                             lanes = lanes_dot(builder, starts[c], w[c], chunks[c])
                             total = builder.add(total, builder.mul(lanes, spreads[c]))
-                        scale, acc = splat(builder.fmul(d, xd_b), v16f), accs[j][i]
+                        scale, acc = splat(builder, builder.fmul(d, xd_b), 16), accs[j][i]
                         summed = fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(acc))
                         builder.store(summed, acc)
                         if dmin is not None:
                             prod = builder.sitofp(builder.mul(mn, bsums), v8f)
-                            scale = splat(builder.fmul(dmin, xd_b), v8f)
+                            scale = splat(builder, builder.fmul(dmin, xd_b), 8)
                             builder.store(fmuladd(builder, prod, scale, builder.load(mins[j][i])), mins[j][i])
 
             with cgutils.for_range(builder, nblocks) as loop:

@@ -33,7 +33,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernel_hints import AHEAD_BYTES, prefetch_until
-from .quant_int8_rows import WQ4_0, WQ4_1, WQ8_0, dot_frame, fmuladd, half_to_float, lanes_dot
+from .quant_int8_rows import WQ4_0, WQ4_1, WQ8_0, dot_frame, fmuladd, half_to_float, lanes_dot, splat
 
 TILE = 16  # rows per tile: the int32 lanes of a 512-bit vector
 # Kinds after quant_int8_rows' five and quant_int8_superblocks' two.
@@ -102,12 +102,6 @@ def _tile_dot(kind: int, n: int, nt: int):
             load, i64, nblocks, tiles, (xg_rows, xd_rows, xs_rows, nsum_rows) = \
                 dot_frame(context, builder, sig, args, nt, n)
             v64, v16i, v16f = ir.VectorType(_I8, 64), ir.VectorType(_I32, TILE), ir.VectorType(_F32, TILE)
-            splat = ir.Constant(v16i, [0] * TILE)
-
-            def broadcast(value, vt):
-                one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, _I32(0))
-                return builder.shuffle_vector(one, one, splat)
-
             zero = ir.Constant(v16f, [0.0] * TILE)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(nt)]
             mins = [[cgutils.alloca_once_value(builder, zero) for _ in range(n)] for _ in range(nt)]
@@ -121,7 +115,7 @@ def _tile_dot(kind: int, n: int, nt: int):
                     start = ir.Constant(v16i, [0] * TILE)
                     if kind in _ZERO_SHIFT:  # -zero * sum(x quants): the block's nsum, shifted
                         nsum = load(nsum_rows[i], builder.mul(b, i64(4)), _I32)
-                        start = broadcast(builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), v16i)
+                        start = splat(builder, builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), TILE)
                     totals.append([start] * nt)
                 for c in range(chunks):
                     vs = [load(tile, builder.add(at, i64(64 * c)), v64) for tile in tiles]
@@ -133,7 +127,7 @@ def _tile_dot(kind: int, n: int, nt: int):
                     for weights, half, within in parts:
                         x_at = builder.add(group_at, i64(16 * (half * k + j) + within))
                         for i in range(n):
-                            x4 = builder.bitcast(broadcast(load(xg_rows[i], x_at, _I32), v16i), v64)
+                            x4 = builder.bitcast(splat(builder, load(xg_rows[i], x_at, _I32), TILE), v64)
                             totals[i] = [lanes_dot(builder, total, v, x4)
                                          for total, v in zip(totals[i], weights, strict=True)]
                 scales_at = builder.add(at, i64(64 * chunks))
@@ -144,12 +138,12 @@ def _tile_dot(kind: int, n: int, nt: int):
                     if kind == WQ4_1_T:
                         m = half_to_float(builder, load(tile, builder.add(scales_at, i64(32)), halves))
                     for i in range(n):
-                        scale = builder.fmul(d, broadcast(load(xd_rows[i], b, _F32), v16f))
+                        scale = builder.fmul(d, splat(builder, load(xd_rows[i], b, _F32), TILE))
                         acc = accs[tt][i]
                         builder.store(fmuladd(builder, builder.sitofp(totals[i][tt], v16f), scale,
                                               builder.load(acc)), acc)
                         if m is not None:  # + m * s
-                            s = broadcast(load(xs_rows[i], b, _F32), v16f)
+                            s = splat(builder, load(xs_rows[i], b, _F32), TILE)
                             builder.store(fmuladd(builder, m, s, builder.load(mins[tt][i])), mins[tt][i])
 
             # the activations' groups: fours, then a two, then a one (quantize_grouped's layout)

@@ -83,8 +83,8 @@ class PromptLookup(Drafter):
     def __init__(self, num_draft: int = 6, max_ngram: int = 3, min_ngram: int = 2, per_token: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise LoomConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        _check_num_draft(num_draft)
-        _check_num_draft(per_token, "per_token")
+        _check_positive(num_draft, "num_draft")
+        _check_positive(per_token, "per_token")
         self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
         self.per_token = per_token
         self._record: dict[int, tuple[int, int]] = {}  # n -> (tokens drafted, kept)
@@ -126,7 +126,7 @@ class DraftModel(Drafter):
     of the history; each proposal trims what the target rejected and feeds what it added."""
 
     def __init__(self, model: TextModel, num_draft: int = 4):
-        _check_num_draft(num_draft)
+        _check_positive(num_draft, "num_draft")
         self.model, self.num_draft = model, num_draft
         self._cache = model.net.make_cache()
         self._tokens: list[int] = []  # the tokens whose keys and values the cache holds
@@ -257,6 +257,6 @@ def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Calla
     run.end()
 
 
-def _check_num_draft(num_draft: int, name: str = "num_draft") -> None:
-    if isinstance(num_draft, bool) or not isinstance(num_draft, int) or num_draft < 1:
-        raise LoomConfigError(f"{name} must be an integer >= 1, got {num_draft!r}")
+def _check_positive(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LoomConfigError(f"{name} must be an integer >= 1, got {value!r}")
