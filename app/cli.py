@@ -62,7 +62,7 @@ def add_gui_options(p) -> None:
     p.add_argument("--screenshot", metavar="PATH",
                    help="render the window to this PNG and exit (uses a throwaway workspace and settings)")
     p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, telemetry, morph, "
-                                   "run, dna, evolution")
+                                   "run, dna, evolution, server")
     p.add_argument("--model", help="load this model (built-in alias, .gguf file or HF folder)")
     p.add_argument("--network", help="open this Loom network (.json or .loom)")
     p.add_argument("--prompt", help="send this message to the loaded model and wait for the reply "
@@ -122,12 +122,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         sys.stderr.close()
         return 0
+    except MemoryError:
+        print("loomlab: error: out of memory (the input asks for more than this machine has)",
+              file=sys.stderr)
+        return EXIT_ERROR
+    except RecursionError:
+        print("loomlab: error: the input is nested too deeply to read", file=sys.stderr)
+        return EXIT_ERROR
     except Exception as e:  # engine errors (LoomError, OSError ...) are user-facing one-liners
         from loomlab.core import LoomError
 
         if not isinstance(e, LoomError | OSError | ValueError):
             raise
         print(f"loomlab: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except BaseException as e:  # the Rust tokenizer's panic (pyo3 PanicException) is a BaseException
+        if type(e).__name__ != "PanicException":
+            raise
+        print(f"loomlab: error: the tokenizer failed: {e}", file=sys.stderr)
         return EXIT_ERROR
 
 
