@@ -100,8 +100,11 @@ def make_sampler(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
 
 def filtered_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
                    min_p: float = 0.0) -> np.ndarray:
-    """Sampling distribution after temperature, top-k, top-p (nucleus) and min-p filtering."""
-    z = np.asarray(logits, np.float64) / temperature
+    """Sampling distribution after temperature, top-k, top-p (nucleus) and min-p filtering. The
+    maximum is taken off before dividing, so a tiny temperature (1e-320) tends to argmax instead
+    of overflowing to inf - inf = NaN."""
+    z = np.asarray(logits, np.float64)
+    z = (z - z.max()) / temperature
     probs = softmax(z)
     keep = np.ones(probs.size, bool)
     if 0 < top_k < probs.size:

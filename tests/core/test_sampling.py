@@ -22,6 +22,14 @@ def test_temperature_zero_is_argmax_first_maximum():
     assert make_sampler(0.0)(LOGITS, np.random.default_rng(0)) == 3
 
 
+@pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300])
+def test_a_tiny_temperature_is_argmax_not_nan(temperature):
+    """The limit of softmax(z / T) as T -> 0: all the mass on the maxima (here the tie 3, 5)."""
+    probs = filtered_probs(LOGITS, temperature)
+    np.testing.assert_array_equal(probs, [0, 0, 0, 0.5, 0, 0.5])
+    assert make_sampler(temperature)(LOGITS, np.random.default_rng(0)) in (3, 5)
+
+
 def test_filters_match_their_definitions():
     z = LOGITS.astype(np.float64) / 0.7
     p = np.exp(z) / np.exp(z).sum()
