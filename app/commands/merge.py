@@ -24,6 +24,9 @@ def register(sub) -> None:
                         "to interpolate); the embedding takes the first, the head the last")
     merge.add_argument("--base", help="the model A and B were tuned from (task only)")
     merge.add_argument("--weights", metavar="WA,WB", help="task vector weights (task only; default 1,1)")
+    merge.add_argument("--force", action="store_true",
+                       help="replace the output folder even if it holds files Loom Lab did not write "
+                            "(never an input or a folder holding one)")
     merge.set_defaults(handler=cmd_merge)
 
 
@@ -42,7 +45,8 @@ def cmd_merge(args) -> int:
             raise CliError(f"--base and --weights are for --method task, not {args.method}")
         t = _numbers(args.t_schedule, "--t-schedule") if args.t_schedule is not None else args.t
         options = dict(t=0.5 if t is None else t)
-    out = merge_models(args.a, args.b, args.output, method=args.method, progress=progress_bar, **options)
+    out = merge_models(args.a, args.b, args.output, method=args.method, progress=progress_bar,
+                       force=args.force, **options)
     print(f"merged {args.a} and {args.b} ({args.method}) into {out}")
     return 0
 

@@ -26,7 +26,10 @@ whose ``t`` is 0 or 1 is the parent's, bit for bit.
 
 The folder is written beside the target under a temporary name and renamed into place once
 complete (an existing folder is moved aside first and removed after), so a crash never leaves a
-half-written model under the target's name.
+half-written model under the target's name. Which existing folder may be replaced is
+:func:`~loomlab.core.io.output_folder.check_output_folder`'s rule: a new or empty one, or one
+holding only what Loom Lab wrote there (its marker lists the files), never an input or a folder
+holding one.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ import numpy as np
 
 from ..cancel import Cancel, as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError
+from ..io.atomic import terminate_unwinds
+from ..io.output_folder import MARKER, check_output_folder, marker_bytes
 from ..llm.discovery import resolve
 from ..llm.hf_files import HFTensor
 from ..llm.llm_layers import dense
@@ -73,27 +78,31 @@ ModelRef = str | os.PathLike[str]
 
 def merge_models(a: ModelRef, b: ModelRef, out_dir: str | os.PathLike[str], *, method: str = "linear",
                  t: Schedule = 0.5, base: ModelRef | None = None, weights: Sequence[float] = (1.0, 1.0),
-                 progress: Progress | None = None, cancel: Cancel = None) -> Path:
-    """Merge models ``a`` and ``b`` into the HF folder ``out_dir``; returns its path.
+                 progress: Progress | None = None, cancel: Cancel = None, force: bool = False) -> Path:
+    """Merge models ``a`` and ``b`` into the HF folder ``out_dir``; returns its path (resolved).
 
     ``method`` is ``linear`` or ``slerp`` (both use ``t``, in [0, 1]) or ``task`` (needs ``base``
     and uses ``weights``, one per model). ``progress(stage, done, total)`` hears about fetching a
     built-in model and then ``("merge", tensors written, tensors)``; ``cancel`` stops between
     tensors with :class:`~loomlab.core.errors.LoomCancelled`, leaving ``out_dir`` as it was.
 
-    Raises :class:`~loomlab.core.errors.LoomConfigError` for bad arguments and for models that
-    cannot be merged (naming the first tensor or setting that differs), before any writing.
+    An existing ``out_dir`` is replaced only as
+    :func:`~loomlab.core.io.output_folder.check_output_folder` allows (``force`` lets it replace a
+    folder holding other files, never an input or a folder holding one).
+
+    Raises :class:`~loomlab.core.errors.LoomConfigError` for bad arguments, for an output folder
+    that may not be replaced and for models that cannot be merged (naming the first tensor or
+    setting that differs), before any writing.
     """
     schedule = _check_arguments(method, t, base, weights)
     stop = as_cancel_check(cancel)
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise LoomConfigError(f"{target} exists and is not a folder; give a folder to write the model into")
     refs = [("A", a), ("B", b)] + ([("base", base)] if method == "task" else [])
+    check_output_folder(out_dir, [ref for _, ref in refs], force=force)  # before fetching a built-in
     parents: list[_Parent] = []
     try:
         for label, ref in refs:
             parents.append(_Parent(label, resolve(ref, progress=progress, cancel=stop)))
+        target = check_output_folder(out_dir, [p.path for p in parents], force=force)
         for other in parents[1:]:
             _check_compatible(parents[0], other)
         first = parents[0]
@@ -345,10 +354,18 @@ def _rope_parameters(rope: RopeConfig) -> dict:
 def _write_folder(target: Path, files: dict[str, bytes], shapes: dict[str, tuple[int, ...]],
                   tensor: Callable[[str], np.ndarray], progress: Progress | None,
                   stop: Callable[[], bool]) -> None:
-    """Write ``files`` and model.safetensors (``tensor(name)`` for each of ``shapes``, float32) into
-    a folder beside ``target``, then put it in ``target``'s place."""
+    """Write ``files``, model.safetensors (``tensor(name)`` for each of ``shapes``, float32) and the
+    marker listing them into a folder beside ``target``, then put it in ``target``'s place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    files = {**files, MARKER: marker_bytes([*files, "model.safetensors"])}
+    with terminate_unwinds():
+        _write_staged(staging, target, files, shapes, tensor, progress, stop)
+
+
+def _write_staged(staging: Path, target: Path, files: dict[str, bytes], shapes: dict[str, tuple[int, ...]],
+                  tensor: Callable[[str], np.ndarray], progress: Progress | None,
+                  stop: Callable[[], bool]) -> None:
     staging.mkdir()
     try:
         for name, data in files.items():

@@ -92,3 +92,25 @@ def test_models_that_do_not_fit_and_a_missing_output(tmp_path, parents, capsys):
                                        "architectures differ (llama vs qwen2)\n")
     assert main(["merge", str(a), str(a)]) == 2
     assert capsys.readouterr().err == "loomlab: error: the following arguments are required: -o/--output\n"
+
+
+def test_an_existing_folder_with_other_files_is_kept_unless_forced_and_an_input_always(tmp_path, parents,
+                                                                                       capsys):
+    """The issue's reproducer: `mkdir x && echo keep > x/notes.txt && loomlab merge A B -o x`."""
+    a, b, _ = parents
+    x = tmp_path / "x"
+    x.mkdir()
+    (x / "notes.txt").write_text("keep\n")
+    assert main(["merge", str(a), str(b), "-o", str(x)]) == 2
+    assert capsys.readouterr().err == (f"loomlab: error: {x} holds files Loom Lab did not write there "
+                                       f"(notes.txt); writing the model would remove them: give a new or "
+                                       f"empty folder, or --force to replace the folder and everything "
+                                       f"in it\n")
+    assert (x / "notes.txt").read_text() == "keep\n"
+    assert main(["merge", str(a), str(b), "-o", str(x), "--force", "--t", "1"]) == 0
+    assert not (x / "notes.txt").exists()
+    for name, w in tensors(x).items():
+        np.testing.assert_array_equal(w, tensors(b)[name])
+    assert main(["merge", str(a), str(b), "-o", str(b), "--force"]) == 2
+    assert capsys.readouterr().err.endswith(f"loomlab: error: {b} is the input {b}; writing the model there "
+                                            f"would remove it: give a new folder\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from safetensors.numpy import save_file
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.merge import merge_models, schedule_value
+from loomlab.core.io.output_folder import MARKER
 from loomlab.core.llm import load_model, registry
 from loomlab.core.llm.hf_files import open_hf
 from loomlab.core.llm.loader import architecture, load_causal_lm
@@ -81,7 +83,7 @@ def test_linear_merge_is_the_formula_and_loads_back_with_the_logits_of_those_wei
                                                         for k in ta})
     np.testing.assert_array_equal(logits(out, IDS), oracle.forward(IDS))
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["config.json", "generation_config.json", "model.safetensors"]
+    assert files == [MARKER, "config.json", "generation_config.json", "model.safetensors"]
     assert config["torch_dtype" if "torch_dtype" in config else "dtype"] == "float32"
 
 
@@ -231,3 +233,46 @@ def test_smollm2_merged_at_t0_is_the_parent_and_chats(tmp_path):
         assert reply == "".join(r.text for r in original.chat(messages, max_tokens=12))
         np.testing.assert_allclose(merged.classify([prompt])[0].logits, original.classify([prompt])[0].logits,
                                    atol=1e-3)
+
+
+# ----- which existing folder a merge may replace ------------------------------------------------
+def test_a_folder_holding_other_files_is_refused_unless_forced(tmp_path, parents):
+    """The issue's reproducer: `mkdir x && echo keep > x/notes.txt && loomlab merge A B -o x`."""
+    a, b = parents
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    with pytest.raises(LoomConfigError, match=r"x holds files Loom Lab did not write there \(notes.txt\)"):
+        merge_models(a, b, out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"
+    merge_models(a, b, out, t=1.0, force=True)
+    assert not (out / "notes.txt").exists()
+    for name, w in tensors(out).items():
+        np.testing.assert_array_equal(w, tensors(b)[name])
+
+
+def test_our_own_output_is_replaced_but_not_once_something_else_is_added(tmp_path, parents):
+    a, b = parents
+    out = merge_models(a, b, tmp_path / "out", t=0.0)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["written_by"] == "Loom Lab"
+    assert sorted(marker["files"] + [MARKER]) == sorted(p.name for p in out.iterdir())
+    merge_models(a, b, out, t=1.0)
+    np.testing.assert_array_equal(tensors(out)["model.norm.weight"], tensors(b)["model.norm.weight"])
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(LoomConfigError, match=r"holds files Loom Lab did not write there \(notes.txt\)"):
+        merge_models(a, b, out, t=0.0)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_an_input_or_a_folder_holding_one_is_refused_even_when_forced(tmp_path, parents):
+    a, b = parents
+    before = {p.name: p.read_bytes() for p in a.iterdir()}
+    for out, why in ((a, f"is the input {a}"), (tmp_path, f"holds the input {a}"),
+                     (b / "..", f"holds the input {a}")):
+        for force in (False, True):
+            with pytest.raises(LoomConfigError, match=re.escape(f"{out} {why}; writing the model there "
+                                                                f"would remove it")):
+                merge_models(a, b, out, force=force)
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.name, b.name])
