@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core import save_network
 from loomlab.core.errors import LoomConfigError
+from loomlab.core.layer_names import model_parts
 from loomlab.core.procinfo import release_memory, rss_bytes
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.backend_choice import BackendChoice, BackendMenu, BackendStatus
@@ -389,10 +390,7 @@ class MainWindow(QMainWindow):
 
     def _show_network(self, net, label: str) -> None:
         self.network = net
-        s = net.summary()
-        layers = _count(s["layers"], "layer")
-        grid = f"{_count(s['cells'], 'cell')} × {s['layers_per_cell']} per cell ({layers})"
-        self.network_label.setText(f"{label} — {grid}, {s['parameters']:,} parameters")
+        self.network_label.setText(f"{label} — {model_parts(net)}, {net.parameter_count():,} parameters")
         self._chain(lambda: self.network is net, [lambda: self.panels["topology"].set_network(net),
                                                   lambda: self.panels["telemetry"].set_network(net),
                                                   lambda: self.panels["run"].set_network(net)])
@@ -501,7 +499,3 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -5,6 +5,12 @@ A language model's weighted layers are named by the tensors their weights come f
 containers are named by block: ``block 10``, ``block 10 attention``. Any other network's layers
 are named by type, grid cell ``(z, y, x, l)`` and container path. Layers are located by the key
 observer events carry: ``(z, y, x, l, path)``.
+
+How big a network is reads the same in every panel (:class:`Parts`): a *cell* is one ``(z, y, x)``
+place of the grid, holding up to ``layers_per_cell`` layers; a *layer* is any layer, containers and
+their children included; a *weighted* layer holds weights (the rows Morph lists); a language
+model's *block* N sits in cell N + 1, after the embedding, and is labelled ``block N`` wherever it
+is shown.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from .errors import LoomConfigError
 from .layers.base import Layer
 from .llm.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, is_filler_bias
 from .network import VolumetricNetwork
+from .units import format_count
 
 LayerKey = tuple[int, int, int, int, str]
 
@@ -47,6 +54,46 @@ class LayerName:
     label: str
     block: int | None = None
     tensors: dict[str, str] = field(default_factory=dict)
+
+
+# A language model's grid around its blocks: embedding first, final norm and LM head last.
+LLM_CELLS_AROUND_BLOCKS = 3
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A network's size in the words every panel uses (see the module doc); ``layers`` and
+    ``weighted`` are None where only the file's header is known."""
+
+    cells: int
+    per_cell: int = 1
+    blocks: int | None = None
+    layers: int | None = None
+    weighted: int | None = None
+
+    @classmethod
+    def of_language_model(cls, blocks: int) -> Parts:
+        """A language model known by its block count (a file not loaded yet)."""
+        return cls(blocks + LLM_CELLS_AROUND_BLOCKS, 1, blocks)
+
+    def __str__(self) -> str:
+        cells = format_count(self.cells, "cell")
+        if self.per_cell > 1:
+            cells += f" × {self.per_cell} per cell"
+        text = cells if self.blocks is None else f"{format_count(self.blocks, 'block')} in {cells}"
+        if self.layers is not None:
+            text += f" · {format_count(self.layers, 'layer')}"
+        if self.weighted is not None:
+            text += f", {self.weighted:,} weighted"
+        return text
+
+
+def model_parts(net: VolumetricNetwork) -> Parts:
+    """How many cells, blocks (a language model's), layers and weighted layers ``net`` has."""
+    layers = list(net.all_layers())
+    blocks = len(net.cells) - LLM_CELLS_AROUND_BLOCKS if _is_llm(net) else None
+    return Parts(net.depth * net.rows * net.cols, net.layers_per_cell, blocks, len(layers),
+                 sum(1 for layer in layers if layer.weights is not None))
 
 
 def layer_label(net: VolumetricNetwork, key: LayerKey) -> str:

@@ -65,6 +65,7 @@ from loomlab.core.evolve.tasks import TASKS
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
 from loomlab.core.network import VolumetricNetwork
+from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
@@ -82,6 +83,8 @@ NEAT_FIELDS = {
 }
 SCHEDULERS = {"inprocess": "In this process", "local": "Local cluster (Dask)", "address": "Scheduler address"}
 COLUMNS = ("Rank", "Species", "Fitness", "Layer types", "Parameters")
+RECIPE_SIZE_COLUMN = "Weight size"  # the last column of a recipe run: a member's packed bytes
+MIB = 2 ** 20  # the recipe scatter's x axis is in MiB, as sizes are everywhere
 COLUMN_WIDTHS = (44, 60, 80, 130)
 RUN_BOX_MAX_WIDTH = 380  # the form's column; the plots take the rest
 MAX_RATE_HZ = 30.0
@@ -252,7 +255,7 @@ class EvolutionPanel(QWidget):
         self.table.itemSelectionChanged.connect(self._table_selection)
 
         self.recipe_plot = pg.PlotWidget()
-        self.recipe_plot.setLabel("bottom", "bytes")
+        self.recipe_plot.setLabel("bottom", "weight size (MiB)")
         self.recipe_plot.setLabel("left", "KL (nats)")
         self.recipe_points = pg.ScatterPlotItem(size=7, brush=pg.mkBrush(150, 150, 150, 160), pen=None)
         self.recipe_points.sigClicked.connect(self._point_clicked)
@@ -264,7 +267,7 @@ class EvolutionPanel(QWidget):
         self.apply_button = QPushButton("Apply recipe")
         self.apply_button.setToolTip("Send the chosen member's dtypes to the Morph panel")
         self.apply_button.clicked.connect(self.apply_recipe)
-        self.recipe_box = QGroupBox("Recipes: bytes vs KL (Pareto front in red)")
+        self.recipe_box = QGroupBox("Recipes: weight size vs KL (Pareto front in red)")
         recipe_layout = QVBoxLayout(self.recipe_box)
         recipe_layout.addWidget(self.recipe_plot, 1)
         recipe_layout.addWidget(self.apply_button)
@@ -621,6 +624,8 @@ class EvolutionPanel(QWidget):
         if e.best is not None:
             self._set_best(e.best, e.best_fitness)
         self.recipe_box.setVisible(e.task == RECIPE_TASK)
+        size_column = RECIPE_SIZE_COLUMN if e.task == RECIPE_TASK else COLUMNS[-1]
+        self.table.horizontalHeaderItem(len(COLUMNS) - 1).setText(size_column)
         self.species_plot.setVisible(e.task != RECIPE_TASK)
 
     def _set_best(self, best: Any, fitness: float) -> None:
@@ -648,7 +653,7 @@ class EvolutionPanel(QWidget):
             below = top
 
     def _draw_recipes(self) -> None:
-        points = [(r.parameters, r.kl) for r in self.rows if r.recipe is not None and r.kl is not None]
+        points = [(r.parameters / MIB, r.kl) for r in self.rows if r.recipe is not None and r.kl is not None]
         if len(points) != len(self.rows) or not points:
             self.front = []
             self.recipe_points.setData([], [])
@@ -666,7 +671,7 @@ class EvolutionPanel(QWidget):
         if row is None or row.kl is None:
             self.chosen_point.setData([], [])
         else:
-            self.chosen_point.setData([row.parameters], [row.kl])
+            self.chosen_point.setData([row.parameters / MIB], [row.kl])
         self._sync_controls()
 
     def _set_rows(self, rows: list[MemberRow]) -> None:
@@ -679,7 +684,7 @@ class EvolutionPanel(QWidget):
         table.setRowCount(len(rows))
         for i, r in enumerate(rows):
             cells = (str(r.rank), "—" if r.species is None else str(r.species), f"{r.fitness:.6g}",
-                     r.layer_types, f"{r.parameters:,}" + (" B" if r.recipe is not None else ""))
+                     r.layer_types, f"{r.parameters:,}" if r.recipe is None else format_bytes(r.parameters))
             for j, text in enumerate(cells):
                 item = table.item(i, j)
                 if item is None:

@@ -43,10 +43,12 @@ from PySide6.QtWidgets import (
 from shiboken6 import isValid
 
 from loomlab.core import VolumetricNetwork, load_network
+from loomlab.core.layer_names import Parts, model_parts
 from loomlab.core.llm import discovery, model_info, registry
 from loomlab.core.llm.discovery import ModelEntry
 from loomlab.core.llm.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.textmodel import TextModel, load_model
+from loomlab.core.units import format_bytes, format_count
 
 from .theme import ERROR_ON_DARK, ERROR_ON_LIGHT
 from .workers import Job, JobRunner
@@ -328,9 +330,9 @@ class ModelsPanel(QWidget):
     def _row_texts(self, entry: Entry) -> list[str]:
         if isinstance(entry, NetworkEntry):
             kind = "Loom .loom" if entry.path.suffix.lower() == ".loom" else "Loom JSON"
-            size = f"{entry.summary['layers']} layers"
+            size = format_count(model_parts(entry.net).layers, "layer")
             return [entry.name, kind, "file", size, "", "open"]
-        size = _format_bytes(entry.size) if entry.size else ""
+        size = format_bytes(entry.size) if entry.size else ""
         mode = self._modes.get(_key(entry), "")
         if _key(entry) == self._loaded_key:
             state = "loaded"
@@ -540,7 +542,7 @@ class ModelsPanel(QWidget):
         self.filter_edit.clear()  # so the new row is visible and selectable
         self._select_key(_key(entry))
         self._on_selection()
-        self.status_label.setText(f"Opened {path.name}: {summary['layers']} layers")
+        self.status_label.setText(f"Opened {path.name}: {model_parts(net)}")
         self.network_opened.emit(net)
 
     def cancel(self) -> None:
@@ -710,14 +712,6 @@ def _is_unfetched_builtin(entry: Entry | None) -> bool:
     return isinstance(entry, ModelEntry) and entry.source == "builtin" and not entry.fetched
 
 
-def _format_bytes(n: int) -> str:
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    size, k = float(n), 0
-    while size >= 1024 and k < len(units) - 1:
-        size, k = size / 1024, k + 1
-    return f"{n} B" if k == 0 else f"{size:.1f} {units[k]}"
-
-
 def _format_count(n: int) -> str:
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= div:
@@ -726,12 +720,12 @@ def _format_count(n: int) -> str:
 
 
 def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
-    weights, kv = _format_bytes(info.file_bytes), _format_bytes(info.kv_cache_bytes)
+    weights, kv = format_bytes(info.file_bytes), format_bytes(info.kv_cache_bytes)
     return [
         ("Name", info.name),
         ("Architecture", f"{info.architecture} ({info.format.upper()})"),
         ("Parameters", _format_count(info.parameters)),
-        ("Shape", f"{info.blocks} blocks · d={info.hidden_size} · {info.heads} heads / "
+        ("Shape", f"{Parts.of_language_model(info.blocks)} · d={info.hidden_size} · {info.heads} heads / "
                   f"{info.kv_heads} KV · head dim {info.head_dim}"),
         ("Context", f"{info.context_length:,} tokens"),
         ("Vocabulary", f"{info.vocab_size:,}"),
@@ -740,7 +734,7 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
         ("Mode", info.mode if info.supports_chat else
          f"{info.mode}: a base model, it continues text (a chat would echo the prompt)"),
         ("File size", weights),
-        ("Memory estimate", f"{_format_bytes(info.estimated_memory)} (weights {weights}"
+        ("Memory estimate", f"{format_bytes(info.estimated_memory)} (weights {weights}"
                             f" + KV cache {kv} at full context)"),
         ("Path", info.path),
     ]
@@ -749,16 +743,16 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
 def _unfetched_rows(entry: ModelEntry) -> list[tuple[str, str]]:
     model = registry.BUILTINS[entry.name]
     return [("Name", entry.name), ("About", model.description), ("File", model.filename),
-            ("File size", _format_bytes(model.size)), ("State", "not fetched (Fetch or Load downloads it)")]
+            ("File size", format_bytes(model.size)), ("State", "not fetched (Fetch or Load downloads it)")]
 
 
 def _network_rows(entry: NetworkEntry) -> list[tuple[str, str]]:
     s = entry.summary
-    dtypes = ", ".join(f"{dtype} {_format_bytes(n)}" for dtype, n in s["memory_by_dtype"].items())
+    dtypes = ", ".join(f"{dtype} {format_bytes(n)}" for dtype, n in s["memory_by_dtype"].items())
     grid = " × ".join(map(str, s["shape"]))
-    return [("Name", entry.name), ("Grid", f"{grid} (depth × rows × cols × layers)"),
-            ("Layers", str(s["layers"])), ("Parameters", _format_count(s["parameters"])),
-            ("Memory", _format_bytes(s["memory_bytes"]) + (f" ({dtypes})" if dtypes else "")),
+    return [("Name", entry.name), ("Grid", f"{grid} (depth × rows × cols × layers per cell)"),
+            ("Parts", str(model_parts(entry.net))), ("Parameters", _format_count(s["parameters"])),
+            ("Memory", format_bytes(s["memory_bytes"]) + (f" ({dtypes})" if dtypes else "")),
             ("Path", str(entry.path))]
 
 

@@ -53,11 +53,12 @@ from PySide6.QtWidgets import (
 from loomlab.core import save_network
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.io.atomic import write_atomic
-from loomlab.core.layer_names import LayerKey, layer_label
+from loomlab.core.layer_names import LayerKey, layer_label, model_parts
 from loomlab.core.layers.base import Layer
 from loomlab.core.morph import MorphReport, layer_report, morph_sublayer, probe_input, weighted_cells
 from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
+from loomlab.core.units import format_bytes, format_size_change
 
 from .sensitivity_view import SensitivityView
 from .sort_items import SORT_ROLE, SortItem, row_table
@@ -530,8 +531,8 @@ class MorphPanel(QWidget):
             return export_gguf(model, path, progress=job.report, cancel=job.is_cancelled)
 
         self._submit("export", work, on_success=lambda result: self._saved(
-            f"{result.path} ({_human(result.nbytes)}, {result.changed} of {result.tensors} tensors in new "
-            f"encodings)", str(result.path)))
+            f"{result.path} ({format_bytes(result.nbytes)}, {result.changed} of {result.tensors} tensors "
+            f"in new encodings)", str(result.path)))
 
     def is_busy(self) -> bool:
         return self._job is not None or bool(self._queue)
@@ -581,8 +582,8 @@ class MorphPanel(QWidget):
             rows.append(_Row(index, coord, layer, layer.weights.encoding(layer.cfg.dtype),
                              layer_label(net, (*coord, layer.path))))
         self._bytes_original = net.memory_bytes()
-        self.title.setText(f"<b>{html.escape(title)}</b> · {len(rows)} weighted layers · "
-                           f"{net.parameter_count():,} parameters · {_human(self._bytes_original)}")
+        self.title.setText(f"<b>{html.escape(title)}</b> · {model_parts(net)} · "
+                           f"{net.parameter_count():,} parameters · {format_bytes(self._bytes_original)}")
         with self._bulk_update(), self._quietly():
             self.table.setRowCount(0)
             self._index_rows(rows)
@@ -811,9 +812,8 @@ class MorphPanel(QWidget):
         return worst
 
     def _show_measures(self, m: dict) -> None:
-        share = m["bytes_saved"] / m["bytes_original"] if m["bytes_original"] else 0.0
-        self.memory_label.setText(f"{_human(m['bytes_original'])} → {_human(m['bytes_now'])} "
-                                  f"(saved {_human(m['bytes_saved'])}, {share:.1%})")
+        self.memory_label.setText(f"{format_bytes(m['bytes_original'])} → {format_bytes(m['bytes_now'])} "
+                                  f"({format_size_change(m['bytes_original'], m['bytes_now'])})")
         if "kl_mean" in m:
             self.drift_label.setText(f"KL mean {m['kl_mean']:.4g} · max {m['kl_max']:.4g} nats · "
                                      f"top-1 agreement {m['top1_agreement']:.1%}")
@@ -919,14 +919,6 @@ class MorphPanel(QWidget):
 
 def _cell_text(coord: Coord) -> str:
     return "({}, {}, {}, {})".format(*coord)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _takes(row: _Row, dtype: str) -> bool:

@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core import CallbackObserver, Layer, LayerEvent, LayerStats, VolumetricNetwork
-from loomlab.core.layer_names import LayerKey, LayerName, layer_name
+from loomlab.core.layer_names import LayerKey, LayerName, layer_name, model_parts
 from loomlab.core.llm.llm_layers import LLMGatedMLP
 from loomlab.core.network import BlueprintRow
 from loomlab.core.observe import check_rate
@@ -863,7 +863,7 @@ class TopologyPanel(QWidget):
         self._set_lines(self.grid, floor_grid(lo, hi, topo.pitch))
         self._label_blocks(float(lo[2]))
         net = self._net
-        self.summary.setText(f"{len(topo.rows)} layers · grid {'×'.join(map(str, net.shape))} · "
+        self.summary.setText(f"{model_parts(net)} · grid {'×'.join(map(str, net.shape))} · "
                              f"{net.parameter_count():,} parameters")
         self._update_legend()
 

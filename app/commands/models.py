@@ -40,8 +40,10 @@ def cmd_list(args) -> int:
     if args.json:
         print(json.dumps([{**asdict(e), "path": str(e.path)} for e in found], indent=2))
         return 0
+    from loomlab.core.units import format_bytes
+
     models = [e for e in found if not e.problem]
-    rows = [(e.name, e.kind, e.source if e.fetched else f"{e.source} (not fetched)", _mib(e.size),
+    rows = [(e.name, e.kind, e.source if e.fetched else f"{e.source} (not fetched)", format_bytes(e.size),
              str(e.path)) for e in models]
     print_table(("name", "kind", "source", "size", "path"), rows)
     rejected = [e for e in found if e.problem]
@@ -68,6 +70,7 @@ def cmd_info(args) -> int:
     from loomlab.core.errors import ModelFormatError
     from loomlab.core.llm.discovery import in_file, resolve
     from loomlab.core.llm.model_info import describe
+    from loomlab.core.units import format_bytes
 
     path = resolve(args.model, progress=progress_bar)
     try:
@@ -84,14 +87,10 @@ def cmd_info(args) -> int:
             ("heads / kv heads / head dim", f"{info.heads} / {info.kv_heads} / {info.head_dim}"),
             ("vocabulary", f"{info.vocab_size:,}"), ("context length", f"{info.context_length:,}"),
             ("tensor types", types), ("chat template", "yes" if info.chat_template else "no (fallback)"),
-            ("file size", _mib(info.file_bytes)),
-            ("estimated memory", f"{_mib(info.estimated_memory)} (weights mapped + "
-                                 f"{_mib(info.kv_cache_bytes)} KV cache at full context)")]
+            ("file size", format_bytes(info.file_bytes)),
+            ("estimated memory", f"{format_bytes(info.estimated_memory)} (weights mapped + "
+                                 f"{format_bytes(info.kv_cache_bytes)} KV cache at full context)")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"

@@ -152,7 +152,8 @@ def test_the_status_bar_counts_cells_and_the_layers_in_them(window, qtbot, tmp_p
     save_network(net, tmp_path / "grid.json")
     window.open_network(str(tmp_path / "grid.json"))
     qtbot.waitUntil(lambda: window.network is not None, timeout=10000)
-    assert "8 cells × 2 per cell (16 layers), 256 parameters" in window.network_label.text()
+    # the words every panel uses (layer_names.Parts)
+    assert "8 cells × 2 per cell · 16 layers, 16 weighted, 256 parameters" in window.network_label.text()
 
 
 def test_selecting_a_layer_in_one_panel_selects_it_in_the_others(window, qtbot, golden_net_path):

@@ -22,6 +22,7 @@ from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps
+from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.evolution_panel import NO_MODEL, EvolutionPanel, pareto_front, species_stack
@@ -168,6 +169,8 @@ def test_engine_reports_update_the_view_without_a_job(qtbot, panel):
     assert list(y) == [s.mean for s in run.history]
     assert panel.best is run.best and panel.export_button.isEnabled()
     assert len(panel.rows) == 24 and panel.rows[0].fitness == run.history[-1].best
+    assert panel.table.horizontalHeaderItem(4).text() == "Parameters"
+    assert panel.table.item(0, 4).text() == f"{panel.rows[0].parameters:,}"
 
 
 def test_member_rows_rank_and_describe_members():
@@ -306,11 +309,16 @@ def test_a_recipe_run_shows_bytes_vs_kl_and_applies_a_recipe(qtbot, panel, tiny_
     scores = plan.task.last_scores
     assert [(r.parameters, r.kl) for r in sorted(panel.rows, key=lambda r: r.index)] == \
         [(s.bytes, s.kl_mean) for s in scores]
+    # sizes in MiB on the scatter and in the table's "Weight size" column, as everywhere
     x, y = panel.recipe_points.getData()
-    assert list(zip(x, y, strict=True)) == [(r.parameters, r.kl) for r in panel.rows]
+    assert list(zip(x, y, strict=True)) == [(r.parameters / 2**20, r.kl) for r in panel.rows]
     assert panel.front == pareto_front([(r.parameters, r.kl) for r in panel.rows])
     fx, _ = panel.front_line.getData()
-    assert list(fx) == [panel.rows[i].parameters for i in panel.front]
+    assert list(fx) == [panel.rows[i].parameters / 2**20 for i in panel.front]
+    assert panel.recipe_plot.getAxis("bottom").labelText == "weight size (MiB)"
+    assert panel.table.horizontalHeaderItem(4).text() == "Weight size"
+    assert panel.table.item(0, 4).text() == format_bytes(panel.rows[0].parameters)
+    assert format_bytes(panel.rows[0].parameters).endswith("KiB")  # the tiny model's 100-odd KiB
 
     chosen = []
     panel.recipe_chosen.connect(chosen.append)

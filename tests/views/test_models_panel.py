@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton
 
 from loomlab.core import load_network, save_network
 from loomlab.core.errors import ModelFormatError
+from loomlab.core.layer_names import model_parts
 from loomlab.core.llm import discovery, model_info, registry
 from loomlab.core.llm.model_info import CHAT, COMPLETION
 from loomlab.core.llm.textmodel import TextModel, load_model
@@ -121,7 +122,9 @@ def test_details_equal_describe(make_panel, qtbot, smollm_path):
     shown = panel.details()
     assert shown["Architecture"].startswith(info.architecture)
     assert f"{info.parameters:,}" in shown["Parameters"]
-    assert f"{info.blocks} blocks" in shown["Shape"] and f"d={info.hidden_size}" in shown["Shape"]
+    # the words of every panel: block N sits in cell N + 1, after the embedding
+    blocks = f"{info.blocks} blocks in {info.blocks + 3} cells"
+    assert shown["Shape"].startswith(f"{blocks} · d={info.hidden_size}")
     assert shown["Context"] == f"{info.context_length:,} tokens"
     assert shown["Quant types"] == ", ".join(f"{t} × {n}" for t, n in info.tensor_types.items())
     assert shown["Chat template"] == ("yes" if info.chat_template else "no")
@@ -231,7 +234,9 @@ def test_open_network_emits_it(make_panel, qtbot, tmp_path, monkeypatch, suffix)
     assert sum(1 for _ in net.layers()) == len(case["network"]["layers"]) == 4
     entry = panel.selected_entry()
     assert isinstance(entry, NetworkEntry) and entry.net is net
-    assert panel.details()["Layers"] == "4" and f"{net.parameter_count():,}" in panel.details()["Parameters"]
+    parts = str(model_parts(net))
+    assert panel.details()["Parts"] == parts and parts.startswith("4 cells · ")
+    assert f"{net.parameter_count():,}" in panel.details()["Parameters"]
 
     assert panel.progress_bar.isHidden()  # no "0%" left after an action that reports no progress
     assert panel.scan_label.text() == f"{len(registry.BUILTINS)} models · 1 network listed"
