@@ -35,6 +35,8 @@ def test_models_list_puts_files_that_are_not_models_apart_with_the_reason(tmp_pa
     out = capsys.readouterr().out
     table, rejected = out.split("\nnot models (2):\n")
     assert "real" in table and "empty" not in table and "fake" not in table
+    real = next(line for line in table.splitlines() if line.startswith("real "))
+    assert " 64 B " in real  # the size in the unit every panel uses (not "0.0 MiB")
     assert rejected.splitlines() == [
         f"  {tmp_path / 'empty.gguf'}: not a GGUF model: header at byte 0: file has 0 bytes; "
         "a GGUF header needs 24",
