@@ -2,14 +2,15 @@
 
 Each ``parse_*`` takes the decoded JSON body and returns a small dataclass whose sampling fields
 are already a :class:`SamplingParams`; anything wrong raises one :class:`ApiError` naming the
-field (OpenAI's ``param``), which the routes turn into a 400. Fields this server does not know are
-ignored, as OpenAI-compatible servers do, so clients that send extras keep working.
+field (OpenAI's ``param``), which the routes turn into a 400. Ranges are OpenAI's. An OpenAI field
+this server does not implement (tools, logit_bias...) is refused when it asks for something, never
+silently ignored; fields this server does not know are ignored, as OpenAI-compatible servers do, so
+clients that send extras (llama.cpp's, vLLM's) keep working.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -17,19 +18,44 @@ from loomlab.core.errors import LoomConfigError
 from loomlab.core.llm.sampling import SamplingParams
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the engine
+MAX_PROMPTS = 16  # prompts of one text completion request (each times n is a sequence)
+MAX_EMBEDDING_INPUTS = 256  # inputs of one embeddings request (OpenAI allows 2048: ours are slower)
 MAX_STOPS = 16
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limits
 MAX_COMPLETION_LOGPROBS = 5
 DEFAULT_MAX_TOKENS = 512  # when a request names none (each sequence's KV cache is sized by it)
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's: a 64-bit integer
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# OpenAI fields this server does not implement, with the test of a value that asks for nothing (a
+# request that asks for one of them gets a 400 naming it, not an answer that ignores it)
+UNSUPPORTED_CHAT = {
+    "tools": lambda v: v in (None, []),
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: v in (None, []),
+    "function_call": lambda v: v in (None, "none"),
+    "logit_bias": lambda v: v in (None, {}),
+    "audio": lambda v: v is None,
+    "modalities": lambda v: v in (None, ["text"]),
+    "prediction": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+}
+UNSUPPORTED_COMPLETION = {
+    "logit_bias": lambda v: v in (None, {}),
+    "suffix": lambda v: v in (None, ""),
+    "best_of": lambda v: v in (None, 1),
+}
+UNSUPPORTED_EMBEDDING = {"dimensions": lambda v: v is None}
 
 
 class ApiError(Exception):
     """A request the server refuses: the HTTP status and OpenAI's error object."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers  # of the reply (a 408 closes its connection)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -98,6 +124,7 @@ class EmbeddingRequest:
 
 
 def parse_chat(body: Mapping) -> ChatRequest:
+    _refuse_unsupported(body, UNSUPPORTED_CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
@@ -110,17 +137,21 @@ def parse_chat(body: Mapping) -> ChatRequest:
 
 
 def parse_completion(body: Mapping) -> CompletionRequest:
+    _refuse_unsupported(body, UNSUPPORTED_COMPLETION)
     logprobs = _int(body, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
     return CompletionRequest(_model(body), _prompts(body.get("prompt")), _generation(body, logprobs),
                              _typed(body, "echo", bool, False))
 
 
 def parse_embedding(body: Mapping) -> EmbeddingRequest:
+    _refuse_unsupported(body, UNSUPPORTED_EMBEDDING)
     texts = body.get("input")
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise bad("input must be a non-empty string or a list of non-empty strings", "input")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise bad(f"input has {len(texts)} texts; at most {MAX_EMBEDDING_INPUTS} per request", "input")
     fmt = _typed(body, "encoding_format", str, "float")
     if fmt not in ("float", "base64"):
         raise bad(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
@@ -139,17 +170,17 @@ def _generation(body: Mapping, top_logprobs: int | None) -> Generation:
         raise bad("stream_options is only allowed with stream: true", "stream_options")
     include_usage = _typed(options or {}, "include_usage", bool, False, "stream_options.include_usage")
     fields = {
-        "temperature": _number(body, "temperature", 1.0),
-        "top_p": _number(body, "top_p", 1.0),
-        "presence_penalty": _number(body, "presence_penalty", 0.0),
-        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "temperature": _number(body, "temperature", 1.0, 0, 2),
+        "top_p": _number(body, "top_p", 1.0, 0, 1),  # 0 is refused by SamplingParams (it keeps nothing)
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2, 2),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2, 2),
         # llama.cpp's extensions, which many clients send
         "top_k": _int(body, "top_k", 0, 0, None),
-        "min_p": _number(body, "min_p", 0.0),
-        "repetition_penalty": _number(body, "repetition_penalty", 1.0),
+        "min_p": _number(body, "min_p", 0.0, 0, 1),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 0.01, 100),
         "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         "stop": _stops(body.get("stop")),
-        "seed": _int(body, "seed", None, None, None),
+        "seed": _seed(body),
         # the chosen token's logprob comes with any k >= 1; fewer alternatives are cut later
         "logprobs": 0 if top_logprobs is None else max(top_logprobs, 1),
         "response_format": _response_format(body.get("response_format")),
@@ -166,10 +197,32 @@ def _model(body: Mapping) -> str | None:
     return _typed(body, "model", str, None)
 
 
+def _seed(body: Mapping) -> int | None:
+    """OpenAI's 64-bit seed as the engine's generator takes it (non-negative): two's complement."""
+    seed = _int(body, "seed", None, *SEED_RANGE)
+    return None if seed is None else seed % (1 << 64)
+
+
+def _refuse_unsupported(body: Mapping, fields: Mapping) -> None:
+    for name, unused in fields.items():
+        if not unused(body.get(name)):
+            raise bad(f"{name} is not supported by this server (see docs/serving.md for the fields "
+                      f"it honours); leave it out", name, "unsupported_parameter")
+
+
 def _message(m, i: int) -> dict:
-    """One chat message; a content given as OpenAI's list of text parts is joined."""
+    """One chat message; a content given as OpenAI's list of text parts is joined. ``developer``
+    is OpenAI's newer name for ``system``; tool and function messages need tool calls, which this
+    server does not implement."""
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise bad(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
+    if m["role"] not in ROLES:
+        raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(m['role'])[:40]}",
+                  f"messages[{i}].role")
+    for name in ("tool_calls", "function_call"):
+        if m.get(name) not in (None, []):
+            raise bad(f"messages[{i}].{name}: tool calls are not supported by this server",
+                      f"messages[{i}].{name}", "unsupported_parameter")
     content = m.get("content")
     if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -181,7 +234,7 @@ def _message(m, i: int) -> dict:
         content = ""
     if not isinstance(content, str):
         raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
-    return {"role": m["role"], "content": content}
+    return {"role": ROLES[m["role"]], "content": content}
 
 
 def _prompts(prompt) -> list[str | list[int]]:
@@ -195,6 +248,8 @@ def _prompts(prompt) -> list[str | list[int]]:
     if is_ids(prompt):
         return [prompt]
     if isinstance(prompt, list) and prompt and all((isinstance(p, str) and p) or is_ids(p) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad(f"prompt has {len(prompt)} prompts; at most {MAX_PROMPTS} per request", "prompt")
         return list(prompt)
     raise bad("prompt must be a non-empty string, a list of token ids, or a list of those", "prompt")
 
@@ -229,12 +284,15 @@ def _typed(body: Mapping, name: str, kind: type, default, param: str | None = No
     return value
 
 
-def _number(body: Mapping, name: str, default: float) -> float:
+def _number(body: Mapping, name: str, default: float, low: float, high: float) -> float:
+    """A number in ``low..high`` (both included)."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad(f"{name} must be a number, got {json.dumps(value)[:40]}", name)
+    if not low <= value <= high:  # compared as given: an integer past float's range stays exact
+        raise bad(f"{name} must be between {low} and {high}, got {json.dumps(value)[:40]}", name)
     return float(value)
 
 

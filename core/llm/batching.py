@@ -49,6 +49,7 @@ class Request:
         self.drafter = drafter  # speculative decoding's, or None
         self.metrics = Metrics(prompt_tokens=len(self.prompt_ids))
         self.error: str | None = None  # why the engine failed it (finish reason "error")
+        self.failure: Exception | None = None  # the exception that failed it, for its type
         self._on_record = on_record
         self._records: queue.SimpleQueue | None = None if on_record is not None else queue.SimpleQueue()
         self._cancelled = threading.Event()
@@ -91,8 +92,8 @@ class Request:
         if record.finish_reason is not None:
             self._done.set()
 
-    def _fail(self, index: int, why: str) -> None:
-        self.error = why
+    def _fail(self, index: int, failure: Exception) -> None:
+        self.failure, self.error = failure, f"{type(failure).__name__}: {failure}"
         self._emit(TokenRecord(index, -1, "", finish_reason="error"))
 
 
@@ -183,12 +184,12 @@ class Batch:
         while self.waiting:
             self._emit_cancelled(self.waiting.popleft())
 
-    def fail_all(self, why: str) -> None:
+    def fail_all(self, failure: Exception) -> None:
         """End every request with an "error" record (a step raised): the batch is empty after."""
         for a in self.active:
-            a.request._fail(a.run.index, why)
+            a.request._fail(a.run.index, failure)
         for request in self.waiting:
-            request._fail(0, why)
+            request._fail(0, failure)
         self.active.clear()
         self.waiting.clear()
 
@@ -203,7 +204,7 @@ class Batch:
             a = _Active(request, run, Speculation(request.drafter, run))
             logits = run.prefill(ids)
         except Exception as e:  # this request's failure (a constraint the tokenizer cannot follow,
-            request._fail(0, f"{type(e).__name__}: {e}")  # a failing kernel): the batch goes on
+            request._fail(0, e)  # a failing kernel): the batch goes on
             return
         self.active.append(a)
         self._deliver(a, logits)
@@ -212,12 +213,18 @@ class Batch:
         """Choose from one step's ``rows`` of ``a`` (one, or the fed token's and its draft's) and
         emit the records; a finish takes ``a`` out of the batch."""
         record = None
-        for record in a.spec.verify(rows, lambda: a.request.cancelled):
-            if record.finish_reason is not None:
-                self._finish(a, record)
-                return
-            self.tokens += 1
-            a.request._emit(record)
+        try:
+            for record in a.spec.verify(rows, lambda: a.request.cancelled):
+                if record.finish_reason is not None:
+                    self._finish(a, record)
+                    return
+                self.tokens += 1
+                a.request._emit(record)
+        except Exception as e:  # this request's own choice failed (its constraint, its sampler):
+            self.active.remove(a)  # it leaves, the batch goes on
+            a.run.end()
+            a.request._fail(a.run.index, e)
+            return
         a.token = record.id
 
     def _finish(self, a: _Active, record: TokenRecord) -> None:
@@ -352,7 +359,7 @@ class BatchEngine:
             try:
                 self._batch.step()
             except Exception as e:  # never a dead engine: fail what was in the batch, go on
-                self._batch.fail_all(f"{type(e).__name__}: {e}")
+                self._batch.fail_all(e)
 
     def _shutdown(self) -> None:
         with self._cv:

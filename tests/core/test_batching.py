@@ -329,3 +329,29 @@ def test_a_failing_prefill_fails_only_its_request(smollm2, monkeypatch):
         assert [r.finish_reason for r in req] == ["error"] and "MemoryError" in req.error
         monkeypatch.setattr(smollm2.net, "step", real)
         assert len(list(engine.submit(ids_of(smollm2, PROMPTS[0]), SamplingParams(max_tokens=4)))) == 4
+
+
+def test_a_failing_choice_fails_only_its_request(smollm2, monkeypatch):
+    """A request's own choice raising (a constraint it cannot follow, say) mid-generation ends it
+    with an "error" record carrying the exception; its neighbour in the batch goes on as alone."""
+    from loomlab.core.llm.textmodel import Decoding
+
+    real = Decoding.choose
+
+    def choose(self, logits):
+        if self.params.seed == 13 and self.index == 2:
+            raise LoomConfigError("response_format could not be followed")
+        return real(self, logits)
+
+    want, _ = alone(smollm2, PROMPTS[1], max_tokens=5)
+    monkeypatch.setattr(Decoding, "choose", choose)
+    batch = Batch(smollm2, max_batch=2, prefix_cache=PrefixCache(0))
+    failing = Request(ids_of(smollm2, PROMPTS[0]), SamplingParams(max_tokens=5, seed=13))
+    other = Request(ids_of(smollm2, PROMPTS[1]), SamplingParams(max_tokens=5))
+    batch.add(failing)
+    batch.add(other)
+    while batch.busy:
+        batch.step()
+    assert [r.finish_reason for r in failing] == [None, None, "error"]
+    assert isinstance(failing.failure, LoomConfigError) and "could not be followed" in failing.error
+    assert other.text() == want
