@@ -1,15 +1,17 @@
 """The Morph panel: switch a network's layers between numeric types and see what it costs.
 
 A table lists every weighted layer (nested ones too: a language model's layers sit inside its
-blocks) with its dtype, parameters, bytes and the error of its weights against the float32
-master. A dtype chosen per row, or for all rows at once, is applied in a background job, layer by
-layer (a language model's master is built lazily from the file's blocks, which is slow for big
-layers), and then measured: bytes saved against the network as it was set, and output drift on a
-probe against the unmorphed network (for a network the relative drift ``net morph-report`` prints,
-for a language model the KL divergence and top-1 agreement of the next-token distributions over a
-probe text, shown with its token count). Revert morphs every layer back to the dtype it had
-when the network was set; that is lossless because morphing never changes the master. Jobs run one
-at a time, and only while the panel is visible: hidden behind another tab it costs nothing.
+blocks) with its dtype, parameters, bytes and the error of its weights against its master (a
+network's float32 weights; a language model's, its file's weights as loaded). A dtype chosen per
+row, or for all rows at once, is applied in a background job, layer by layer (a language model's
+master is built lazily from the file's blocks, which is slow for big layers), and then measured:
+bytes saved against the network as it was set, and output drift on a probe against the unmorphed
+network (for a network the relative drift ``net morph-report`` prints, for a language model the KL
+divergence and top-1 agreement of the next-token distributions over a probe text, shown with its
+token count and called a quick check: the Sensitivity tab and ``quant-report`` measure a long text).
+Revert morphs every layer back to the dtype it had when the network was set; that is lossless
+because morphing never changes the master. Jobs run one at a time, and only while the panel is
+visible: hidden behind another tab it costs nothing.
 
 A language model's layers can also be ranked by how sensitive they are to the formats chosen (the
 Sensitivity tab, :mod:`~loomlab.views.sensitivity_view`: each layer morphed alone and its KL
@@ -70,6 +72,10 @@ WIDE = 1.6  # width / height above which the controls sit beside the table, not 
 NO_CHOICE = "—"
 FRAME_MS = 50  # reports a job streams are drawn together, this often
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
+FLOAT32_MASTER = "its float32 master"
+QUICK_CHECK_TIP = ("A quick check after every change, on the short probe text above. The Sensitivity tab "
+                   "and loomlab quant-report measure a long probe text: their KL and top-1 are the ones "
+                   "to compare between recipes.")
 DEFAULT_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the old cat sleeps in the warm sun."
 
 
@@ -134,6 +140,7 @@ class MorphPanel(QWidget):
         self._shown = True  # see set_shown
         self._job: Job | None = None
         self._generation = 0  # bumped by set_network: results of older jobs are dropped
+        self._reference = FLOAT32_MASTER
         self._closed = False
         self._new_reports: list[MorphReport] = []  # streamed by a job, drawn once a frame
         self._report_timer = QTimer(self)
@@ -364,6 +371,8 @@ class MorphPanel(QWidget):
     def _set_model(self, model: Any, probe_text: str, max_probe_tokens: int) -> None:
         self._show(model.net, f"Model {getattr(model, 'name', '') or type(model.net).__name__}")
         self._model = model
+        # a language model's master is its file's weights dequantized: errors are against those
+        self._reference = f"the weights as loaded ({', '.join(sorted({row.original for row in self._rows}))})"
         self._sync_controls()
         quoted = html.escape(probe_text)
         self.probe_label.setText(f"<b>Probe</b> “{quoted}” (counting tokens…)")
@@ -372,7 +381,8 @@ class MorphPanel(QWidget):
             self.probe_label.setText(f"<b>Probe</b> “{quoted}” — {reference.ids.size} tokens"
                                      + (f" (the first {max_probe_tokens})"
                                         if reference.ids.size == max_probe_tokens else ""))
-            self._drift = lambda: compare(reference, llm_probe(model, probe_text, max_probe_tokens))
+            self._drift = lambda: {**compare(reference, llm_probe(model, probe_text, max_probe_tokens)),
+                                   "probe_tokens": int(reference.ids.size)}
 
         self._submit("reference next-token distributions",
                      lambda job: llm_probe(model, probe_text, max_probe_tokens), on_success=use)
@@ -569,6 +579,7 @@ class MorphPanel(QWidget):
         self._report_timer.stop()
         self._net, self._drift, self._reports, self._new_reports = net, None, {}, []
         self._model = None
+        self._reference = FLOAT32_MASTER  # what layer errors are against; a language model names its file's
         self.sensitivity.clear()
         self.probe_label.setText("")
         for label in (self.memory_label, self.error_label, self.drift_label):
@@ -805,18 +816,21 @@ class MorphPanel(QWidget):
         worst = {"rel_mse_max": r.rel_error ** 2, "cosine_min": min(r.cosine for r in self._reports.values()),
                  "worst_layer": row.key}
         if r.rel_error == 0:
-            self.error_label.setText("none: every layer's weights equal its float32 master")
+            self.error_label.setText(f"none: every layer's weights equal {self._reference}")
         else:
             self.error_label.setText(f"{html.escape(row.name)} {_cell_text(row.coord)} ({r.dtype}): "
-                                     f"rel. MSE {r.rel_error ** 2:.3e} · cosine {r.cosine:.6f}")
+                                     f"rel. MSE {r.rel_error ** 2:.3e} · cosine {r.cosine:.6f} against "
+                                     f"{self._reference}")
         return worst
 
     def _show_measures(self, m: dict) -> None:
         self.memory_label.setText(f"{format_bytes(m['bytes_original'])} → {format_bytes(m['bytes_now'])} "
                                   f"({format_size_change(m['bytes_original'], m['bytes_now'])})")
         if "kl_mean" in m:
-            self.drift_label.setText(f"KL mean {m['kl_mean']:.4g} · max {m['kl_max']:.4g} nats · "
-                                     f"top-1 agreement {m['top1_agreement']:.1%}")
+            self.drift_label.setText(f"quick check on {m['probe_tokens']} tokens: KL mean {m['kl_mean']:.4g}"
+                                     f" · max {m['kl_max']:.4g} nats · top-1 agreement "
+                                     f"{m['top1_agreement']:.1%}")
+            self.drift_label.setToolTip(QUICK_CHECK_TIP)
         elif "output_drift" in m:
             self.drift_label.setText(f"{m['output_drift']:.3e} relative (‖y − y₀‖ / ‖y₀‖ on the probe)")
         else:
