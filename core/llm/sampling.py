@@ -104,7 +104,8 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p
     maximum is taken off before dividing, so a tiny temperature (1e-320) tends to argmax instead
     of overflowing to inf - inf = NaN."""
     z = np.asarray(logits, np.float64)
-    z = (z - z.max()) / temperature
+    with np.errstate(over="ignore"):  # to -inf: the limit meant
+        z = (z - z.max()) / temperature
     probs = softmax(z)
     keep = np.ones(probs.size, bool)
     if 0 < top_k < probs.size:

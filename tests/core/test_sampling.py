@@ -22,6 +22,7 @@ def test_temperature_zero_is_argmax_first_maximum():
     assert make_sampler(0.0)(LOGITS, np.random.default_rng(0)) == 3
 
 
+@pytest.mark.filterwarnings("error")  # no overflow warning per token either
 @pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300])
 def test_a_tiny_temperature_is_argmax_not_nan(temperature):
     """The limit of softmax(z / T) as T -> 0: all the mass on the maxima (here the tie 3, 5)."""
