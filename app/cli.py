@@ -171,8 +171,12 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def progress_bar(stage: str, done: int, total: int) -> None:
-    """A progress bar on stderr for (stage, done, total) reports: downloads, extraction, loading."""
-    frac = done / total if total else 1.0
+    """A progress bar on stderr for (stage, done, total) reports: downloads, extraction, loading;
+    a count for work of unknown length (total 0), such as a first run's kernel compilation."""
+    if total <= 0:
+        _progress_line(stage, f"{stage}: {done:,} done", False)
+        return
+    frac = done / total
     bar = "#" * int(frac * 30)
     _progress_line(stage, f"{stage:<8} [{bar:.<30}] {frac:6.1%} ({done:,}/{total:,})", done >= total)
 

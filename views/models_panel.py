@@ -579,6 +579,7 @@ class ModelsPanel(QWidget):
     def _on_progress(self, stage: str, done: int, total: int) -> None:
         if total <= 0:
             self.progress_bar.setRange(0, 0)  # unknown length: Qt's busy animation
+            self.status_label.setText(f"{stage[:1].upper()}{stage[1:]}…")  # e.g. a first run's kernels
             return
         self.progress_bar.setRange(0, PROGRESS_STEPS)
         self.progress_bar.setValue(min(PROGRESS_STEPS, done * PROGRESS_STEPS // total))

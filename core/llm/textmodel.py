@@ -27,6 +27,7 @@ from .causal_lm import CausalLM
 from .chat_template import ChatTemplate, encode_chat
 from .constrain import Constraint
 from .discovery import in_file, resolve
+from .kernel_warmup import warm_model
 from .loader import load_causal_lm
 from .prefix_cache import DEFAULT_BYTES, PrefixCache
 from .quant import adaptive_threads, single_threaded_blas
@@ -521,11 +522,13 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     a model ``loomlab models list`` names (:func:`~loomlab.core.llm.discovery.resolve`; an
     unknown name raises :class:`~loomlab.core.errors.ModelNotFoundError`).
 
-    ``progress(stage, done, total)`` hears about downloading ("download", "extract") and
-    loading ("load", counting tensors); ``cancel`` stops a download. ``tokenizer_process``
-    builds and runs the tokenizer in a child process (:class:`TokenizerProcess`), alongside the
-    weights loading here: building it holds this process's GIL for up to a second, which a GUI
-    thread cannot wait out.
+    ``progress(stage, done, total)`` hears about downloading ("download", "extract"),
+    loading ("load", counting tensors) and a first run's kernel compilation
+    (:data:`~loomlab.core.llm.kernel_warmup.KERNELS_STAGE`, counting kernels, total 0: see
+    :func:`~loomlab.core.llm.kernel_warmup.warm_model`); ``cancel`` stops a download or the
+    kernels' compilation. ``tokenizer_process`` builds and runs the tokenizer in a child process
+    (:class:`TokenizerProcess`), alongside the weights loading here: building it holds this
+    process's GIL for up to a second, which a GUI thread cannot wait out.
 
     ``backend``: "numpy", "cupy", "auto" (CuPy where a GPU is usable, else numpy), "strict" or
     "strict-no-float64" (array_api_strict's checking devices, see :mod:`loomlab.core.backend`): a
@@ -541,6 +544,8 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     try:
         net = load_causal_lm(path, progress)
         net.place(device)
+        if not net.on_device:
+            warm_model(net, progress, cancel)
         source = net.source
         if child is not None:
             tokenizer = child.wait_ready()

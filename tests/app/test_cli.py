@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -240,6 +241,49 @@ def test_progress_on_a_terminal_redraws_one_line(monkeypatch, clock):
         cli.progress_bar("load", done, 3)
     out = term.getvalue()
     assert out.count("\r") == 4 and out.count("\n") == 1 and out.endswith("(3/3)\n")
+
+
+def test_work_of_unknown_length_is_a_count_then_one_finished_line(monkeypatch, clock):
+    """A first run's kernels: (stage, n, 0) while compiling, (stage, n, n) once ready."""
+    from loomlab.app import cli
+    from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    for done in range(0, 3):
+        cli.progress_bar(KERNELS_STAGE, done, 0)
+    cli.progress_bar(KERNELS_STAGE, 2, 2)
+    draws = term.getvalue().split("\r")[1:]
+    assert draws[:3] == [f"{KERNELS_STAGE}: {n} done" for n in range(3)]
+    assert draws[3].endswith("(2/2)\n") and term.getvalue().count("\n") == 1
+
+
+def test_out_of_memory_and_too_deep_are_one_line_and_status_2(monkeypatch, capsys):
+    """Whatever a command raises of these, the user gets one line, never a traceback."""
+    from loomlab.app import cli
+
+    class PanicException(BaseException):  # what the Rust tokenizer's panic is called
+        pass
+
+    for error, words in ((MemoryError(), "out of memory"), (RecursionError(), "nested too deeply"),
+                         (PanicException("regex"), "the tokenizer failed: regex")):
+        def fail(args, error=error):
+            raise error
+
+        monkeypatch.setattr(cli, "build_parser", lambda fail=fail: _Parsed(argparse.Namespace(handler=fail)))
+        assert main(["tokenize", "smollm2-135m", "x"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err
+
+
+class _Parsed:
+    """A parser whose parse gives ``args`` whatever the words."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def parse_args(self, argv):
+        return self.args
 
 
 def test_an_hf_folder_without_tokenizer_json_says_it_is_missing(tmp_path, capsys):

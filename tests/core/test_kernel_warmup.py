@@ -1,0 +1,54 @@
+"""A first run's kernel compilation is reported (and cancellable) while a model loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from loomlab.core.errors import LoomCancelled
+from loomlab.core.llm.kernel_warmup import KERNELS_STAGE, compile_progress
+
+
+def fresh_kernel(module: str):
+    """A kernel numba has not compiled yet, as if defined in ``module``."""
+    def twice(x):
+        return x * 2.0
+
+    twice.__module__ = module
+    return njit(twice)
+
+
+def test_each_of_our_kernels_compiled_is_reported_before_and_after():
+    seen = []
+    with compile_progress(lambda *a: seen.append(a)) as counter:
+        assert fresh_kernel("loomlab.core.llm.example")(np.float32(1.5)) == 3.0
+    assert seen == [(KERNELS_STAGE, 0, 0), (KERNELS_STAGE, 1, 0)]
+    assert counter.done == 1
+
+
+def test_other_packages_kernels_are_not_counted():
+    seen = []
+    with compile_progress(lambda *a: seen.append(a)) as counter:
+        fresh_kernel("someone_else")(np.float32(1.0))
+    assert seen == [] and counter.done == 0
+
+
+def test_a_cancel_stops_before_the_next_kernel_and_the_listener_goes_away():
+    kernel = fresh_kernel("loomlab.core.llm.example")
+    with pytest.raises(LoomCancelled), compile_progress(None, cancel=lambda: True):
+        kernel(np.float32(1.0))
+    seen = []
+    with compile_progress(lambda *a: seen.append(a)):
+        pass
+    assert kernel(np.float32(2.0)) == 4.0  # compiles now: nobody listens, nobody cancels
+    assert seen == []
+
+
+def test_a_loaded_model_has_its_kernels_ready_and_its_step_count_untouched(smollm2):
+    """load_model warmed the model's path: warming again compiles nothing and reports nothing."""
+    from loomlab.core.llm.kernel_warmup import warm_model
+
+    seen, steps = [], smollm2.net.step_count
+    assert warm_model(smollm2.net, lambda *a: seen.append(a)) == 0
+    assert seen == [] and smollm2.net.step_count == steps
