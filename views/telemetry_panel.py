@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.layer_names import LayerKey, layer_label
-from loomlab.core.observe import CallbackObserver, LayerEvent, LayerStats, check_rate
+from loomlab.core.observe import LIVE_SAMPLE_HZ, CallbackObserver, LayerEvent, LayerStats, check_rate
 
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
 DIRECTIONS = ("forward", "backward")
@@ -41,11 +41,10 @@ MAX_RATE_HZ = 30.0
 # as system monitors refresh their graphs (htop, GNOME's), is live enough: the passes are still
 # recorded at sample_hz, one column each, so nothing is lost between refreshes.
 DEFAULT_RATE_HZ = 1.0
-# Passes a second the heatmap records, one column each (128 columns: the last 25 s). A sampled
-# pass of SmolLM2 is ~360 layer statistics, ~2.5 ms of the decoding thread: at 10 a second that
-# was 2-3% of its decode rate, at 5 about 1% (128 tokens with a CallbackObserver attached: 55-57
-# tokens/s at 10 Hz, 57.5-58 at 5 Hz, 58-59 without).
-DEFAULT_SAMPLE_HZ = 5.0
+# Passes a second the heatmap records, one column each (128 columns: the last 25 s); the Topology
+# panel samples at the same rate, so both show the same passes.
+DEFAULT_SAMPLE_HZ = LIVE_SAMPLE_HZ
+EMPTY_HINT = "No passes yet: run the network (a chat, Generate or Run) to see each layer's statistics here"
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
 LABELLED_ROWS = 40  # up to this many rows the heatmap's axis names every layer
@@ -123,7 +122,7 @@ class TelemetryPanel(QWidget):
     Parameters
     ----------
     history:
-        How many steps (forward or backward passes) the heatmap shows.
+        How many sampled passes (forward or backward) the heatmap shows, one column each.
     rate_hz:
         How often the view is refreshed (at most 30 times a second).
     capacity:
@@ -277,10 +276,15 @@ class TelemetryPanel(QWidget):
         self.heatmap.addItem(self.row_marker)
         plot = self.heatmap.getPlotItem()
         plot.invertY(True)  # first layer at the top, as in the list
-        plot.setLabel("bottom", "step (0 = latest)")
+        plot.setLabel("bottom", _columns_label(self._sample_hz))
         plot.setLabel("left", "layer")
         self.colorbar = pg.ColorBarItem(colorMap=pg.colormap.get("viridis"), interactive=False, width=12)
         self.colorbar.setImageItem(self.image, insert_in=plot)
+        self.empty_hint = pg.TextItem(EMPTY_HINT, anchor=(0.5, 0.5))
+        self.empty_hint.setTextWidth(HEATMAP_MIN_WIDTH)
+        plot.addItem(self.empty_hint, ignoreBounds=True)
+        self._empty: bool | None = None  # whether the hint shows instead of axes
+        self._show_empty(True)
         self.heatmap.scene().sigMouseClicked.connect(self._heatmap_clicked)
 
         self.layer_list = QListWidget()
@@ -294,7 +298,7 @@ class TelemetryPanel(QWidget):
         self.statistic_box.currentTextChanged.connect(lambda text: self.histogram.setLabel("bottom", text))
         self.histogram_curve = self.histogram.plot([0, 1], [0], stepMode="center", fillLevel=0,
                                                    brush=(80, 140, 220, 160))
-        self.histogram_title = QLabel(f"last {self._history_len} steps")
+        self.histogram_title = QLabel(f"last {self._history_len} sampled passes")
         self.layer_title = QLabel("no layer selected")
         self.layer_title.setWordWrap(True)
         self.stats_labels = {name: QLabel("–") for name in ("avg", "std", "min", "max", "active")}
@@ -355,6 +359,8 @@ class TelemetryPanel(QWidget):
 
     def _render(self) -> None:
         values = self.heatmap_values()
+        self._show_empty(not np.isfinite(values).any())
+        self.colorbar.getAxis("left").setLabel(f"{self.statistic()} ({self.direction()})")
         if values.shape[0] == 0:
             self.image.clear()
         else:
@@ -365,11 +371,28 @@ class TelemetryPanel(QWidget):
                 self.colorbar.setLevels(levels, update_items=False)  # the image has them already
         self._show_selected()
 
+    def _show_empty(self, empty: bool) -> None:
+        """With nothing recorded, a hint in place of the heatmap's axes and colour bar (which
+        would number an empty range); the axes return with the first sampled pass."""
+        if empty == self._empty:
+            return
+        self._empty = empty
+        plot = self.heatmap.getPlotItem()
+        for side in ("left", "bottom"):
+            plot.showAxis(side, not empty)
+        self.colorbar.setVisible(not empty)
+        self.empty_hint.setVisible(empty)
+        if empty:
+            plot.getViewBox().setRange(QRectF(0, 0, 1, 1), padding=0)
+            self.empty_hint.setPos(0.5, 0.5)
+        else:
+            self._frame_heatmap()
+
     def _frame_heatmap(self) -> None:
         """Place the image at steps -(history-1)..0 and rows 0..n, and fix the view on it: a view
         that does not follow the data spares redrawing the axes on every refresh."""
         rows, steps = self.heatmap_values().shape
-        if rows:
+        if rows and not self._empty:
             rect = QRectF(-steps + 0.5, 0, steps, rows)
             self.image.setRect(rect)
             self.heatmap.getPlotItem().getViewBox().setRange(rect, padding=0)
@@ -418,6 +441,14 @@ class TelemetryPanel(QWidget):
         if self._observer is not None and self._observer in self._net.observers:
             self._net.detach(self._observer)
         self._observer = None
+
+
+def _columns_label(sample_hz: float | None) -> str:
+    """The heatmap's x axis: its columns are the sampled passes (a reply's tokens are passes, but
+    only some are sampled), newest at 0."""
+    if sample_hz is None:
+        return "pass (0 = latest; every pass)"
+    return f"sampled pass (0 = latest; at most {sample_hz:g} a second)"
 
 
 def _percentile_range(values: np.ndarray) -> tuple[float, float]:

@@ -48,7 +48,7 @@ from loomlab.core import CallbackObserver, Layer, LayerEvent, LayerStats, Volume
 from loomlab.core.layer_names import LayerKey, LayerName, layer_name, model_parts
 from loomlab.core.llm.llm_layers import LLMGatedMLP
 from loomlab.core.network import BlueprintRow
-from loomlab.core.observe import check_rate
+from loomlab.core.observe import LIVE_SAMPLE_HZ, check_rate
 
 from .workers import Job, JobRunner
 
@@ -97,9 +97,9 @@ FIT_MARGIN = 0.04  # fraction of the view left free around the network when fram
 SAMPLE_LIMIT = 100_000  # weights a histogram looks at, however big the layer
 HISTOGRAM_BINS = 64
 REFRESH_MS = 33  # <= 30 Hz
-# Passes a second whose statistics colour the points: each sampled pass costs a decoding model
-# its statistics, and colours changing ten times a second already look live.
-DEFAULT_SAMPLE_HZ = 10.0
+# Passes a second whose statistics colour the points: Telemetry's rate, so both panels show the
+# same passes (and a decoding model computes one pass's statistics for both)
+DEFAULT_SAMPLE_HZ = LIVE_SAMPLE_HZ
 
 VIEW_BACKGROUND = (18, 20, 26)  # dark in both themes, as the plots' canvases
 LABEL_COLOUR = (200, 205, 215)  # block numbers on that background (contrast ~12:1)
