@@ -67,7 +67,9 @@ def warm_up() -> None:
     import loomlab.core.llm.textmodel  # noqa: F401 - imported now rather than by the first load
     from loomlab.core.llm import quant
 
-    quant.warm_up()
+    from .first_run import prepare_kernels
+
+    prepare_kernels(quant.warm_up)  # on a new install they compile first: a dialog says so
     sys.setswitchinterval(0.001)
     gc.collect()  # so that only live objects are frozen
     gc.freeze()

@@ -55,6 +55,7 @@ from numba import njit, prange
 from ..errors import LoomShapeError, ModelFormatError
 from .cpu_threads import ThreadChooser
 from .kernel_hints import prefetch_row, wide_vectors
+from .kernel_warmup import compile_progress
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
@@ -780,9 +781,11 @@ class QuantMatrix:
         return f"QuantMatrix({self.type_name}, shape={self.shape})"
 
 
-def warm_up() -> None:
+def warm_up(progress=None, cancel=None) -> None:
     """Run every kernel once on a one-block matrix (the 8-bit-activation ones too, attention, and
-    the encoders a morph to a block format uses), so none is loaded on first use.
+    the encoders a morph to a block format uses), so none is loaded on first use. On a new
+    install that compiles them all: each is reported to ``progress`` and ``cancel`` is checked
+    between them, as in :func:`~loomlab.core.llm.kernel_warmup.compile_progress`.
 
     numba's first call initialises its compiler and loads the cached machine code, holding the
     GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
@@ -795,6 +798,13 @@ def warm_up() -> None:
     had warmed up here. A pool ends with its thread, so the caller is left with none.
     """
     def run() -> None:
+        try:
+            with compile_progress(progress, cancel):
+                run_each_kernel()
+        except BaseException as e:  # handed to the caller's thread, which raises it
+            failure.append(e)
+
+    def run_each_kernel() -> None:
         from ..stats_kernel import error_sums
         from .attention_kernel import attend
         from .quant_int8 import int8_matmul, supports
@@ -816,9 +826,12 @@ def warm_up() -> None:
             quantize(np.zeros((1, 256), F32), name)
         error_sums(np.zeros(1, F32), np.zeros(1, F32))
 
+    failure: list[BaseException] = []
     worker = threading.Thread(target=run, name="loomlab-warm-up")
     worker.start()
     worker.join()
+    if failure:
+        raise failure[0]
 
 
 def float_matmul(W: np.ndarray, X: np.ndarray) -> np.ndarray:
