@@ -70,16 +70,19 @@ def cmd_quant_report(args) -> int:
 
 
 def cmd_quantize(args) -> int:
-    from loomlab.core.llm.gguf_export import export_gguf
-    from loomlab.core.llm.recipe import apply_recipe, plan_recipe
+    from loomlab.core.io.atomic import destination
+    from loomlab.core.llm.gguf_export import check_recipe_plan, export_gguf
+    from loomlab.core.llm.recipe import apply_recipe, fallback_summary, plan_recipe
     from loomlab.core.llm.textmodel import load_model
 
+    destination(args.output)  # a device, FIFO or folder is refused before the model loads
     with load_model(args.model, progress=progress_bar) as model:
-        plan = plan_recipe(model.net, args.recipe)  # a bad recipe stops here, before any work
-        for line in plan.fallbacks:
-            print(f"fallback: {line}", file=sys.stderr)
+        # a bad recipe, or one GGUF cannot store (int8 ...), stops here, before any morphing
+        plan = plan_recipe(model.net, args.recipe)
+        check_recipe_plan(plan)
+        if plan.fallbacks:
+            print(fallback_summary(plan.fallbacks), file=sys.stderr)
         apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"))
-        # refuses (LoomConfigError, one line) before writing what GGUF has no type for, e.g. int8
         result = export_gguf(model, args.output, progress=progress_bar)
     summary = {"path": str(result.path), "bytes": result.nbytes, "tensors": result.tensors,
                "changed_tensors": result.changed, "file_type": result.file_type,

@@ -30,6 +30,7 @@ import numpy as np
 from ..cancel import Cancel, as_cancel_check
 from ..dtypes import get_format, packed_nbytes
 from ..errors import LoomCancelled, LoomConfigError
+from ..io.bounded_read import parse_json_text
 from ..layer_names import layer_label
 from ..llm.llm_layers import MatrixStore, dense
 from ..morph import weighted_cells
@@ -339,10 +340,11 @@ def recipe_to_json(recipe: Sequence[str]) -> str:
 
 def recipe_from_json(text: str | bytes) -> Recipe:
     """The recipe :func:`recipe_to_json` wrote (check it with :meth:`RecipeSpace.validate`)."""
-    try:
-        value = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise LoomConfigError(f"a stored recipe is not JSON: {e}") from None
+    return recipe_from_value(parse_json_text(text, "a stored recipe"))
+
+
+def recipe_from_value(value) -> Recipe:
+    """A recipe from parsed JSON: a list of dtype names, else one :class:`LoomConfigError`."""
     if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
         raise LoomConfigError("a stored recipe is a JSON array of dtype names")
     return tuple(value)

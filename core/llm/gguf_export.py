@@ -128,6 +128,17 @@ def export_refusal(model) -> str:
     return ""
 
 
+def check_recipe_plan(plan) -> None:
+    """Refuse a recipe plan (:class:`~.recipe.RecipePlan`) that puts a layer in a Loom dtype GGUF
+    has no type for (int8, fp4 ...), all such layers named, before anything is morphed; the
+    layers it does not change keep what forward reads now, which :func:`export_gguf` checks."""
+    refused: dict[str, list[str]] = {}  # dtype -> the layers the plan puts in it
+    for lp in plan.changed:
+        if lp.dtype is not None and lp.dtype not in LOOM_TO_GGML:
+            refused.setdefault(lp.dtype, []).append(lp.name)
+    _refuse_unstorable(refused, "cannot export as GGUF", "give {} one of those in the recipe")
+
+
 def file_type(tensors: list[_Tensor]) -> LlamaFileType:
     """llama.cpp's ``general.file_type`` of a mix, by llama.cpp's own rule for a file that lacks
     the key: the encoding of the most tensors (here of the most matrices: vectors are F32 in every
@@ -171,13 +182,7 @@ def _plan(net, source) -> list[_Tensor]:
             continue
         for part, tensor_name in named.tensors.items():
             by_name.setdefault(tensor_name, []).append(_layer_tensor(layer, part, tensor_name, source))
-    if refused:
-        count = sum(map(len, refused.values()))
-        which = "; ".join(_layers_in(dtype, names) for dtype, names in refused.items())
-        raise LoomConfigError(f"cannot export as GGUF: {which}. GGUF stores Loom's float32, float16 and "
-                              f"bfloat16 and the block formats (Q8_0, Q4_K ...), not Loom's other dtypes "
-                              f"(their per-layer scale has no GGUF type): morph "
-                              f"{'that layer' if count == 1 else 'those layers'} to one of those first")
+    _refuse_unstorable(refused, "cannot export as GGUF", "morph {} to one of those first")
     out = []
     for name, record in source.tensors.items():
         users = by_name.get(name) or [_file_tensor(record)]  # a tensor no layer names: as it is
@@ -190,6 +195,18 @@ def _plan(net, source) -> list[_Tensor]:
             head = apart[0]  # the tied head, morphed apart from the embedding: a head of its own
             out.append(_Tensor(OUTPUT, head.shape, head.ggml_type, head.data, head.holds, False))
     return out
+
+
+def _refuse_unstorable(refused: dict[str, list[str]], what: str, advice: str) -> None:
+    """One LoomConfigError naming every layer in a Loom dtype GGUF cannot store, by dtype;
+    ``advice`` has a ``{}`` for "that layer" or "those layers"."""
+    if not refused:
+        return
+    layers = "that layer" if sum(map(len, refused.values())) == 1 else "those layers"
+    which = "; ".join(_layers_in(dtype, names) for dtype, names in refused.items())
+    raise LoomConfigError(f"{what}: {which}. GGUF stores Loom's float32, float16 and bfloat16 and the "
+                          f"block formats (Q8_0, Q4_K ...), not Loom's other dtypes (their per-layer scale "
+                          f"has no GGUF type): {advice.format(layers)}")
 
 
 def _layers_in(dtype: str, names: list[str], shown: int = 4) -> str:

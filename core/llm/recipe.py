@@ -69,6 +69,7 @@ from gguf import GGMLQuantizationType as GT
 from .. import dtypes
 from ..errors import LoomConfigError
 from ..io.atomic import write_atomic
+from ..io.bounded_read import parse_json_text, read_small_text
 from ..layer_names import layer_name
 from ..layers.base import Layer
 from ..morph import MorphReport, check_target, layer_report, morph_sublayer, weighted_cells
@@ -85,6 +86,8 @@ LAST_FALLBACK = "F16"  # when the fallback's blocks of 32 do not divide the rows
 PATTERN_CHARS = "*?["
 LOOM_PART = "weights"  # the one part of a Loom layer (its flat weights) that recipes see
 KEY_KINDS = "a layer or tensor name, a pattern, \"*\" or a layer's position"
+POSITION_DIGITS = 18  # a layer's position written longer is out of range (and int() refuses 4,300+)
+RECIPE_FILE_LIMIT = 1 << 20  # bytes: a recipe names a format per tensor at most, a few KB
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 # precedence levels of a recipe's keys, most specific first
 TENSOR, LAYER, PATTERN, DEFAULT = range(4)
@@ -176,6 +179,21 @@ class Fallback:
     def __str__(self) -> str:
         return (f"{self.tensor}: rows of {self.row} weights are not whole {self.wanted} blocks of "
                 f"{block_size(self.wanted)}, {self.used} instead")
+
+
+def fallback_summary(fallbacks: Sequence[Fallback]) -> str:
+    """The fallbacks in one line, counted by format and row length: ``"180 tensors fell back (rows
+    not whole blocks, llama.cpp's rule): 150 Q4_K->Q5_0 (rows of 576), 30 Q6_K->Q8_0 (rows of
+    1536)"``; "" when there are none."""
+    counts: dict[tuple[str, str, int], int] = {}
+    for f in fallbacks:
+        counts[f.wanted, f.used, f.row] = counts.get((f.wanted, f.used, f.row), 0) + 1
+    if not counts:
+        return ""
+    kinds = ", ".join(f"{n} {wanted}->{used} (rows of {row})" for (wanted, used, row), n in
+                      sorted(counts.items(), key=lambda item: -item[1]))
+    many = "tensor fell" if len(fallbacks) == 1 else "tensors fell"
+    return f"{len(fallbacks)} {many} back (rows not whole blocks, llama.cpp's rule): {kinds}"
 
 
 @dataclass(frozen=True)
@@ -288,22 +306,17 @@ def _is_path_like(text: str) -> bool:
 
 
 def _read_recipe_file(path: Path) -> Any:
-    try:
-        text = path.read_text("utf-8")
-    except OSError as e:
-        raise LoomConfigError(f"cannot read the recipe file {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise LoomConfigError(f"the recipe file {path} is not UTF-8 text") from None
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise LoomConfigError(f"the recipe file {path} is not JSON: {e}") from None
+    """A recipe file's JSON: read with a size cap from a regular file only (``/dev/zero`` and a
+    FIFO are refused at once), nesting too deep for the parser refused too."""
+    what = f"the recipe file {path}"
+    text = read_small_text(path, "the recipe file", RECIPE_FILE_LIMIT)
+    value = parse_json_text(text, what)
     if isinstance(value, list):
-        from ..evolve.recipe import recipe_from_json  # the evolution's own recipe format (a list)
+        from ..evolve.recipe import recipe_from_value  # the evolution's own recipe format (a list)
 
-        return list(recipe_from_json(text))
+        return list(recipe_from_value(value))
     if not isinstance(value, dict):
-        raise LoomConfigError(f"the recipe file {path} holds a JSON object {{layer: format}} or a list of "
+        raise LoomConfigError(f"{what} holds a JSON object {{layer: format}} or a list of "
                               f"formats, one per weighted layer; got {type(value).__name__}")
     return value
 
@@ -336,8 +349,8 @@ class _Keys:
     def targets(self, key: Any) -> tuple[int, list[tuple[int, str]]]:
         """``(level, [(position, part), ...])`` a key names; patterns and "*" are matched later."""
         is_int = isinstance(key, int | np.integer) and not isinstance(key, bool)
-        if is_int or isinstance(key, str) and key.isdigit():
-            position = int(key)
+        if is_int or isinstance(key, str) and key.isascii() and key.isdigit():
+            position = int(key) if is_int or len(key) <= POSITION_DIGITS else -1  # int() caps its digits
             if not 0 <= position < len(self.layers):
                 raise LoomConfigError(f"recipe layer {key!r}: the model's weighted layers are 0 to "
                                       f"{len(self.layers) - 1}")

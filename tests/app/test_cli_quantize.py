@@ -6,13 +6,17 @@ written file must reproduce when loaded back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 
 import numpy as np
+import pytest
 from gguf import GGUFReader
 
 from loomlab.app.cli import main
-from loomlab.core.llm import registry
+from loomlab.core.errors import LoomCancelled
+from loomlab.core.llm import recipe, registry, textmodel
 from loomlab.core.llm.recipe import apply_recipe, plan_recipe
 from loomlab.core.llm.textmodel import load_model
 
@@ -42,12 +46,46 @@ def test_the_file_holds_the_planned_types_and_runs_as_the_morphed_model(tmp_path
         np.testing.assert_array_equal(written.net.step(PROMPT_IDS, None), want)
 
 
-def test_bad_recipes_and_unstorable_dtypes_stop_before_a_file_is_written(tmp_path, capsys):
+@pytest.fixture
+def loaded(smollm2, monkeypatch):
+    """quantize given the module's loaded smollm2 (not closed by the command), and stopped with a
+    LoomCancelled where it would start morphing: what it does before any work."""
+    monkeypatch.setattr(textmodel, "load_model", lambda *a, **k: contextlib.nullcontext(smollm2))
+
+    def stop(*args, **kwargs):
+        raise LoomCancelled("morphing")
+
+    monkeypatch.setattr(recipe, "apply_recipe", stop)
+    return smollm2
+
+
+def test_a_device_fifo_or_folder_output_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(textmodel, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, kind in (("/dev/null", "a character device"), (str(fifo), "a FIFO"),
+                      (str(tmp_path), "a folder")):
+        assert main(["quantize", "smollm2-135m", out, "--recipe", "Q8_0"]) == 2
+        assert capsys.readouterr().err == (f"loomlab: error: cannot save to {out}: it is {kind}, not a "
+                                           f"regular file; give a file's path\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
+
+
+def test_bad_recipes_and_unstorable_dtypes_stop_before_morphing(loaded, tmp_path, capsys):
     out = tmp_path / "out.gguf"
     assert main(["quantize", "smollm2-135m", str(out), "--recipe", "Q3_K"]) == 2
     assert "unknown format 'Q3_K'" in capsys.readouterr().err
-    assert main(["quantize", "smollm2-135m", str(out), "--recipe", "int8"]) == 2
-    err = capsys.readouterr().err
-    assert "cannot export as GGUF: 123 layers are int8 (token_embd, blk.0.attn_norm" in err
-    assert "and 119 more" in err
+    for dtype in ("int8", "fp4"):
+        assert main(["quantize", "smollm2-135m", str(out), "--recipe", dtype]) == 2
+        assert capsys.readouterr().err.startswith(f"loomlab: error: cannot export as GGUF: 123 layers are "
+                                                  f"{dtype} (token_embd, blk.0.attn_norm")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fallbacks_are_one_summary_line(loaded, tmp_path, capsys):
+    """Q4_K_M on SmolLM2 printed 180 "fallback:" lines."""
+    assert main(["quantize", "smollm2-135m", str(tmp_path / "out.gguf"), "--recipe", "Q4_K_M"]) == 2
+    plan = recipe.plan_recipe(loaded.net, "Q4_K_M")
+    assert capsys.readouterr().err == (f"{recipe.fallback_summary(plan.fallbacks)}\n"
+                                       f"loomlab: error: morphing\n")
+    assert len(plan.fallbacks) == 180

@@ -9,8 +9,10 @@ gguf-py's GGML_QUANT_SIZES; rule precedence as the module documents it.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
+import os
 import re
 
 import numpy as np
@@ -18,10 +20,14 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
 
 from loomlab.core.errors import LoomConfigError
+from loomlab.core.llm import recipe as recipe_module
 from loomlab.core.llm import registry
+from loomlab.core.llm.gguf_export import check_recipe_plan
 from loomlab.core.llm.llm_layers import MatrixStore
 from loomlab.core.llm.recipe import (
+    RECIPE_FILE_LIMIT,
     apply_recipe,
+    fallback_summary,
     plan_recipe,
     resolve_recipe,
     save_recipe,
@@ -255,3 +261,73 @@ def test_a_loom_networks_layers_take_loom_dtypes_by_name_and_no_block_format():
         with pytest.raises(LoomConfigError, match=f"layer {re.escape(names[0])}: Q._0 is one of GGUF's block "
                                                   "formats, for a language model's matrices"):
             plan_recipe(net, recipe)
+
+
+# ----- recipe files: bounded reads, typed errors, refused from the plan ---------------------------
+def small_net():
+    from loomlab.core import VolumetricNetwork, make_layer
+
+    net = VolumetricNetwork(1, 1, 1, 2)
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        net[0, 0, 0, i] = make_layer("Dense", input_height=4, output_height=4, activation="Tanh", rng=rng)
+    return net
+
+
+def test_a_recipe_file_is_read_from_a_regular_file_with_a_size_cap(tmp_path):
+    """/dev/zero read without end (7.7 GB, then MemoryError) and a FIFO blocked forever."""
+    fifo = tmp_path / "recipe.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (RECIPE_FILE_LIMIT + 1))
+    for path, why in (("/dev/zero", "is not a regular file"), (fifo, "is not a regular file"),
+                      (big, f"is {RECIPE_FILE_LIMIT + 1:,} bytes; the limit is {RECIPE_FILE_LIMIT:,}")):
+        with pytest.raises(LoomConfigError, match=re.escape(f"the recipe file {path} {why}")):
+            plan_recipe(small_net(), str(path))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000, "is nested too deeply"),  # RecursionError out of json before
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "is nested too deeply"),
+    (b"\xff\xfe", "is not UTF-8 text"),
+    ("[1, 2]", "a stored recipe is a JSON array of dtype names"),
+    ('"int8"', "holds a JSON object {layer: format} or a list of formats"),
+    ('{"\\u00b2": "int8"}', "recipe layer '\u00b2': no such weighted layer"),  # a digit int() refuses
+    ('{"' + "9" * 5000 + '": "int8"}', "the model's weighted layers are 0 to 1"),
+])
+def test_a_bad_recipe_file_is_one_typed_error(tmp_path, text, message):
+    path = tmp_path / "recipe.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(LoomConfigError, match=re.escape(message)):
+        plan_recipe(small_net(), str(path))
+
+
+@pytest.mark.parametrize("recipe, message", [
+    ("int8", "cannot export as GGUF: 123 layers are int8 (token_embd, blk.0.attn_norm, "
+             "blk.0.attn_q/k/v/output, blk.0.ffn_norm and 119 more)"),
+    ({"blk.3.ffn_gate/up/down": "fp4", "blk.4.attn_q/k/v/output": "int4", "*": "Q8_0"},
+     "cannot export as GGUF: blk.3.ffn_gate/up/down is fp4; blk.4.attn_q/k/v/output is int4. GGUF stores "
+     "Loom's float32, float16 and bfloat16 and the block formats (Q8_0, Q4_K ...), not Loom's other dtypes "
+     "(their per-layer scale has no GGUF type): give those layers one of those in the recipe"),
+])
+def test_a_recipe_gguf_cannot_store_is_refused_from_the_plan(smollm2, monkeypatch, recipe, message):
+    """Refused before any morphing: before, every layer was morphed first (5-9 s, 1.9 GB)."""
+    monkeypatch.setattr(recipe_module, "morph_planned", lambda *a: pytest.fail("morphed before refusing"))
+    plan = plan_recipe(smollm2.net, recipe)
+    with pytest.raises(LoomConfigError) as e:
+        check_recipe_plan(plan)
+    assert str(e.value).startswith(message)
+    storable = {"*": "Q8_0", "blk.0.ffn_norm": "float16", "output": "bfloat16"}
+    check_recipe_plan(plan_recipe(smollm2.net, storable))
+
+
+def test_fallbacks_are_summed_up_in_one_line(smollm2):
+    """The issue's 180 lines for Q4_K_M on SmolLM2 (rows of 576, not whole blocks of 256)."""
+    plan = plan_recipe(smollm2.net, "Q4_K_M")
+    counts = collections.Counter((f.wanted, f.used, f.row) for f in plan.fallbacks)
+    assert len(plan.fallbacks) == 180 and sum(counts.values()) == 180
+    parts = [f"{n} {w}->{u} (rows of {r})" for (w, u, r), n in counts.most_common()]
+    assert fallback_summary(plan.fallbacks) == ("180 tensors fell back (rows not whole blocks, llama.cpp's "
+                                                "rule): " + ", ".join(parts))
+    assert fallback_summary(()) == ""
+    assert fallback_summary(plan.fallbacks[:1]).startswith("1 tensor fell back (")
