@@ -63,7 +63,8 @@ OVERLAP_COLUMNS = ("Position", "Layer", "Overlap")
 POSITION, LAYER, OVERLAP = range(len(OVERLAP_COLUMNS))
 SHIFT_COLUMNS = ("From", "To", "Overlap")
 HEATMAP_COLORMAP = "viridis"
-LABELLED_ROWS = 64  # more rows than this: the heatmap's axis numbers them itself
+MIN_HEATMAP_HEIGHT = 160
+ROW_LABEL_PX = 18  # the heatmap's row labels at least this far apart: every k-th row is labelled
 ERROR_COLOUR = QColor(220, 60, 60)
 NETWORK_FILTER = "Loom networks (*.json *.loom)"
 MODEL_FILTER = "Language models (*.gguf);;All files (*)"
@@ -185,7 +186,7 @@ class DNAPanel(QWidget):
         self.overall_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
         self.heatmap = pg.PlotWidget()
-        self.heatmap.setMinimumSize(200, 160)
+        self.heatmap.setMinimumSize(200, MIN_HEATMAP_HEIGHT)
         self.image = pg.ImageItem(colorMap=pg.colormap.get(HEATMAP_COLORMAP))
         self.heatmap.addItem(self.image)
         plot = self.heatmap.getPlotItem()
@@ -482,14 +483,14 @@ class DNAPanel(QWidget):
     def _show_heatmap(self, report: DNAReport) -> None:
         h = report.heatmap
         self.heatmap_values = np.asarray(h.values, dtype=float)
-        finite = self.heatmap_values[np.isfinite(self.heatmap_values)]
-        lo = min(0.0, float(finite.min())) if finite.size else 0.0
-        self.image.setImage(self.heatmap_values, autoLevels=False, levels=(lo, 1.0))
-        self.colorbar.setLevels((lo, 1.0))
+        levels = heatmap_levels(self.heatmap_values)
+        self.image.setImage(self.heatmap_values, autoLevels=False, levels=levels)
+        self.colorbar.setLevels(levels)
         plot = self.heatmap.getPlotItem()
         rows, cols = self.heatmap_values.shape
         left, bottom = plot.getAxis("left"), plot.getAxis("bottom")
-        left.setTicks([[(i + 0.5, t) for i, t in enumerate(h.row_labels)]] if rows <= LABELLED_ROWS else None)
+        step = row_label_step(rows, self.heatmap.getPlotItem().getViewBox().height())
+        left.setTicks([[(i + 0.5, h.row_labels[i]) for i in range(0, rows, step)]])
         bottom.setTicks([[(i + 0.5, t) for i, t in enumerate(h.col_labels)]])
         plot.setLabel("left", "block" if report.kind == "model" else "cell z,y,x")
         plot.setLabel("bottom", "sub-layer" if report.kind == "model" else "layer slot")
@@ -625,6 +626,22 @@ def _position_sort(text: str) -> tuple:
 
 def _kind_text(kind: str) -> str:
     return "language model" if kind == "model" else "network"
+def heatmap_levels(values: np.ndarray) -> tuple[float, float]:
+    """The colour scale of the overlaps: their own range, so a layer at 0.9999 among layers at
+    exactly 1 stands out; (0, 1) when they are all alike or none were compared."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0 or finite.min() == finite.max():
+        return (min(0.0, float(finite.min())) if finite.size else 0.0), 1.0
+    return float(finite.min()), float(finite.max())
+
+
+def row_label_step(rows: int, height_px: float) -> int:
+    """Label every k-th of ``rows`` heatmap rows, so labels are :data:`ROW_LABEL_PX` apart in a
+    plot ``height_px`` tall (before it is laid out, as if it were its minimum height)."""
+    per_row = max(height_px, MIN_HEATMAP_HEIGHT) / max(rows, 1)
+    return max(1, math.ceil(ROW_LABEL_PX / per_row))
+
+
 
 
 def _row(*widgets: QWidget) -> QWidget:

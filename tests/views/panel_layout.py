@@ -33,15 +33,20 @@ def assert_unclipped(panel: QWidget) -> int:
     return checked
 
 
-def assert_tick_labels_apart(axis: pg.AxisItem) -> None:
-    """The axis draws at least two tick labels, none running into another or out of the axis."""
+def drawn_tick_labels(axis: pg.AxisItem) -> list:
+    """What the axis draws as tick labels: ``(rect, flags, text)`` each."""
     image = QImage(8, 8, QImage.Format.Format_ARGB32)  # held: a painter on a freed image crashes
     painter = QPainter(image)
     try:
         specs = axis.generateDrawSpecs(painter)
     finally:
         painter.end()
-    texts = specs[2] if specs else []
+    return specs[2] if specs else []
+
+
+def assert_tick_labels_apart(axis: pg.AxisItem) -> None:
+    """The axis draws at least two tick labels, none running into another or out of the axis."""
+    texts = drawn_tick_labels(axis)
     assert len(texts) >= 2, f"{axis.orientation} axis shows {[t for _, _, t in texts]}"
     for (a, _, ta), (b, _, tb) in itertools.combinations(texts, 2):
         assert not a.intersects(b), f"{axis.orientation} labels {ta!r} and {tb!r} overlap"

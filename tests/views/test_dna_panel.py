@@ -27,6 +27,7 @@ from loomlab.views import dna_panel
 from loomlab.views.dna_panel import LAYER, OVERLAP, POSITION, DNAPanel
 
 from .jobs import choose, settle
+from .panel_layout import assert_tick_labels_apart, drawn_tick_labels
 
 USER = Qt.ItemDataRole.UserRole
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-hf"
@@ -377,4 +378,45 @@ def test_smollm2_and_its_morphed_copy(qtbot, panel):
         changed = panel.heatmap_values[2, 3]  # block 2 (grid cell 3), ffn_gate/up/down
         assert 0.99 < changed < 0.9999, changed
         others = np.delete(panel.heatmap_values.ravel(), 2 * 4 + 3)
-        assert np.all(np.abs(others - 1) < 1e-4)  # float32 sums of 65521 buckets
+        assert np.all(others == 1.0)  # untouched layers: identical sketches score exactly 1
+
+
+# ----- colours scaled to the data, labels that do not overprint -----------------------------------------
+def test_a_model_against_its_morphed_copy_colours_the_morphed_layer_apart(qtbot, panel):
+    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.morph import morph_sublayer
+
+    a, b = load_causal_lm(TINY / "tiny-llama"), load_causal_lm(TINY / "tiny-llama")
+    try:
+        morph_sublayer(b.cells[2].children[2].children[1], 2, "int8")  # block 1's MLP
+        panel.set_pair(a, b)
+        compare(qtbot, panel)
+        values = panel.heatmap_values[np.isfinite(panel.heatmap_values)]
+        lowest = values.min()
+        assert 0.99 < lowest < 1 and np.count_nonzero(values < 1) == 1  # the rest exactly 1
+        # the colour scale spans the data, so that one cell is at the bottom of it, the rest at the top
+        assert tuple(panel.image.levels) == (lowest, 1.0) == tuple(panel.colorbar.levels())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_many_rows_are_labelled_every_few_rows_without_overprinting(qtbot, panel):
+    rng = np.random.default_rng(2)
+    a = VolumetricNetwork(1, 30, 1, 1)
+    for y in range(30):
+        a[0, y, 0, 0] = make_layer("Dense", input_height=4, output_height=4, rng=rng)
+    b = clone_network(a)
+    morph_layer(b, 3, "float16")
+    panel.resize(900, 420)  # docked: the heatmap a couple of hundred pixels tall
+    qtbot.wait(50)
+    panel.set_pair(a, b)
+    panel.across_dtypes.setChecked(True)
+    compare(qtbot, panel)
+    assert panel.heatmap_values.shape == (30, 1)
+    qtbot.wait(50)  # the axes follow the new range
+    axis = panel.heatmap.getPlotItem().getAxis("left")
+    step = dna_panel.row_label_step(30, panel.heatmap.getPlotItem().getViewBox().height())
+    assert step > 1  # 30 labels would not fit
+    assert [text for *_, text in drawn_tick_labels(axis)] == [f"0,{y},0" for y in range(0, 30, step)]
+    assert_tick_labels_apart(axis)
