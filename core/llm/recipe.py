@@ -182,8 +182,8 @@ class Fallback:
 
 
 def fallback_summary(fallbacks: Sequence[Fallback]) -> str:
-    """The fallbacks in one line, counted by format and row length (a model's 180 lines were
-    unreadable): ``"180 tensors fell back (rows not whole blocks, llama.cpp's rule): 166
+    """The fallbacks in one line, counted by format and row length (a model may have hundreds):
+    ``"180 tensors fell back (rows not whole blocks, llama.cpp's rule): 166
     Q4_K->Q5_0 (rows of 576), 14 Q6_K->Q8_0 (rows of 576)"``; "" when there are none."""
     counts: dict[tuple[str, str, int], int] = {}
     for f in fallbacks:
