@@ -11,6 +11,9 @@ import json
 import math
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -275,4 +278,32 @@ def test_an_input_or_a_folder_holding_one_is_refused_even_when_forced(tmp_path, 
                                                                 f"would remove it")):
                 merge_models(a, b, out, force=force)
     assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.name, b.name])
+
+
+MERGER = """
+import sys, time
+from loomlab.core.evolve.merge import merge_models
+
+def progress(stage, done, total):
+    if done == 1:
+        print("writing", flush=True)
+        time.sleep(30)
+
+merge_models(sys.argv[1], sys.argv[2], sys.argv[3], progress=progress)
+"""
+
+
+def test_sigterm_during_a_merge_leaves_no_staging_folder(tmp_path, parents):
+    a, b = parents
+    child = subprocess.Popen([sys.executable, "-c", MERGER, str(a), str(b), str(tmp_path / "out")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "writing\n"
+        assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the staging folder, half written
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) != 0
+    finally:
+        child.kill()
+        child.stdout.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.name, b.name])
