@@ -7,7 +7,6 @@ import argparse
 import json
 import signal
 import threading
-import tomllib
 from pathlib import Path
 
 from ..cli import CliError, print_table, progress_bar
@@ -97,6 +96,7 @@ def cmd_evolve(args) -> int:
     from loomlab.core.evolve.evaluators import make_evaluator
     from loomlab.core.evolve.reporters import ConsoleReporter
     from loomlab.core.evolve.run import Evolution
+    from loomlab.core.evolve.run_config import read_plan
     from loomlab.core.workspace.evolution_runs import EvolutionRuns
     from loomlab.core.workspace.store import Workspace, default_path
 
@@ -108,7 +108,7 @@ def cmd_evolve(args) -> int:
         return 0
     if (args.config is None) == (args.resume is None):
         raise CliError("give a CONFIG.toml, or --resume RUN (not both)")
-    plan = _read_config(Path(args.config)) if args.config else None
+    plan = read_plan(args.config) if args.config else None  # errors: one line naming the file
     generations = args.generations if args.generations is not None else (plan.generations if plan else None)
     if generations is None or generations < 0:
         raise CliError("say how many generations: --generations N (or generations in the config's [run])")
@@ -133,20 +133,3 @@ def cmd_evolve(args) -> int:
                                           if result.status == "stopped" else ""))
     return 0
 
-
-def _read_config(path: Path):
-    """The run described by a TOML config (:func:`loomlab.core.evolve.run_config.plan_from_dict`
-    builds and validates each part; errors are one line naming the file)."""
-    from loomlab.core.errors import LoomConfigError
-    from loomlab.core.evolve.run_config import plan_from_dict
-
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise CliError(f"{path}: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise CliError(f"{path}: not a TOML file: {e}") from None
-    try:
-        return plan_from_dict(doc)
-    except LoomConfigError as e:
-        raise CliError(f"{path}: {e}") from None

@@ -10,8 +10,8 @@ are listed in docs/compat.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +22,10 @@ from ..errors import LoomConfigError
 from ..layers.base import Layer, LayerConfig, layer_class
 from ..network import VolumetricNetwork
 from ..weights import WeightStore
+from .budget import check_fits
 from .clone import clone_network
 from .gorand import GoRand
+from .values import check_number
 
 #: Loom's default: every layer type but Parallel, Sequential and Metacognition
 DEFAULT_ALLOWED_TYPES = (0, 7, 8, 3, 2, 1, 9, 4, 5, 6, 10, 11, 12, 13, 14, 15, 18)
@@ -31,11 +33,17 @@ DEFAULT_ALLOWED_TYPES = (0, 7, 8, 3, 2, 1, 9, 4, 5, 6, 10, 11, 12, 13, 14, 15, 1
 MUTATION_ACTIVATIONS = ("ReLU", "Silu", "GELU", "Tanh", "Sigmoid", "Linear")
 INIT_SCALE = np.float32(0.05)  # Loom's Randomize(seed, 0.05) for a re-initialised layer
 INT64_MAX = (1 << 63) - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _RATES = ("weight_perturb_rate", "node_mutate_rate", "connection_add_rate", "connection_drop_rate",
           "activation_mut_rate", "layer_toggle_rate")
-_SIZES = ("d_model", "default_num_heads", "default_in_channels", "default_filters",
-          "default_kernel_size", "default_vocab_size", "default_num_clusters")
+#: the sizes of re-initialised layers and their least values (0: Loom's fallback, as in its code)
+_SIZES = {"d_model": 1, "default_num_heads": 0, "default_in_channels": 0, "default_filters": 0,
+          "default_kernel_size": 0, "default_vocab_size": 1, "default_num_clusters": 1}
+#: the sizes that set the weight count of a re-initialised layer of a type (else d_model alone)
+_SIZES_OF = {"Embedding": ("default_vocab_size", "d_model"), "KMeans": ("default_num_clusters", "d_model"),
+             "CNN": ("default_filters", "default_in_channels", "default_kernel_size"),
+             "ConvTransposed": ("default_filters", "default_in_channels", "default_kernel_size")}
 _LOOM_NAMES = {
     "weight_perturb_rate": "WeightPerturbRate", "weight_perturb_scale": "WeightPerturbScale",
     "node_mutate_rate": "NodeMutateRate", "connection_add_rate": "ConnectionAddRate",
@@ -77,29 +85,31 @@ class NEATConfig:
 
     def __post_init__(self):
         for name in (*_RATES, "weight_perturb_scale"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise LoomConfigError(f"NEAT {name} must be a number, got {v!r}")
+            v = check_number(f"NEAT {name}", getattr(self, name))
             if name in _RATES and not 0 <= v <= 1:
                 raise LoomConfigError(f"NEAT {name} must lie in [0, 1], got {v}")
-        if self.weight_perturb_scale < 0:
-            raise LoomConfigError(f"NEAT weight_perturb_scale must be >= 0, got {self.weight_perturb_scale}")
-        object.__setattr__(self, "weight_perturb_scale", float(np.float32(self.weight_perturb_scale)))
+        scale = check_number("NEAT weight_perturb_scale", self.weight_perturb_scale)
+        if not 0 <= scale <= FLOAT32_MAX:
+            raise LoomConfigError(f"NEAT weight_perturb_scale must lie in [0, {FLOAT32_MAX:.4g}] "
+                                  f"(a float32), got {scale}")
+        object.__setattr__(self, "weight_perturb_scale", float(np.float32(scale)))
         for name in (*_SIZES, "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise LoomConfigError(f"NEAT {name} must be an integer, got {v!r}")
-        if self.d_model < 1:
-            raise LoomConfigError(f"NEAT d_model must be >= 1, got {self.d_model}")
+            _check_integer(name, getattr(self, name))
+        for name, low in _SIZES.items():
+            if getattr(self, name) < low:
+                zero = " (0: Loom's default)" if low == 0 else ""
+                raise LoomConfigError(f"NEAT {name} must be >= {low}{zero}, got {getattr(self, name)}")
         if not -(1 << 63) <= self.seed <= INT64_MAX:
             raise LoomConfigError(f"NEAT seed must be an int64, got {self.seed}")
         types = self.allowed_layer_types
         if isinstance(types, (str, bytes)) or not hasattr(types, "__iter__"):
-            raise LoomConfigError(f"NEAT allowed_layer_types must be a list of layer type ids, got {types!r}")
+            raise LoomConfigError("NEAT allowed_layer_types must be a list of layer type ids, "
+                                  f"got {reprlib.repr(types)}")
         types = tuple(types)
         for t in types:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise LoomConfigError(f"NEAT allowed_layer_types holds {t!r}, not a layer type id")
+                raise LoomConfigError(f"NEAT allowed_layer_types holds {reprlib.repr(t)}, "
+                                      "not a layer type id")
             try:
                 name = by_id(LAYER_TYPES, int(t)).name
             except KeyError:
@@ -109,10 +119,31 @@ class NEATConfig:
                 raise LoomConfigError(f"NEAT allowed_layer_types holds {t} ({name}), which Loom Lab "
                                       "cannot build")
         object.__setattr__(self, "allowed_layer_types", tuple(int(t) for t in types))
+        self._check_new_layer_fits()
+
+    def _check_new_layer_fits(self) -> None:
+        """Refuse sizes whose largest re-initialised layer could not be allocated here (a kernel
+        of 100000 makes a CNN3 of 10^15 weights), before any layer is built."""
+        new_type, weights = self.largest_new_layer()
+        sizes = next((v for k, v in _SIZES_OF.items() if new_type.startswith(k)), ("d_model",))
+        named = ", ".join(f"{name} {getattr(self, name)}" for name in sizes)
+        check_fits(4 * weights, f"NEAT {named}: a re-initialised {new_type} layer of {weights:,} weights")
+
+    def largest_new_layer(self) -> tuple[str, int]:
+        """The allowed layer type NEAT re-initialises with the most weights at these sizes, and
+        that weight count (``("", 0)`` when no allowed type has weights)."""
+        best = ("", 0)
+        for t in dict.fromkeys(self.allowed_layer_types):
+            cls = layer_class(by_id(LAYER_TYPES, t).name)
+            if cls.weighted:
+                weights = cls.param_count(_reinit_config(LayerConfig(type="Dense"), cls, self, GoRand(0))[0])
+                best = max(best, (cls.type_name, weights), key=lambda pair: pair[1])
+        return best
 
     @classmethod
     def default(cls, d_model: int, seed: int | None = None) -> NEATConfig:
         """Loom's ``DefaultNEATConfig(d)``; ``seed`` None draws a random one."""
+        _check_integer("d_model", d_model)
         return cls(d_model=d_model, default_num_heads=4 if d_model >= 4 else 1,
                    default_filters=max(1, d_model // 4), seed=random_seed() if seed is None else seed)
 
@@ -137,6 +168,11 @@ class NEATConfig:
         values["allowed_layer_types"] = ()
         values.update({by_loom[k]: v for k, v in obj.items()})
         return cls(**values)
+
+
+def _check_integer(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise LoomConfigError(f"NEAT {name} must be an integer, got {reprlib.repr(value)}")
 
 
 def neat_mutate(net: VolumetricNetwork, config: NEATConfig) -> VolumetricNetwork:
@@ -199,7 +235,7 @@ def _reinit_config(old: LayerConfig, cls: type[Layer], config: NEATConfig,
     elif new_type == "SwiGLU":
         cfg.output_height = 2 * d
     elif new_type == "MultiHeadAttention":
-        heads = max(1, config.default_num_heads)
+        heads = min(max(1, config.default_num_heads), d)  # Loom counts down from above d to d
         while d % heads:
             heads -= 1
         cfg.num_heads = cfg.num_kv_heads = heads

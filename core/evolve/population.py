@@ -9,6 +9,7 @@ members equal Loom's. Speciation, stagnation and checkpoints are the job of :mod
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Sequence
 
 from ..errors import LoomConfigError
@@ -17,6 +18,11 @@ from .genome import Genome, NetworkGenome
 from .gorand import GoRand
 from .neat import NEATConfig
 from .reproduction import LoomReproduction, elite_count
+
+
+def check_population_size(size) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise LoomConfigError(f"a population needs a size >= 1, got {reprlib.repr(size)}")
 
 
 class NEATPopulation:
@@ -29,8 +35,7 @@ class NEATPopulation:
 
     def __init__(self, seed_net: VolumetricNetwork | None, size: int, config: NEATConfig, *,
                  genome: Genome | None = None):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise LoomConfigError(f"a population needs a size >= 1, got {size!r}")
+        check_population_size(size)
         if not isinstance(config, NEATConfig):
             raise LoomConfigError(f"a population needs a NEATConfig, got {type(config).__name__}")
         self.config = config

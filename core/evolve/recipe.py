@@ -37,6 +37,7 @@ from ..morph import weighted_cells
 from ..morph_probe import log_softmax
 from ..weights import WeightStore
 from .gorand import GoRand
+from .values import check_number
 
 Recipe = tuple[str, ...]  # one canonical dtype name per weighted layer, in RecipeSpace.names order
 
@@ -389,10 +390,10 @@ def check_count(what: str, value, low: int) -> int:
 
 
 def check_non_negative(what: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating) \
-            or not math.isfinite(value) or value < 0:
+    number = check_number(what, value)  # an int too large for a float is refused, not an OverflowError
+    if number < 0:
         raise LoomConfigError(f"{what} must be a finite number >= 0, got {value!r}")
-    return float(value)
+    return number
 
 
 def check_probability(what: str, value) -> float:

@@ -45,9 +45,12 @@ from .recipe import (
     recipe_from_bytes,
     recipe_to_bytes,
 )
-from .tasks import Task, check_number
+from .tasks import Task
+from .values import check_number
 
 FITTER_SHARE = 0.75  # a child's layer comes from the fitter parent with this probability
+# a member in memory: one dtype per weighted layer (hundreds), its score and its checkpoint text
+RECIPE_MEMBER_BYTES = 64 << 10
 
 
 class RecipeGenome(Genome):
@@ -123,6 +126,10 @@ class RecipeTask(Task):
         loading the ``model`` parameter again."""
         p = self.params
         self._space = RecipeSpace(model, p["dtypes"], p["probes"], p["probe_tokens"], p["lam"])
+
+    def member_bytes(self, config: NEATConfig | None = None) -> int:
+        """A recipe's memory (the model is loaded once for the whole run)."""
+        return RECIPE_MEMBER_BYTES
 
     def genome(self, config: NEATConfig) -> RecipeGenome:
         """What a run's members are (the run's NEAT config only seeds its generator)."""

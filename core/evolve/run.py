@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from ..cancel import as_cancel_check
 from ..errors import LoomCancelled, LoomConfigError
 from ..network import VolumetricNetwork
+from ..units import format_bytes
 from ..workspace.evolution_runs import EvolutionRuns
 from ..workspace.store import Workspace
+from .budget import check_fits, run_budget, shown_count
 from .evaluators import Evaluator, InProcessEvaluator
 from .genome import Genome, NetworkGenome
 from .gorand import GoRand
 from .neat import NEATConfig
-from .population import NEATPopulation
+from .population import NEATPopulation, check_population_size
 from .reporters import GenerationStats, Reporter
 from .reproduction import LoomReproduction, Reproduction, SpeciesReproduction, reproduction_from_dict
 from .speciation import Speciation, SpeciationConfig
@@ -77,17 +79,12 @@ class Evolution:
                  reporters: Sequence[Reporter] = (), store: Workspace | None = None):
         if not isinstance(task, Task):
             raise LoomConfigError(f"an evolution needs a task, got {type(task).__name__}")
-        if isinstance(genome, Genome):
-            config = config or NEATConfig.default(1)
-        elif genome is None and not isinstance(task, NetworkTask):
-            config = config or NEATConfig.default(1)  # it only seeds the run's generator
-            genome = task_genome(task, config, None)
-        else:
-            seed = genome if genome is not None else task.seed_network()
-            # the task's own mutation settings suit its seed network; another genome gets Loom's
-            if config is None:
-                config = task.neat_config() if genome is None else NEATConfig.default(genome_width(seed))
-            genome = task_genome(task, config, seed)
+        config = config or _default_config(task, genome)
+        if genome is None:
+            check_run_fits(task, config, population)
+            genome = task_genome(task, config, task.seed_network() if isinstance(task, NetworkTask) else None)
+        elif not isinstance(genome, Genome):
+            genome = task_genome(task, config, genome)
         self._setup(task, config, population, evaluator, speciation, reporters, genome)
         self.reproduction = _reproduction(reproduction, stagnation, speciation)
         self.population = NEATPopulation(None, population, config, genome=genome)
@@ -232,6 +229,26 @@ class Evolution:
                 sp.representative.precision = genome.precision
         runs.set_status(run_id, "running")
         return self
+
+
+def _default_config(task: Task, genome: VolumetricNetwork | Genome | None) -> NEATConfig:
+    """A run's NEAT config when none is given: the task's own for its seed network, Loom's default
+    for the width of another network, Loom's for width 1 where it only seeds the run's generator."""
+    if isinstance(genome, VolumetricNetwork):
+        return NEATConfig.default(genome_width(genome))
+    if genome is None and isinstance(task, NetworkTask):
+        return task.neat_config()
+    return NEATConfig.default(1)
+
+
+def check_run_fits(task: Task, config: NEATConfig, population: int) -> None:
+    """Refuse, before anything is built, a run of ``population`` members of ``task`` that would
+    need more memory than a run may use here (:mod:`.budget`)."""
+    check_population_size(population)
+    member = task.member_bytes(config)
+    most = run_budget() // member
+    check_fits(population * member, f"population {shown_count(population)} (at most {most:,} here) of "
+                                    f"task {task.name!r} members of about {format_bytes(member)} each")
 
 
 def _reproduction(reproduction: Reproduction | None, stagnation: Stagnation | None,

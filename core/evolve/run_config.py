@@ -16,23 +16,31 @@ Errors are :class:`~loomlab.core.errors.LoomConfigError` with one line naming th
 from __future__ import annotations
 
 import dataclasses
-import math
+import os
+import reprlib
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LoomConfigError
+from ..io.bounded_read import read_small_text
+from ..units import format_bytes
 from ..workspace.store import Workspace
+from .budget import check_fits, shown_count
 from .evaluators import Evaluator
 from .neat import NEATConfig
 from .reporters import Reporter
-from .run import Evolution
+from .run import Evolution, check_run_fits
 from .speciation import SpeciationConfig
 from .tasks import NetworkTask, Task, get_task
+from .values import check_number
 
+CONFIG_LIMIT = 1 << 20  # bytes: a config is a few hundred
 SECTIONS = ("run", "task", "neat", "speciation", "evaluator")
 RUN_KEYS = frozenset({"task", "population", "generations", "until", "scheduler", "workers"})
 IN_PROCESS = "inprocess"
+WORKER_BYTES = 256 << 20  # a Dask worker process with numpy, distributed and the engine loaded
 
 
 @dataclass(frozen=True)
@@ -85,15 +93,15 @@ def plan_from_dict(doc: Mapping[str, Any]) -> RunPlan:
         raise LoomConfigError(str(e)) from None
     population = run.get("population", 150)
     if isinstance(population, bool) or not isinstance(population, int) or population < 2:
-        raise LoomConfigError(f"[run] population must be an integer >= 2, got {population!r}")
+        raise LoomConfigError(f"[run] population must be an integer >= 2, got {reprlib.repr(population)}")
+    check_run_fits(task, neat, population)
     generations = run.get("generations")
     if generations is not None and (isinstance(generations, bool) or not isinstance(generations, int)
                                     or generations < 0):
-        raise LoomConfigError(f"[run] generations must be an integer >= 0, got {generations!r}")
+        raise LoomConfigError(f"[run] generations must be an integer >= 0, got {reprlib.repr(generations)}")
     until = run.get("until")
-    if until is not None and (isinstance(until, bool) or not isinstance(until, int | float)
-                              or not math.isfinite(until)):
-        raise LoomConfigError(f"[run] until must be a finite number, got {until!r}")
+    if until is not None:
+        until = check_number("[run] until", until)
     scheduler = check_scheduler(run.get("scheduler"))
     if not isinstance(task, NetworkTask) and speciation is not None:
         raise LoomConfigError(f"task {task.name!r} does not evolve networks: speciation groups networks "
@@ -103,9 +111,28 @@ def plan_from_dict(doc: Mapping[str, Any]) -> RunPlan:
                               "(a cluster's work items are networks)")
     workers = run.get("workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise LoomConfigError(f"[run] workers must be an integer >= 1, got {workers!r}")
+        raise LoomConfigError(f"[run] workers must be an integer >= 1, got {reprlib.repr(workers)}")
+    if workers is not None:
+        check_fits(workers * WORKER_BYTES, f"[run] workers {shown_count(workers)} (Dask worker processes "
+                                           f"of about {format_bytes(WORKER_BYTES)} each)")
     return RunPlan(task, neat, speciation, population, generations, until, scheduler,
                    {"n_workers": workers} if workers is not None else {})
+
+
+def read_plan(path: str | os.PathLike) -> RunPlan:
+    """The run a TOML config file describes (:func:`plan_from_dict`), read with a size cap from a
+    regular file only; every failure is one :class:`LoomConfigError` naming the file."""
+    text = read_small_text(path, "the evolution config", limit=CONFIG_LIMIT)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise LoomConfigError(f"{path}: not a TOML file: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise LoomConfigError(f"{path}: nested too deeply for a TOML config") from None
+    try:
+        return plan_from_dict(doc)
+    except LoomConfigError as e:
+        raise LoomConfigError(f"{path}: {e}") from None
 
 
 def check_scheduler(scheduler: Any) -> str | None:
@@ -123,7 +150,7 @@ def check_scheduler(scheduler: Any) -> str | None:
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     value = doc.get(name, {})
     if not isinstance(value, Mapping):
-        raise LoomConfigError(f"[{name}] must be a table of settings, got {value!r}")
+        raise LoomConfigError(f"[{name}] must be a table of settings, got {reprlib.repr(value)}")
     return value
 
 

@@ -47,6 +47,7 @@ from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from .dna import DNA, LayerSignature, cosine_similarity, extract_dna
 from .reproduction import SpeciesReproduction
+from .values import check_number
 
 THRESHOLD_FLOOR = 0.01  # the lowest the adapted compatibility threshold goes
 
@@ -75,9 +76,8 @@ class SpeciationConfig:
 
     def __post_init__(self):
         for name in ("compatibility_threshold", "structure_weight", "weight_coefficient", "threshold_step"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise LoomConfigError(f"speciation {name} must be a number >= 0, got {v!r}")
+            if check_number(f"speciation {name}", getattr(self, name)) < 0:
+                raise LoomConfigError(f"speciation {name} must be a number >= 0, got {getattr(self, name)!r}")
         v = self.target_species
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise LoomConfigError(f"speciation target_species must be an integer >= 0, got {v!r}")

@@ -42,7 +42,9 @@ from ``task.params["precision"]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import reprlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from importlib import import_module
@@ -55,7 +57,9 @@ from ..errors import LoomConfigError, LoomError
 from ..layers.base import make_layer
 from ..network import PRECISIONS, VolumetricNetwork
 from .batched import as_numpy, forward_stacked
+from .budget import check_fits, network_member_bytes, shown_count
 from .neat import NEATConfig
+from .values import check_number
 
 # Parameters every task takes (the shape and start of its seed network, and when it is solved);
 # each task adds its own and may change these defaults.
@@ -84,6 +88,11 @@ class Task(ABC):
     @abstractmethod
     def evaluate(self, members: Sequence[Any]) -> list[float]:
         """Fitness of each member, in order."""
+
+    @abstractmethod
+    def member_bytes(self, config: NEATConfig | None = None) -> int:
+        """About how much memory one member costs in a run mutated by ``config`` (see
+        :mod:`.budget`), so that a run too large for this machine is refused before it starts."""
 
     def solved(self, fitness: float) -> bool:
         return self.fitness_threshold is not None and fitness >= self.fitness_threshold
@@ -122,9 +131,28 @@ class NetworkTask(Task):
                                   f"its parameters: {', '.join(sorted(known))}")
         self.params: dict[str, Any] = {k: _checked(self.name, k, params.get(k, v)) for k, v in known.items()}
         self.fitness_threshold: float | None = self.params["threshold"]
-        self.inputs, self.targets = self._data()
+        sizes = ", ".join(f"{k} {shown_count(self.params[k])}" for k in ("hidden", "depth", "points")
+                          if k in self.params)
+        check_fits(self.member_bytes(), f"task {self.name!r} with {sizes}: one member")
+
+    @functools.cached_property
+    def _dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._data()  # built on first use: a run too large is refused before this
+
+    @property
+    def inputs(self) -> np.ndarray:
+        return self._dataset[0]
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self._dataset[1]
 
     # ----- what subclasses supply --------------------------------------------------
+    @property
+    @abstractmethod
+    def rows(self) -> int:
+        """How many rows of data a member is evaluated on."""
+
     @abstractmethod
     def _data(self) -> tuple[np.ndarray, np.ndarray]:
         """``(inputs, targets)``: float32 ``rows x n_inputs`` and ``rows x n_outputs``."""
@@ -146,6 +174,17 @@ class NetworkTask(Task):
                                          init_scale=p["init_scale"],
                                          activation=p["output_activation" if last else "activation"])
         return net
+
+    def member_bytes(self, config: NEATConfig | None = None) -> int:
+        """One member: its seed network (counted from the parameters, not built) and, when
+        ``config`` lets NEAT re-initialise layers, the largest layer it builds."""
+        h, depth, n_in, n_out = self.params["hidden"], self.params["depth"], self.n_inputs, self.n_outputs
+        weights = n_in * h + (depth - 1) * h * h + h * n_out if depth else n_in * n_out
+        width = max(n_in, n_out, h if depth else 0)
+        if config is not None and config.node_mutate_rate > 0:
+            weights += config.largest_new_layer()[1]
+            width = max(width, 2 * config.d_model, config.default_num_clusters)  # SwiGLU, KMeans
+        return network_member_bytes(depth + 1, weights, self.rows, width)
 
     def neat_config(self, seed: int | None = None) -> NEATConfig:
         """The NEAT mutation settings this task evolves well with: Loom's default for the seed
@@ -182,6 +221,7 @@ class XorTask(NetworkTask):
     # Dense layers only: any other layer type NEAT switches a layer to is built at d_model x
     # d_model, which does not chain with 2 inputs and 1 output, so that member scores the floor
     neat_overrides = {"allowed_layer_types": (LAYER_TYPES["dense"].id,)}
+    rows = 4
 
     def _data(self):
         x = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32)
@@ -197,6 +237,10 @@ class SineTask(NetworkTask):
     defaults = {"points": 32, "hidden": 8, "threshold": -0.01}
     n_inputs, n_outputs = 1, 1
 
+    @property
+    def rows(self) -> int:
+        return self.params["points"]
+
     def _data(self):
         x = np.linspace(-np.pi, np.pi, self.params["points"], dtype=np.float32).reshape(-1, 1)
         return x, np.sin(x)
@@ -210,6 +254,10 @@ class SpiralsTask(NetworkTask):
     floor = 0.0
     defaults = {"points": 97, "hidden": 16, "depth": 2, "threshold": 0.95}
     n_inputs, n_outputs = 2, 1
+
+    @property
+    def rows(self) -> int:
+        return 2 * self.params["points"]
 
     def _data(self):
         # Lang & Witbrock (1988): 97 points per spiral at angle i*pi/16 and radius 6.5*(104-i)/104;
@@ -237,6 +285,8 @@ def get_task(name: str, **params: Any) -> Task:
     An unknown name or parameter, or a value of the wrong type or range, raises
     :class:`LoomConfigError` naming it and what is valid.
     """
+    if not isinstance(name, str):
+        raise LoomConfigError(f"a task is named by a string such as 'xor', got {reprlib.repr(name)}")
     cls = TASKS.get(name)
     if cls is None and name in LAZY_TASKS:
         module, attr = LAZY_TASKS[name]
@@ -254,30 +304,24 @@ def _checked(task: str, key: str, value: Any) -> Any:
         entry = lookup(ACTIVATIONS, value) if isinstance(value, str) else None
         if entry is None:
             names = sorted({e.name for e in ACTIVATIONS.values()})
-            raise LoomConfigError(f"{where}: {value!r} is not an activation; one of {', '.join(names)}")
+            raise LoomConfigError(f"{where}: {reprlib.repr(value)} is not an activation; "
+                                  f"one of {', '.join(names)}")
         return entry.name
     if key == "precision":
-        if value not in PRECISIONS:
-            raise LoomConfigError(f"{where}: {value!r} is not one of {', '.join(PRECISIONS)}")
+        if not isinstance(value, str) or value not in PRECISIONS:
+            raise LoomConfigError(f"{where}: {reprlib.repr(value)} is not one of {', '.join(PRECISIONS)}")
         return value
     if key == "threshold":
         return None if value is None else check_number(where, value)
     if key == "init_scale":
         scale = check_number(where, value)
         if scale <= 0:
-            raise LoomConfigError(f"{where} must be > 0, got {value!r}")
+            raise LoomConfigError(f"{where} must be > 0, got {reprlib.repr(value)}")
         return scale
     # the remaining parameters are counts (hidden, depth, points) and the seed
     if not isinstance(value, int | np.integer) or isinstance(value, bool):
-        raise LoomConfigError(f"{where} must be an integer, got {value!r}")
+        raise LoomConfigError(f"{where} must be an integer, got {reprlib.repr(value)}")
     low = {"depth": 0, "seed": 0}.get(key, 1)
     if value < low:
         raise LoomConfigError(f"{where} must be >= {low}, got {value}")
     return int(value)
-
-
-def check_number(where: str, value: Any) -> float:
-    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool) \
-            or not np.isfinite(value):
-        raise LoomConfigError(f"{where} must be a finite number, got {value!r}")
-    return float(value)
