@@ -14,6 +14,7 @@ An architecture is one module (``arch_llama``, ``arch_qwen``, ``arch_gemma3``) f
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from types import ModuleType
 
@@ -22,6 +23,9 @@ from . import arch_gemma3, arch_llama, arch_qwen
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 from .weights_source import Progress, WeightSource, open_source
+
+# A block tensor's number in GGUF and transformers names (18 digits at most: int() stays cheap).
+_BLOCK_INDEX = {"gguf": re.compile(r"blk\.(\d{1,18})\."), "hf": re.compile(r"model\.layers\.(\d{1,18})\.")}
 
 # Model name (GGUF general.architecture or config.json model_type) -> the module that builds it.
 ARCHITECTURES: dict[str, ModuleType] = {
@@ -40,12 +44,29 @@ def architecture(name: str, fld: str = "general.architecture") -> ModuleType:
 
 
 def read_args(source: WeightSource) -> tuple[ModuleType, ModelArgs]:
-    """The architecture module of an opened model and its settings (GGUF metadata or config.json)."""
+    """The architecture module of an opened model and its settings (GGUF metadata or config.json),
+    checked against the blocks its tensors hold."""
     fld = "general.architecture" if source.kind == "gguf" else "config.json:model_type"
     module = architecture(source.architecture, fld)
     if source.kind == "gguf":
-        return module, module.Args.from_gguf(source.metadata, source.offsets)
-    return module, module.Args.from_hf(source.metadata)
+        args = module.Args.from_gguf(source.metadata, source.offsets)
+    else:
+        args = module.Args.from_hf(source.metadata)
+    check_block_count(source, args.num_layers)
+    return module, args
+
+
+def check_block_count(source: WeightSource, num_layers: int) -> None:
+    """Refuse a block count below the blocks the tensors hold, as llama.cpp does: building the
+    first ``num_layers`` blocks would silently drop the rest. (Fewer blocks than the count fail
+    later, naming the first missing tensor.)"""
+    pattern = _BLOCK_INDEX[source.kind]
+    present = 1 + max((int(m[1]) for m in map(pattern.match, source.tensors) if m), default=-1)
+    if present > num_layers:
+        name = "block_count" if source.kind == "gguf" else "num_hidden_layers"
+        key = f"{source.architecture}.{name}" if source.kind == "gguf" else f"config.json:{name}"
+        raise ModelFormatError(key, f"the model has {present} blocks of tensors but {name} says {num_layers}",
+                               source.offsets.get(key))
 
 
 def load_causal_lm(path: str | os.PathLike[str], progress: Progress | None = None) -> CausalLM:

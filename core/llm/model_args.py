@@ -84,27 +84,59 @@ def gguf_rope(s: Settings) -> RopeConfig:
                       kind="linear" if factor != 1.0 else "default", factor=factor)
 
 
+# transformers' RoPE types and the keys each requires (its rope_config_validation)
+HF_ROPE_KEYS = {"default": (), "linear": ("factor",), "llama3": (
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
 def hf_rope(config: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
     """Base and scaling from config.json: transformers 5's ``rope_parameters`` (possibly per
-    layer type) or transformers 4's ``rope_theta`` + ``rope_scaling``."""
-    params = config.get("rope_parameters")
-    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]
-    label = "config.json:rope_parameters."
-    if not isinstance(params, dict):  # transformers 4
-        scaling, label = config.get("rope_scaling") or {}, "config.json:rope_scaling."
-        if not isinstance(scaling, dict):
-            raise ModelFormatError("config.json:rope_scaling", f"expected an object, got {scaling!r}")
-        params = {**scaling, "rope_theta": config.get("rope_theta", 10000.0)}
-    s = Settings(params, label=label)
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "linear", "llama3"):
-        raise ModelFormatError(s.field("rope_type"), f"unsupported RoPE type {kind!r}")
+    layer type) or transformers 4's ``rope_theta`` + ``rope_scaling``.
+
+    What a model cannot run as written is refused, naming the field, never replaced by defaults:
+    settings that are not an object, a per-layer-type form without ``layer_type``, an unknown
+    type, a key the type requires that is missing, not a number or not positive, and llama3
+    frequency factors that do not bound a band."""
+    params, theta = _rope_settings(config, layer_type)
+    key = "type" if "type" in params.values and "rope_type" not in params.values else "rope_type"
+    kind = params.values.get(key, "default")
+    if not isinstance(kind, str) or kind not in HF_ROPE_KEYS:
+        raise ModelFormatError(params.field(key), f"unsupported RoPE type {kind!r:.80}; "
+                                                  f"supported: {sorted(HF_ROPE_KEYS)}")
+    required = HF_ROPE_KEYS[kind]
+
+    def positive(key: str, default: float) -> float:
+        return params.positive(key, _REQUIRED if key in required else default)
+
+    low, high = positive("low_freq_factor", 1.0), positive("high_freq_factor", 4.0)
+    if kind == "llama3" and not low < high:
+        raise ModelFormatError(params.field("high_freq_factor"), f"{high} is not above low_freq_factor {low}")
     return RopeConfig(
-        base=s.positive("rope_theta", 10000.0), kind=kind, factor=s.positive("factor", 1.0),
-        low_freq_factor=s.positive("low_freq_factor", 1.0),
-        high_freq_factor=s.positive("high_freq_factor", 4.0),
-        original_context=s.count("original_max_position_embeddings", 8192, MAX_TOKENS))
+        base=theta.positive("rope_theta", 10000.0), kind=kind, factor=positive("factor", 1.0),
+        low_freq_factor=low, high_freq_factor=high,
+        original_context=params.count("original_max_position_embeddings",
+                                      _REQUIRED if kind == "llama3" else 8192, MAX_TOKENS))
+
+
+def _rope_settings(config: dict[str, Any], layer_type: str) -> tuple[Settings, Settings]:
+    """The RoPE scaling settings of ``layer_type`` layers, and the settings holding their
+    ``rope_theta`` (the same object in transformers 5, the config itself in transformers 4)."""
+    params = config.get("rope_parameters")
+    if params is None:  # transformers 4
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ModelFormatError("config.json:rope_scaling", f"expected an object, got {scaling!r:.80}")
+        return (Settings(scaling or {}, label="config.json:rope_scaling."),
+                Settings(config, label="config.json:"))
+    label = "config.json:rope_parameters"
+    if isinstance(params, dict) and params.keys() & {FULL, SLIDING}:  # one object per layer type
+        params, label = params.get(layer_type), f"{label}.{layer_type}"
+        if params is None:
+            raise ModelFormatError(label, f"missing: the settings are per layer type, none for {layer_type}")
+    if not isinstance(params, dict):
+        raise ModelFormatError(label, f"expected an object, got {params!r:.80}")
+    s = Settings(params, label=label + ".")
+    return s, s
 
 
 @dataclass

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
-from .gguf_file import open_gguf
-from .hf_files import open_hf
+from ..errors import LoomConfigError, ModelFormatError
+from ..io.bounded_read import parse_json_text, read_small_text
+from .hf_files import TOKENIZER_CONFIG
+from .loader import ARCHITECTURES, read_args
+from .model_args import MAX_DIM, MAX_TOKENS, Settings
+from .weights_source import WeightSource, open_source
 
 # An f32 K and V row per layer and position: what a full-context KV cache costs on top of weights.
 KV_BYTES = 4
@@ -73,57 +76,81 @@ class ModelInfo:
 def describe(path: str | Path) -> ModelInfo:
     """Describe a GGUF file or a Hugging Face model directory (raises ModelFormatError)."""
     path = Path(path)
-    if path.is_dir():
-        return _describe_hf(path)
     if not path.exists():
         raise ModelFormatError("path", f"{path} does not exist")
-    return _describe_gguf(path)
+    source = open_source(path)
+    try:
+        return _describe_gguf(source) if source.kind == "gguf" else _describe_hf(source)
+    finally:
+        source.close()
 
 
-def _describe_gguf(path: Path) -> ModelInfo:
-    with open_gguf(path) as g:
-        arch = g.architecture
-        meta = g.metadata
-
-        def num(key: str, default: int = 0) -> int:
-            v = meta.get(f"{arch}.{key}", default)
-            return int(v) if isinstance(v, int | float) else default
-
-        d, heads = num("embedding_length"), num("attention.head_count")
-        kv_heads = num("attention.head_count_kv", heads)
-        head_dim = num("attention.key_length", d // heads if heads else 0)
-        blocks, ctx = num("block_count"), num("context_length")
-        tokens = meta.get("tokenizer.ggml.tokens")
-        return ModelInfo(
-            str(path), "gguf", str(meta.get("general.name", path.stem)), arch,
-            sum(t.n_elements for t in g.tensors.values()), blocks, d, heads, kv_heads, head_dim, ctx,
-            len(tokens) if tokens is not None else 0,
-            dict(Counter(t.type_name for t in g.tensors.values()).most_common()),
-            "tokenizer.chat_template" in meta, g.file_size,
-            2 * blocks * ctx * kv_heads * head_dim * KV_BYTES,
-            supports_chat("tokenizer.chat_template" in meta, path, meta))
+# ModelInfo's sizes -> (GGUF key after "{arch}.", config.json key, largest value) for an
+# architecture this build does not run; one it runs is read by its own Args.
+_SIZE_KEYS = {"blocks": ("block_count", "num_hidden_layers", MAX_DIM),
+              "hidden_size": ("embedding_length", "hidden_size", MAX_DIM),
+              "heads": ("attention.head_count", "num_attention_heads", MAX_DIM),
+              "kv_heads": ("attention.head_count_kv", "num_key_value_heads", MAX_DIM),
+              "head_dim": ("attention.key_length", "head_dim", MAX_DIM),
+              "context_length": ("context_length", "max_position_embeddings", MAX_TOKENS),
+              "vocab_size": ("vocab_size", "vocab_size", MAX_TOKENS)}
 
 
-def _describe_hf(path: Path) -> ModelInfo:
-    with open_hf(path) as hf:
-        c = hf.config
-        d, heads = int(c.get("hidden_size", 0)), int(c.get("num_attention_heads", 0))
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or (d // heads if heads else 0))
-        blocks, ctx = int(c.get("num_hidden_layers", 0)), int(c.get("max_position_embeddings", 0))
-        template = False
-        if hf.tokenizer_config_json is not None:
-            import json
+def _sizes(source: WeightSource) -> dict[str, int]:
+    """The sizes ``generate`` would use, read and checked as it reads them (:func:`read_args`), so
+    a file it refuses is refused here with the same error. An architecture it cannot run gets the
+    same typed reads of the common keys, absent ones as 0."""
+    if source.architecture in ARCHITECTURES:
+        a = read_args(source)[1]
+        return dict(blocks=a.num_layers, hidden_size=a.hidden_size, heads=a.num_heads,
+                    kv_heads=a.num_kv_heads, head_dim=a.head_dim, context_length=a.context_length,
+                    vocab_size=a.vocab_size)
+    gguf = source.kind == "gguf"
+    s = (Settings(source.metadata, f"{source.architecture}.", offsets=source.offsets) if gguf
+         else Settings(source.metadata, label="config.json:"))
+    n = {name: s.count(keys[0] if gguf else keys[1], 0, keys[2]) for name, keys in _SIZE_KEYS.items()}
+    n["kv_heads"] = n["kv_heads"] or n["heads"]
+    n["head_dim"] = n["head_dim"] or (n["hidden_size"] // n["heads"] if n["heads"] else 0)
+    return n
 
-            try:
-                template = "chat_template" in json.loads(hf.tokenizer_config_json.read_text())
-            except (OSError, ValueError):
-                template = False
-        files = {t.file for t in hf.tensors.values()}
-        return ModelInfo(
-            str(path), "hf", path.name, str(c.get("model_type", "")),
-            sum(math.prod(t.shape) for t in hf.tensors.values()), blocks, d, heads, kv_heads, head_dim, ctx,
-            int(c.get("vocab_size", 0)),
-            dict(Counter(t.dtype for t in hf.tensors.values()).most_common()), template,
-            sum(Path(f).stat().st_size for f in files), 2 * blocks * ctx * kv_heads * head_dim * KV_BYTES,
-            supports_chat(template, path, c))
+
+def _describe_gguf(source: WeightSource) -> ModelInfo:
+    path, meta, tensors = source.path, source.metadata, source.tensors.values()
+    n = _sizes(source)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):  # the tokenizer's vocabulary, when the file carries one
+        n["vocab_size"] = len(tokens)
+    template = "tokenizer.chat_template" in meta
+    return ModelInfo(
+        str(path), "gguf", str(meta.get("general.name", path.stem)), source.architecture,
+        sum(t.n_elements for t in tensors),
+        tensor_types=dict(Counter(t.type_name for t in tensors).most_common()), chat_template=template,
+        file_bytes=source.file.file_size, kv_cache_bytes=_kv_bytes(n),
+        supports_chat=supports_chat(template, path, meta), **n)
+
+
+def _describe_hf(source: WeightSource) -> ModelInfo:
+    path, tensors = source.path, source.tensors.values()
+    n = _sizes(source)
+    template = _has_template(source.file.tokenizer_config_json)
+    return ModelInfo(
+        str(path), "hf", path.name, source.architecture, sum(math.prod(t.shape) for t in tensors),
+        tensor_types=dict(Counter(t.dtype for t in tensors).most_common()), chat_template=template,
+        file_bytes=sum(Path(f).stat().st_size for f in {t.file for t in tensors}),
+        kv_cache_bytes=_kv_bytes(n), supports_chat=supports_chat(template, path, source.metadata), **n)
+
+
+def _kv_bytes(n: dict[str, int]) -> int:
+    return 2 * n["blocks"] * n["context_length"] * n["kv_heads"] * n["head_dim"] * KV_BYTES
+
+
+def _has_template(tokenizer_config: Path | None) -> bool:
+    """Whether tokenizer_config.json names a chat template; an unreadable one names none (loading
+    the tokenizer says what is wrong with it)."""
+    if tokenizer_config is None:
+        return False
+    try:
+        config = parse_json_text(read_small_text(tokenizer_config, "tokenizer_config.json"), TOKENIZER_CONFIG)
+    except LoomConfigError:
+        return False
+    return isinstance(config, dict) and "chat_template" in config

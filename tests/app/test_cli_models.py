@@ -119,3 +119,56 @@ def test_models_info_of_an_hf_folder_and_errors(capsys):
     assert info["blocks"] == config["num_hidden_layers"] and info["tensor_types"] == {"BF16": 38}
     assert main(["models", "info", "/nonexistent/model.gguf"]) == 2
     assert "no model '/nonexistent/model.gguf': not a built-in" in capsys.readouterr().err
+
+
+SIZES = ["hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "max_position_embeddings",
+         "head_dim"]
+
+
+def _tiny_llama(folder, **changes):
+    import shutil
+    from pathlib import Path
+
+    tiny = Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-llama"
+    config = {**json.loads((tiny / "config.json").read_text()), **changes}
+    (folder / "config.json").write_text(json.dumps(config))
+    shutil.copyfile(tiny / "model.safetensors", folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("value", [[64], {"n": 64}, "64", 64.5], ids=["list", "object", "string", "float"])
+@pytest.mark.parametrize("key", SIZES)
+def test_models_info_refuses_a_size_of_the_wrong_type_as_loading_does(tmp_path, capsys, key, value):
+    from loomlab.core.errors import ModelFormatError
+    from loomlab.core.llm.loader import load_causal_lm
+
+    folder = _tiny_llama(tmp_path, **{key: value})
+    with pytest.raises(ModelFormatError) as loading:
+        load_causal_lm(folder)
+    assert main(["models", "info", str(folder)]) == 2
+    assert capsys.readouterr().err == f"loomlab: error: {folder}: {loading.value}\n"
+    assert str(loading.value) == f"config.json:{key}: expected int, got {type(value).__name__}"
+
+
+@pytest.mark.parametrize("key", SIZES)
+def test_models_info_of_a_null_size_reads_it_as_absent_as_loading_does(tmp_path, capsys, key):
+    folder = _tiny_llama(tmp_path, **{key: None})
+    code = main(["models", "info", str(folder), "--json"])
+    out, err = capsys.readouterr()
+    err = err.replace(str(folder), "DIR")
+    if key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
+        assert (code, err) == (2, f"loomlab: error: DIR: config.json:{key}: required setting is missing\n")
+        return
+    assert code == 0
+    info = json.loads(out)
+    # absent: the vocabulary comes from the embedding table, the context is generate's 2048, the
+    # head size is the width over the heads
+    expected = {"vocab_size": 0, "max_position_embeddings": 2048, "head_dim": 64 // 4}[key]
+    assert info[{"max_position_embeddings": "context_length"}.get(key, key)] == expected
+
+
+def test_models_info_refuses_a_layer_count_below_the_blocks_present(tmp_path, capsys):
+    folder = _tiny_llama(tmp_path, num_hidden_layers=2)
+    assert main(["models", "info", str(folder)]) == 2
+    assert capsys.readouterr().err == (f"loomlab: error: {folder}: config.json:num_hidden_layers: the model "
+                                       "has 3 blocks of tensors but num_hidden_layers says 2\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import gguf
@@ -420,3 +421,84 @@ def test_untied_hf_checkpoint_without_lm_head_is_refused(tmp_path):
     with pytest.raises(ModelFormatError, match="tensor is missing") as info:
         load_causal_lm(tmp_path)
     assert info.value.field == "lm_head.weight"
+
+
+# ----- settings the tensors or RoPE contradict -------------------------------------------------------
+def hf_folder(tmp_path: Path, name: str = "tiny-llama", **changes) -> Path:
+    """A copy of ``tests/data/tiny-hf/<name>`` whose config.json has ``changes`` (None deletes a key)."""
+    config = {**json.loads((TINY / name / "config.json").read_text()), **changes}
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    shutil.copyfile(TINY / name / "model.safetensors", tmp_path / "model.safetensors")
+    return tmp_path
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_hf_layer_count_below_the_blocks_present_is_refused(tmp_path, layers):
+    with pytest.raises(ModelFormatError, match=f"model has 3 blocks of tensors but num_hidden_layers says "
+                                               f"{layers}$") as info:
+        load_causal_lm(hf_folder(tmp_path, num_hidden_layers=layers))
+    assert info.value.field == "config.json:num_hidden_layers"
+
+
+def test_hf_layer_count_above_the_blocks_present_names_the_first_missing_tensor(tmp_path):
+    with pytest.raises(ModelFormatError, match="tensor is missing") as info:
+        load_causal_lm(hf_folder(tmp_path, num_hidden_layers=4))
+    assert info.value.field == "model.layers.3.input_layernorm.weight"
+
+
+def test_gguf_block_count_below_the_blocks_present_is_refused_at_its_offset(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", "tiny-llama", "llama")
+    data = path.read_bytes()
+    with open_gguf(path) as f:
+        at = f.kv_offsets["llama.block_count"]
+    key = b"llama.block_count"
+    value_at = at + 8 + len(key) + 4  # key length, key, value type, then the uint32 count
+    assert data[at + 8:at + 8 + len(key)] == key and data[value_at:value_at + 4] == (3).to_bytes(4, "little")
+    path.write_bytes(data[:value_at] + (2).to_bytes(4, "little") + data[value_at + 4:])
+    with pytest.raises(ModelFormatError, match="model has 3 blocks of tensors but block_count says 2$") as e:
+        load_causal_lm(path)
+    assert (e.value.field, e.value.offset) == ("llama.block_count", at)
+
+
+PARAMS, SCALING = "config.json:rope_parameters", "config.json:rope_scaling"
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+RETURNS_TO_DEFAULTS = [  # each was read as the default RoPE before
+    ({"rope_parameters": [10000.0]}, PARAMS, "expected an object"),
+    ({"rope_parameters": "linear"}, PARAMS, "expected an object"),
+    ({"rope_parameters": {"sliding_attention": {"rope_theta": 1e4}}}, f"{PARAMS}.full_attention",
+     "none for full_attention"),
+    ({"rope_parameters": {"full_attention": 1e4}}, f"{PARAMS}.full_attention", "expected an object"),
+    ({"rope_parameters": {"rope_type": "linear"}}, f"{PARAMS}.factor", "missing"),
+    ({"rope_parameters": {**LLAMA3, "high_freq_factor": None}}, f"{PARAMS}.high_freq_factor", "missing"),
+    ({"rope_parameters": {**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}},
+     f"{PARAMS}.high_freq_factor", "not above low_freq_factor 4.0"),
+    ({"rope_parameters": None, "rope_scaling": {"type": "linear"}}, f"{SCALING}.factor", "missing"),
+]
+REFUSED_BEFORE = [
+    ({"rope_parameters": {"rope_type": "linear", "factor": "2"}}, f"{PARAMS}.factor", "expected float"),
+    ({"rope_parameters": {"rope_theta": -1.0}}, f"{PARAMS}.rope_theta", "not a positive"),
+    ({"rope_parameters": {"rope_type": ["linear"]}}, f"{PARAMS}.rope_type", "unsupported"),
+    ({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, f"{SCALING}.type",
+     "unsupported RoPE type 'dynamic'"),
+    ({"rope_parameters": None, "rope_theta": 0}, "config.json:rope_theta", "not a positive"),
+]
+
+
+@pytest.mark.parametrize("change, field, message", RETURNS_TO_DEFAULTS + REFUSED_BEFORE)
+def test_invalid_rope_settings_are_refused_naming_the_field(change, field, message):
+    config = {**json.loads((TINY / "tiny-llama" / "config.json").read_text()), **change}
+    with pytest.raises(ModelFormatError, match=message) as info:
+        architecture("llama").Args.from_hf(config)
+    assert info.value.field == field
+
+
+def test_valid_rope_settings_of_both_transformers_versions_are_read():
+    config = json.loads((TINY / "tiny-llama" / "config.json").read_text())
+    v5 = architecture("llama").Args.from_hf({**config, "rope_parameters": {**LLAMA3, "rope_theta": 5e5}})
+    v4 = architecture("llama").Args.from_hf({**config, "rope_parameters": None, "rope_scaling": LLAMA3,
+                                            "rope_theta": 5e5})
+    assert v5.rope == v4.rope == RopeConfig(5e5, "llama3", 8.0, 1.0, 4.0, 8192)
+    linear = architecture("llama").Args.from_hf({**config, "rope_parameters": None,
+                                                "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert linear.rope == RopeConfig(10000.0, "linear", 2.0)
