@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -55,6 +56,8 @@ def register(sub) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("config", nargs="?", help="the run's TOML config (not needed with --resume)")
     ev.add_argument("--generations", type=int, help="generations to run (default: the config's)")
+    ev.add_argument("--until", type=float, metavar="FITNESS",
+                    help="stop once a member reaches FITNESS (default: the config's [run] until)")
     ev.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN from its last checkpoint")
     ev.add_argument("--scheduler", help="evaluate on Dask: 'local' (a local cluster) or tcp://host:port")
     ev.add_argument("--workspace", help="the workspace database (default: the workbench's)")
@@ -113,6 +116,7 @@ def cmd_evolve(args) -> int:
     if generations is None or generations < 0:
         raise CliError("say how many generations: --generations N (or generations in the config's [run])")
     scheduler = args.scheduler or (plan.scheduler if plan else None)
+    until = args.until if args.until is not None else (plan.until if plan else None)
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: stop after a checkpoint
     try:
@@ -123,13 +127,44 @@ def cmd_evolve(args) -> int:
                 run = Evolution.resume(ws, args.resume, evaluator=evaluator, reporters=reporters)
             else:
                 run = plan.evolution(evaluator=evaluator, reporters=reporters, store=ws)
-            print(f"run {run.run_id} in {workspace} (generation {run.generation})")
-            result = run.run(generations, until=plan.until if plan else None, cancel=stop.is_set,
+            start = run.generation
+            print(f"run {run.run_id} in {workspace} (generation {start})")
+            if _reached(run, until):
+                print(f"run {run.run_id} has reached {_limit(run, until)}: it stops again at the first "
+                      "generation that reaches it, as a neat-python run does")
+            result = run.run(generations, until=until, cancel=stop.is_set,
                              progress=lambda done, total: progress_bar("evaluate", done, total))
     finally:
         signal.signal(signal.SIGINT, previous)
-    print(f"run {result.run_id} {result.status} at generation {result.generation}: best fitness "
-          f"{result.best_fitness:.4f}" + (f"; resume with: loomlab evolve --resume {result.run_id}"
-                                          if result.status == "stopped" else ""))
+    line = f"run {result.run_id} {result.status} at generation {result.generation}: best fitness " \
+           f"{result.best_fitness:.4f}"
+    if result.status == "solved":
+        line += f", which reached {_limit(run, until)}"
+    elif result.status == "stopped":
+        left = generations - (result.generation - start)
+        line += f"; resume with: {_resume_command(args, result.run_id, left, scheduler, until)}"
+    print(line)
     return 0
 
+
+def _reached(run, until: float | None) -> bool:
+    """Whether the run's best member already meets its stop condition (so a resumed run stops
+    after one generation)."""
+    return run.task.solved(run.best_fitness) or (until is not None and run.best_fitness >= until)
+
+
+def _limit(run, until: float | None) -> str:
+    """The stop condition the run's best fitness meets, as a user would change it."""
+    if run.task.solved(run.best_fitness):
+        return f"the task's threshold {run.task.fitness_threshold:g} ([task] threshold)"
+    return f"--until {until:g}"
+
+
+def _resume_command(args, run_id: int, generations: int, scheduler: str | None, until: float | None) -> str:
+    """The command that continues a stopped run where it stopped, with what this one was given
+    (the workspace, the scheduler, the stop condition) and the generations it had left."""
+    words = ["loomlab", "evolve", "--resume", str(run_id), "--generations", str(generations)]
+    for option, value in (("--workspace", args.workspace), ("--scheduler", scheduler), ("--until", until)):
+        if value is not None:
+            words += [option, str(value)]
+    return shlex.join(words)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
+import signal
 from pathlib import Path
 
 import pytest
 
 from loomlab.app.cli import main
 from loomlab.core.evolve.dna import compare_dna
+from loomlab.core.evolve.reporters import ConsoleReporter
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.splicing import SpliceConfig, splice
@@ -96,3 +99,45 @@ def test_bad_configs_give_one_line_and_exit_2(tmp_path, capsys, text, message):
     assert main(["evolve", str(tmp_path / "bad.toml"), "--workspace", str(tmp_path / "ws.sqlite3")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_resume_hint_after_ctrl_c_works_as_printed(tmp_path, capsys, monkeypatch):
+    (tmp_path / "run.toml").write_text(CONFIG.replace("generations = 3", "generations = 4"))
+    ws = str(tmp_path / "my ws.sqlite3")  # a space: the hint quotes it
+    printed = ConsoleReporter.end_generation
+
+    def ctrl_c_after_generation_2(self, stats, population):
+        printed(self, stats, population)
+        if stats.generation == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(ConsoleReporter, "end_generation", ctrl_c_after_generation_2)
+    assert main(["evolve", str(tmp_path / "run.toml"), "--workspace", ws]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("run 1 stopped at generation 2") and "resume with: " in last
+    hint = shlex.split(last.split("resume with: ")[1])
+    assert hint[:2] == ["loomlab", "evolve"]
+    monkeypatch.setattr(ConsoleReporter, "end_generation", printed)
+    assert main(hint[1:]) == 0
+    assert "run 1 finished at generation 4" in capsys.readouterr().out
+    task = get_task("xor")  # the oracle: four generations straight
+    api = Evolution(task, config=task.neat_config(seed=5), population=12,
+                    speciation=SpeciationConfig(compatibility_threshold=0.5))
+    api.run(4)
+    with Workspace(ws) as w:
+        assert EvolutionRuns(w).latest_checkpoint(1).members == [checkpoint_bytes(m) for m in api.members]
+
+
+def test_resuming_a_solved_run_says_why_it_stops(tmp_path, capsys):
+    # threshold 0 is xor's floor: every generation reaches it, so the run is solved at once and,
+    # as in neat-python, a resumed run stops again at its first generation
+    (tmp_path / "run.toml").write_text(CONFIG + "[task]\nthreshold = 0.0\n")
+    ws = str(tmp_path / "ws.sqlite3")
+    assert main(["evolve", str(tmp_path / "run.toml"), "--workspace", ws]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("run 1 solved at generation 1")
+    assert main(["evolve", "--resume", "1", "--generations", "50", "--workspace", ws]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("run 1 has reached the task's threshold 0 ([task] threshold): it stops again at "
+                      "the first generation that reaches it, as a neat-python run does")
+    assert out[-1].startswith("run 1 solved at generation 2: best fitness ")
+    assert out[-1].endswith(", which reached the task's threshold 0 ([task] threshold)")
