@@ -7,6 +7,7 @@ import argparse
 import json
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -29,11 +30,15 @@ compatibility_threshold = 0.15
 
 
 def register(sub) -> None:
-    dna = sub.add_parser("dna", help="compare two networks by their DNA (Loom's CompareNetworks)")
-    dna.add_argument("a", help="a Loom JSON network or .loom checkpoint")
-    dna.add_argument("b", help="the network to compare it with")
+    dna = sub.add_parser("dna", help="compare two networks or two language models by their DNA",
+                         description="Two networks (.json / .loom) are compared as Loom's CompareNetworks "
+                                     "does; two language models (built-in names, .gguf files, HF folders) "
+                                     "by their count sketches across dtypes, as the DNA panel does.")
+    dna.add_argument("a", help="a Loom JSON network or .loom checkpoint, or a language model")
+    dna.add_argument("b", help="the network or language model to compare it with")
     dna.add_argument("--across-dtypes", action="store_true",
-                     help="compare dequantized weights, so a morph scores near its original (Loom: 0)")
+                     help="networks: compare dequantized weights, so a morph scores near its original "
+                          "(Loom: 0); language models are always compared so")
     dna.add_argument("--json", action="store_true", help="Loom's JSON result")
     dna.set_defaults(handler=cmd_dna)
 
@@ -67,19 +72,57 @@ def register(sub) -> None:
 
 # ----- dna / splice --------------------------------------------------------------------------
 def cmd_dna(args) -> int:
-    from loomlab.core.evolve.dna import compare_dna
+    from loomlab.core.evolve.dna_table import kind_of
 
-    result = compare_dna(load_net(args.a), load_net(args.b), across_dtypes=args.across_dtypes)
+    kinds = kind_of(args.a), kind_of(args.b)
+    if kinds[0] != kinds[1]:
+        raise CliError(f"{args.a} is a {_KIND_TEXT[kinds[0]]} and {args.b} a {_KIND_TEXT[kinds[1]]}: "
+                       "compare two networks (.json / .loom) or two language models")
+    return _dna_of_models(args) if kinds[0] == "model" else _dna_of_networks(args)
+
+
+_KIND_TEXT = {"network": "network", "model": "language model"}
+
+
+def _dna_of_networks(args) -> int:
+    from loomlab.core.evolve.dna import compare_dna, dtype_mismatches
+
+    a, b = load_net(args.a), load_net(args.b)
+    result = compare_dna(a, b, across_dtypes=args.across_dtypes)
     if args.json:
         print(json.dumps(result.to_loom(), indent=2))
-        return 0
-    print(f"overall overlap  {result.overall_overlap:.6f}")
-    print_table(("layer z,y,x,l", "overlap"), [(k, f"{v:.6f}") for k, v in result.layer_overlaps.items()])
-    if result.logic_shifts:
-        print("logic shifts")
-        print_table(("from", "to", "overlap"),
-                    [(s.source_pos, s.target_pos, f"{s.overlap:.6f}") for s in result.logic_shifts])
+    else:
+        _print_overlaps(result.overall_overlap, [(k, f"{v:.6f}") for k, v in result.layer_overlaps.items()],
+                        "layer z,y,x,l")
+        if result.logic_shifts:
+            print("logic shifts")
+            print_table(("from", "to", "overlap"),
+                        [(s.source_pos, s.target_pos, f"{s.overlap:.6f}") for s in result.logic_shifts])
+    mismatches = [] if args.across_dtypes else dtype_mismatches(a, b)
+    if mismatches:  # a network against its int8 morph reads 0 everywhere: say why, and what compares
+        key, dtype_a, dtype_b = mismatches[0]
+        print(f"{len(mismatches)} layer(s) differ in dtype (at {key}: {dtype_a} against {dtype_b}) and "
+              "score 0, as in Loom; --across-dtypes compares their dequantized weights",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _dna_of_models(args) -> int:
+    """The DNA panel's comparison (:func:`loomlab.core.evolve.dna_table.model_report`)."""
+    from loomlab.core.evolve.dna_table import model_report
+
+    report = model_report(args.a, args.b, progress=progress_bar)
+    if args.json:
+        print(json.dumps(report.comparison.to_loom(), indent=2))
+        return 0
+    _print_overlaps(report.comparison.overall_overlap, [(r.name, f"{r.overlap:.6f}") for r in report.rows],
+                    "layer (count sketches, across dtypes)")
+    return 0
+
+
+def _print_overlaps(overall: float, rows: list[tuple[str, str]], heading: str) -> None:
+    print(f"overall overlap  {overall:.6f}")
+    print_table((heading, "overlap"), rows)
 
 
 def cmd_splice(args) -> int:

@@ -234,6 +234,17 @@ def compare_dna(a: VolumetricNetwork | DNA, b: VolumetricNetwork | DNA, *,
     return DNAComparison(overall, overlaps, _logic_shifts(dna_a, dna_b, across_dtypes))
 
 
+def dtype_mismatches(a: VolumetricNetwork, b: VolumetricNetwork) -> list[tuple[str, str, str]]:
+    """``(position, dtype in a, dtype in b)`` for each grid position where ``a`` and ``b`` hold
+    layers of one type in different dtypes: Loom scores those 0, ``across_dtypes`` compares them."""
+    out = []
+    for (z, y, x, l), layer in a.layers():  # noqa: E741
+        other = b.layer_at((z, y, x, l))
+        if other is not None and other.cfg.type == layer.cfg.type and other.cfg.dtype != layer.cfg.dtype:
+            out.append((position_key(z, y, x, l), layer.cfg.dtype, other.cfg.dtype))
+    return out
+
+
 def _logic_shifts(dna_a: DNA, dna_b: DNA, across_dtypes: bool) -> list[LogicShift]:
     by_length: dict[int, list[LayerSignature]] = {}
     for sig in dna_b:

@@ -11,6 +11,7 @@ import pytest
 
 from loomlab.app.cli import main
 from loomlab.core.evolve.dna import compare_dna
+from loomlab.core.evolve.dna_table import model_report
 from loomlab.core.evolve.reporters import ConsoleReporter
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.speciation import SpeciationConfig
@@ -19,9 +20,11 @@ from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network, save_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps, read_network
+from loomlab.core.morph import morph_all
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace
 
+TINY = Path(__file__).parents[1] / "data" / "tiny-hf"
 GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "evolve-goldens-seed1.json").read_text())
 PAIR = next(c for c in GOLDEN["dna_pairs"] if c["result"]["LogicShifts"])
 CONFIG = """
@@ -53,6 +56,37 @@ def test_dna_prints_loom_comparison(pair, capsys):
     shift = PAIR["result"]["LogicShifts"][0]
     assert f"overall overlap  {PAIR['result']['OverallOverlap']:.6f}" in out and "logic shifts" in out
     assert any(line.split()[:2] == [shift["SourcePos"], shift["TargetPos"]] for line in out.splitlines())
+
+
+def test_dna_of_a_network_and_its_int8_morph_suggests_across_dtypes(pair, tmp_path, capsys):
+    morphed = load_network(pair[0])
+    morph_all(morphed, "int8")
+    save_network(morphed, tmp_path / "a-int8.json")
+    assert main(["dna", pair[0], str(tmp_path / "a-int8.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    n = len(list(morphed.layers()))
+    assert out[0] == "overall overlap  0.000000"  # Loom scores layers of another dtype 0 ...
+    assert out[-1] == (f"{n} layer(s) differ in dtype (at 0,0,0,0: float32 against int8) and score 0, "
+                       "as in Loom; --across-dtypes compares their dequantized weights")  # ... and says so
+    assert main(["dna", pair[0], str(tmp_path / "a-int8.json"), "--across-dtypes"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    expected = compare_dna(load_network(pair[0]), morphed, across_dtypes=True).overall_overlap
+    assert out[0] == f"overall overlap  {expected:.6f}" and expected > 0.99
+    assert not any("differ in dtype" in line for line in out)
+    assert main(["dna", *pair]) == 0 and "differ in dtype" not in capsys.readouterr().out
+
+
+def test_dna_compares_two_language_models_as_the_dna_panel_does(capsys):
+    a, b = str(TINY / "tiny-llama"), str(TINY / "tiny-qwen2")
+    assert main(["dna", a, b]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    report = model_report(a, b)  # the panel's comparison
+    assert lines[0] == f"overall overlap  {report.comparison.overall_overlap:.6f}"
+    assert [line.rsplit(None, 1) for line in lines[2:]] == [[r.name, f"{r.overlap:.6f}"] for r in report.rows]
+    assert main(["dna", a, "net.json"]) == 2
+    assert capsys.readouterr().err.strip() == (f"loomlab: error: {a} is a language model and net.json a "
+                                               "network: compare two networks (.json / .loom) or two "
+                                               "language models")
 
 
 def test_splice_saves_the_engines_child(pair, tmp_path):
