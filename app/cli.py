@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 
 EXIT_ERROR = 2
+EXIT_CANCELLED = 128 + 2  # as a shell reports a process ended by SIGINT
+EXIT_TERMINATED = 128 + 15  # ... and by SIGTERM
 # Qt platform plugins that draw without a display server (offscreen, framebuffer, VNC ...)
 HEADLESS_QT_PLATFORMS = frozenset({"offscreen", "minimal", "minimalegl", "eglfs", "linuxfb", "vnc",
                                    "vkkhrdisplay"})
@@ -116,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"loomlab: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from loomlab.core.io.atomic import Terminated
+
+        if isinstance(e, Terminated):  # SIGTERM during a save: the temporary files are gone
+            print("loomlab: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
         print("loomlab: cancelled", file=sys.stderr)
-        return 130
+        return EXIT_CANCELLED
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         sys.stderr.close()
         return 0

@@ -276,6 +276,20 @@ def test_out_of_memory_and_too_deep_are_one_line_and_status_2(monkeypatch, capsy
         assert err.count("\n") == 1 and words in err
 
 
+def test_sigterm_during_a_save_exits_143_and_ctrl_c_130(monkeypatch, capsys):
+    from loomlab.app import cli
+    from loomlab.core.io.atomic import Terminated
+
+    for error, status, line in ((Terminated(), 143, "loomlab: terminated"),
+                                (KeyboardInterrupt(), 130, "loomlab: cancelled")):
+        def fail(args, error=error):
+            raise error
+
+        monkeypatch.setattr(cli, "build_parser", lambda fail=fail: _Parsed(argparse.Namespace(handler=fail)))
+        assert main(["quantize", "m", "out.gguf"]) == status
+        assert capsys.readouterr().err == line + "\n"
+
+
 class _Parsed:
     """A parser whose parse gives ``args`` whatever the words."""
 
