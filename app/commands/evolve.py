@@ -64,6 +64,8 @@ def register(sub) -> None:
     ev.add_argument("--until", type=float, metavar="FITNESS",
                     help="stop once a member reaches FITNESS (default: the config's [run] until)")
     ev.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN from its last checkpoint")
+    ev.add_argument("--recipe-out", metavar="FILE",
+                    help="quant-recipe: where to save the best recipe (default: quant-recipe-run-RUN.json)")
     ev.add_argument("--scheduler", help="evaluate on Dask: 'local' (a local cluster) or tcp://host:port")
     ev.add_argument("--workspace", help="the workspace database (default: the workbench's)")
     ev.add_argument("--list", action="store_true", help="list the workspace's runs and exit")
@@ -187,7 +189,20 @@ def cmd_evolve(args) -> int:
         left = generations - (result.generation - start)
         line += f"; resume with: {_resume_command(args, result.run_id, left, scheduler, until)}"
     print(line)
+    if run.genome.member_kind == "recipe" and run.best is not None:
+        _save_best_recipe(run, args.recipe_out or f"quant-recipe-run-{result.run_id}.json")
     return 0
+
+
+def _save_best_recipe(run, path: str) -> None:
+    """Print a quant-recipe run's best recipe in one line and save it where ``quant-report`` and
+    ``quantize`` read it from."""
+    from loomlab.core.llm.recipe import save_recipe
+
+    save_recipe(path, run.task.morphs(run.best))
+    print(f"best recipe: {run.task.summary(run.best)}")
+    print(f"saved as {path}; measure it with: "
+          f"{shlex.join(['loomlab', 'quant-report', run.task.params['model'], '--recipe', path])}")
 
 
 def _reached(run, until: float | None) -> bool:

@@ -20,11 +20,13 @@ process only (a cluster's work items are networks).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from ..cancel import Cancel
 from ..errors import LoomConfigError
+from ..units import format_bytes
 from .evaluators import Progress
 from .genome import Genome
 from .gorand import GoRand
@@ -48,6 +50,8 @@ from .recipe import (
 from .tasks import Task
 from .values import check_number
 
+KEEP_GENE = "float32"  # a gene that keeps its layer as loaded (the file's own blocks)
+KEPT = "as loaded"  # how a summary names that gene
 FITTER_SHARE = 0.75  # a child's layer comes from the fitter parent with this probability
 # a member in memory: one dtype per weighted layer (hundreds), its score and its checkpoint text
 RECIPE_MEMBER_BYTES = 64 << 10
@@ -62,7 +66,7 @@ class RecipeGenome(Genome):
         self.space, self.mutation_rate = space, mutation_rate
 
     def initial(self, size: int, rng: GoRand) -> list[Recipe]:
-        unmorphed = self.space.uniform("float32")
+        unmorphed = self.space.uniform(KEEP_GENE)
         return [unmorphed] + [self.space.mutate(unmorphed, rng, self.mutation_rate) for _ in range(size - 1)]
 
     def offspring(self, a, b, fitness_a, fitness_b, rng) -> Recipe:
@@ -130,6 +134,18 @@ class RecipeTask(Task):
     def member_bytes(self, config: NEATConfig | None = None) -> int:
         """A recipe's memory (the model is loaded once for the whole run)."""
         return RECIPE_MEMBER_BYTES
+
+    def morphs(self, recipe: Sequence[str]) -> dict[str, str]:
+        """The layers ``recipe`` morphs as ``{layer name: dtype}``, the recipe ``quant-report`` and
+        ``quantize`` read (a layer it keeps as loaded is not named)."""
+        return {name: gene for name, gene in zip(self.space.names, recipe, strict=True) if gene != KEEP_GENE}
+
+    def summary(self, recipe: Sequence[str]) -> str:
+        """``recipe`` in one line: its layers per dtype and its packed size,
+        ``int8×30 as loaded×93, 45.2 MiB``."""
+        counts = Counter(KEPT if gene == KEEP_GENE else gene for gene in recipe)
+        layers = " ".join(f"{name}×{n}" for name, n in counts.most_common())
+        return f"{layers}, {format_bytes(self.space.recipe_bytes(recipe))}"
 
     def genome(self, config: NEATConfig) -> RecipeGenome:
         """What a run's members are (the run's NEAT config only seeds its generator)."""

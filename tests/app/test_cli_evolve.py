@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from loomlab.app.cli import main
 from loomlab.core.evolve.dna import compare_dna
 from loomlab.core.evolve.dna_table import model_report
+from loomlab.core.evolve.recipe import recipe_from_bytes
 from loomlab.core.evolve.reporters import ConsoleReporter
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.speciation import SpeciationConfig
@@ -20,6 +23,8 @@ from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network, save_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps, read_network
+from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.recipe import weighted_layers
 from loomlab.core.morph import morph_all
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace
@@ -175,3 +180,47 @@ def test_resuming_a_solved_run_says_why_it_stops(tmp_path, capsys):
                       "the first generation that reaches it, as a neat-python run does")
     assert out[-1].startswith("run 1 solved at generation 2: best fitness ")
     assert out[-1].endswith(", which reached the task's threshold 0 ([task] threshold)")
+
+
+def byte_level_model(folder: Path) -> Path:
+    """tiny-llama (vocabulary 256) with a byte-level tokenizer, so it loads as a language model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    shutil.copytree(TINY / "tiny-llama", folder)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_a_quant_recipe_run_prints_and_saves_its_best_recipe(tmp_path, capsys, monkeypatch):
+    model = byte_level_model(tmp_path / "tiny")
+    (tmp_path / "qr.toml").write_text(f"""
+[run]
+task = "quant-recipe"
+population = 3
+generations = 1
+[task]
+model = "{model.as_posix()}"
+probes = ["hello world"]
+probe_tokens = 4
+dtypes = ["float32", "int8", "int4"]
+mutation_rate = 0.5
+[neat]
+seed = 2
+""")
+    monkeypatch.chdir(tmp_path)
+    assert main(["evolve", "qr.toml", "--workspace", "ws.sqlite3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    with Workspace(tmp_path / "ws.sqlite3") as ws:  # the oracle: the run's stored best member
+        best = recipe_from_bytes(bytes.fromhex(EvolutionRuns(ws).latest_checkpoint(1).state["best"]))
+    names = [la.name for la in weighted_layers(load_causal_lm(model))]
+    morphs = {name: gene for name, gene in zip(names, best, strict=True) if gene != "float32"}
+    assert morphs and json.loads((tmp_path / "quant-recipe-run-1.json").read_text()) == morphs
+    counts = Counter("as loaded" if gene == "float32" else gene for gene in best)
+    layers = " ".join(f"{name}×{n}" for name, n in counts.most_common())
+    assert out[-2].startswith(f"best recipe: {layers}, ") and out[-2].endswith(" KiB")
+    assert out[-1] == (f"saved as quant-recipe-run-1.json; measure it with: loomlab quant-report "
+                       f"{model.as_posix()} --recipe quant-recipe-run-1.json")
