@@ -1,4 +1,5 @@
-"""What wraps every HTTP request: the API key check, the request log and the request counter.
+"""What wraps every HTTP request: the API key check, the request log and the request counter
+(:class:`Guard`), and the time a body may take to arrive (:class:`BodyDeadline`).
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which would run streaming replies
 through an extra task group). Each request gets a :class:`LiveLog` in ``request.state.log`` that
@@ -8,6 +9,7 @@ when the request starts (status 0) and once when it ends, with the same id.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import logging
@@ -117,3 +119,35 @@ class Guard:
             self.on_log(entry)
         except Exception:  # a broken log view must not break the request
             log.exception("on_log failed")
+
+
+class BodyDeadline:
+    """Bounds the time a request's body may take to arrive, however it trickles: past
+    ``seconds`` from the request's start, reading it raises a 408 :class:`ApiError` (the routes
+    answer it, and the connection closes). Messages after the body (the wait for a disconnect)
+    are not timed."""
+
+    def __init__(self, app: ASGIApp, seconds: float):
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.seconds
+        body_done = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(408, f"the request body did not arrive within {self.seconds:g} s",
+                               code="body_timeout", headers={"connection": "close"}) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        await self.app(scope, timed_receive, send)

@@ -2,9 +2,11 @@
 
 Every handler is ``async`` and never blocks on the engine: generation goes through
 :class:`~.generation.Submission` (records pushed onto the event loop), embeddings through
-``engine.run`` awaited as a future. So the server needs no worker threads of its own.
-Errors are OpenAI's JSON error object with a 4xx status; the core's typed errors are the
-client's (400), an unexpected exception is logged and answered 500.
+``engine.run`` awaited as a future, a few inputs at a time so generation steps in between.
+So the server needs no worker threads of its own. Errors are OpenAI's JSON error object with a
+4xx status; the core's typed errors are the client's (400), before generating or during it (a
+constraint that cannot be followed: the reply's 400, or a stream's error event), and an
+unexpected exception is logged and answered 500.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loomlab.core.errors import LoomConfigError, LoomError, LoomShapeError
+from loomlab.core.errors import EngineProcessError, LoomConfigError, LoomError, LoomShapeError
 from loomlab.core.llm.batching import BatchEngine
 from loomlab.core.llm.chat_template import encode_chat
+from loomlab.core.llm.constrain import Constraint
 from loomlab.core.llm.textmodel import TextModel
 
 from . import replies
@@ -37,6 +40,7 @@ from .schemas import ApiError, Generation, bad, decode_json, parse_chat, parse_c
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20  # a prompt that fits any context is far smaller; more is a mistake or abuse
+EMBED_CHUNK_TOKENS = 256  # tokens embedded between two decode steps, so generation goes on meanwhile
 
 
 @dataclass
@@ -68,7 +72,7 @@ def make_app(ctx: Context) -> Starlette:
     ]
     # async handlers only: Starlette runs a sync one in a worker thread
     app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
-                                                       Exception: internal_error})
+                                                       LoomError: loom_error, Exception: internal_error})
     app.state.ctx = ctx
     return app
 
@@ -81,7 +85,12 @@ def error_response(request: Request, error: ApiError, headers: dict | None = Non
 
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(request, exc)
+    return error_response(request, exc, exc.headers)
+
+
+async def loom_error(request: Request, exc: LoomError) -> JSONResponse:
+    """A typed core error no handler turned into its field's 400 (the safety net)."""
+    return error_response(request, typed_failure(exc))
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -102,6 +111,18 @@ def engine_error(e: LoomError, param: str) -> ApiError:
     if isinstance(e, LoomShapeError):
         return bad(str(e), "max_tokens", "context_length_exceeded")
     return bad(str(e), param)
+
+
+def typed_failure(e: BaseException | None, why: str | None = None) -> ApiError:
+    """Why a request failed, as its reply: a typed core error is the request's (400; the param
+    is response_format when the message names it), a helper process of the engine failing is a
+    503, anything else is the engine's fault (500)."""
+    message = (str(e) if isinstance(e, LoomError) else why) or "the engine failed this request"
+    if isinstance(e, EngineProcessError):
+        return ApiError(503, message, kind="server_error", code="engine_unavailable")
+    if isinstance(e, LoomError):
+        return bad(message, "response_format" if "response_format" in message else None)
+    return ApiError(500, message, kind="server_error")
 
 
 # ----- small endpoints ------------------------------------------------------------------------------
@@ -147,6 +168,41 @@ async def read_json(request: Request) -> dict:
     return decode_json(b"".join(chunks))
 
 
+async def on_engine(ctx: Context, fn: Callable[[TextModel], object], param: str):
+    """``fn(model)`` run on the engine's thread between two steps, awaited; a typed error it
+    raises is the request's (400 naming ``param``)."""
+    if ctx.closing():
+        raise ApiError(503, "the server is stopping", kind="server_error", code="stopping")
+    try:
+        future = ctx.engine.run(fn)
+    except LoomConfigError as e:  # the engine closed meanwhile
+        raise ApiError(503, str(e), kind="server_error", code="stopping") from None
+    try:
+        return await asyncio.wrap_future(future)
+    except LoomError as e:
+        raise bad(str(e), param) from None
+    except asyncio.CancelledError:
+        if not future.cancelled():
+            raise  # this handler was cancelled, not the engine's call
+        raise ApiError(503, "the server is stopping", kind="server_error", code="stopping") from None
+
+
+async def check_constraint(ctx: Context, gen: Generation) -> None:
+    """Compile the request's response_format for this model's vocabulary and compute its first
+    mask, before generating: a schema or grammar that cannot start (a ``$ref`` to itself, say)
+    is a 400 here rather than an error after the prompt was prefilled."""
+    fmt = gen.params.response_format
+    if fmt is None:
+        return
+
+    def first_mask(model: TextModel) -> None:
+        constraint = Constraint.for_model(model, fmt)
+        if constraint is not None:
+            constraint.mask(np.zeros(model.vocab_size, np.float32))
+
+    await on_engine(ctx, first_mask, "response_format")
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client goes away (the body has been read, so only that message is left)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -190,11 +246,11 @@ def _finished(request: Request, sub: Submission) -> None:
 
 
 def _failure(sub: Submission) -> ApiError | None:
-    """Why a whole (non-streamed) reply cannot be given: the engine failed or stopped it. A failed
-    step is the engine's fault (request errors are refused before submitting), hence a 500."""
-    failed = [r.error for r, c in zip(sub.requests, sub.choices, strict=True) if c.finish_reason == "error"]
+    """Why a whole (non-streamed) reply cannot be given: a choice failed (:func:`typed_failure`)
+    or the engine stopped it."""
+    failed = [r for r, c in zip(sub.requests, sub.choices, strict=True) if c.finish_reason == "error"]
     if failed:
-        return ApiError(500, failed[0] or "the engine failed this request", kind="server_error")
+        return typed_failure(failed[0].failure, failed[0].error)
     if any(c.finish_reason == "cancelled" for c in sub.choices):
         return ApiError(503, "the reply was cancelled (the server is stopping)", kind="server_error",
                         code="stopping")
@@ -202,9 +258,9 @@ def _failure(sub: Submission) -> ApiError | None:
 
 
 def _error_event(sub: Submission, choice) -> str:
-    """An engine failure mid-stream, as the error event OpenAI's clients raise on."""
-    why = sub.requests[choice.index].error or "the engine failed this request"
-    return _sse(ApiError(500, why, kind="server_error").body())
+    """A choice's failure mid-stream, as the error event OpenAI's clients raise on."""
+    request = sub.requests[choice.index]
+    return _sse(typed_failure(request.failure, request.error).body())
 
 
 def _sse(obj) -> str:
@@ -237,6 +293,7 @@ async def chat_completions(request: Request) -> Response:
     except LoomError as e:
         raise bad(str(e), "messages") from None
     gen = req.gen
+    await check_constraint(ctx, gen)
     sub = _submit(request, [ids], gen, "messages")
     reply = Reply("chatcmpl", ctx.model_name, ctx.model.token_text, ctx.model.tokenizer.eos_ids)
     if gen.stream:
@@ -288,6 +345,7 @@ async def completions(request: Request) -> Response:
     except LoomError as e:
         raise bad(str(e), "prompt") from None
     gen = req.gen
+    await check_constraint(ctx, gen)
     sub = _submit(request, prompts, gen, "prompt")
     reply = Reply("cmpl", ctx.model_name, ctx.model.token_text, tok.eos_ids)
     # echo: each choice's text starts with its prompt (as text)
@@ -334,27 +392,20 @@ async def embeddings(request: Request) -> JSONResponse:
     ctx.check_model(req.model)
     live = request.state.log
     live.model = ctx.model_name
-    counts = [len(ctx.model.tokenizer.encode(t, add_special_tokens=True)) for t in req.texts]
+    try:
+        counts = [len(ctx.model.tokenizer.encode(t, add_special_tokens=True)) for t in req.texts]
+    except LoomError as e:
+        raise bad(str(e), "input") from None
     live.prompt_tokens = sum(counts)
     too_long = [i for i, n in enumerate(counts) if n > ctx.model.context_length]
     if too_long:
         raise bad(f"input {too_long[0]} has {counts[too_long[0]]} tokens, more than the context length "
                   f"{ctx.model.context_length}", "input", "context_length_exceeded")
-    if ctx.closing():
-        raise ApiError(503, "the server is stopping", kind="server_error", code="stopping")
     t0 = time.perf_counter()
-    try:
-        future = ctx.engine.run(lambda model: model.embed(req.texts))
-    except LoomConfigError as e:  # the engine closed meanwhile
-        raise ApiError(503, str(e), kind="server_error", code="stopping") from None
-    try:
-        vectors = await asyncio.wrap_future(future)
-    except LoomError as e:
-        raise bad(str(e), "input") from None
-    except asyncio.CancelledError:
-        if not future.cancelled():
-            raise  # this handler was cancelled, not the engine's call
-        raise ApiError(503, "the server is stopping", kind="server_error", code="stopping") from None
+    vectors = []
+    for lo, hi in chunks(counts, EMBED_CHUNK_TOKENS):  # the batch steps between two chunks
+        texts = req.texts[lo:hi]
+        vectors.extend(await on_engine(ctx, lambda model, texts=texts: model.embed(texts), "input"))
     seconds = time.perf_counter() - t0
     ctx.metrics.prompt_tokens.inc(live.prompt_tokens)
     return JSONResponse({
@@ -365,6 +416,18 @@ async def embeddings(request: Request) -> JSONResponse:
         "timings": {"prompt_n": live.prompt_tokens, "prompt_ms": seconds * 1000,
                     "prompt_per_second": live.prompt_tokens / seconds if seconds else 0.0,
                     "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_second": 0.0, "cached_tokens": 0}})
+
+
+def chunks(counts: list[int], budget: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` runs of consecutive inputs of at most ``budget`` tokens (at least one input)."""
+    runs, lo, total = [], 0, 0
+    for i, n in enumerate(counts):
+        if i > lo and total + n > budget:
+            runs.append((lo, i))
+            lo, total = i, 0
+        total += n
+    runs.append((lo, len(counts)))
+    return runs
 
 
 def _vector(v: np.ndarray, encoding: str):

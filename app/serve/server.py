@@ -15,8 +15,9 @@ from loomlab.core.errors import LoomConfigError, LoomError
 from loomlab.core.llm.batching import BatchEngine
 from loomlab.core.llm.textmodel import TextModel
 
+from .connections import BoundedServer, ConnectionLimits, default_max_connections, protocol_class
 from .metrics import ServerMetrics
-from .middleware import Guard, RequestLog
+from .middleware import BodyDeadline, Guard, RequestLog
 from .routes import Context, make_app
 
 START_TIMEOUT_S = 30.0
@@ -34,12 +35,15 @@ class Server:
     route but /health ask for ``Authorization: Bearer KEY``; ``max_batch`` sequences are decoded
     together; ``model_name`` is the name clients use (the model's own by default); ``on_log(entry)``
     gets a :class:`RequestLog` when each request starts (status 0) and when it ends, called from
-    the server's thread.
+    the server's thread. ``limits`` bounds connections and the time to send a request
+    (:mod:`.connections`; by default half the process's open-files limit, 10 s for a head, 30 s
+    for a body).
     """
 
     def __init__(self, model: TextModel, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, max_batch: int = 8, model_name: str | None = None,
-                 on_log: Callable[[RequestLog], None] | None = None, speculative: str | None = None):
+                 on_log: Callable[[RequestLog], None] | None = None, speculative: str | None = None,
+                 limits: ConnectionLimits | None = None):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise LoomConfigError(f"port must be an integer in 0..65535, got {port!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
@@ -53,6 +57,7 @@ class Server:
         self.model_name = model_name or model.name or "model"
         self.on_log = on_log
         self.speculative = speculative  # "prompt-lookup": greedy requests speculate (same output)
+        self.limits = limits or ConnectionLimits(default_max_connections())
         self.url = ""
         self._engine: BatchEngine | None = None
         self._uvicorn: uvicorn.Server | None = None
@@ -81,10 +86,16 @@ class Server:
         metrics = ServerMetrics(self._engine.stats)
         ctx = Context(self.model, self._engine, self.model_name, metrics, int(time.time()),
                       lambda: self._stopping)
-        app = Guard(make_app(ctx), api_key=self.api_key, metrics=metrics, on_log=self.on_log)
-        config = uvicorn.Config(app, loop="asyncio", http="h11", ws="none", lifespan="off",
-                                log_config=None, access_log=False, timeout_graceful_shutdown=GRACE_S)
-        self._uvicorn = uvicorn.Server(config)
+        limits = self.limits
+        app = Guard(BodyDeadline(make_app(ctx), limits.body_timeout_s), api_key=self.api_key,
+                    metrics=metrics, on_log=self.on_log)
+        config = uvicorn.Config(app, loop="asyncio", http=protocol_class(limits), ws="none",
+                                lifespan="off", log_config=None, access_log=False,
+                                timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=limits.keep_alive_s,
+                                # uvicorn's 503 past this many connections or running requests
+                                # (one a connection): ours refuses the connection itself first
+                                limit_concurrency=limits.max_connections + 1, backlog=limits.backlog)
+        self._uvicorn = BoundedServer(config)
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [sock]},
                                         name="loomlab-serve", daemon=True)
         self._thread.start()

@@ -6,8 +6,12 @@ engine is the same as alone), the ``loomlab generate`` CLI, jsonschema, Promethe
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import logging
+import select
+import socket
 import threading
 import time
 
@@ -19,9 +23,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loomlab.app.cli import main
-from loomlab.app.serve import RequestLog, ServeError, Server
+from loomlab.app.serve import RequestLog, ServeError, Server, routes
+from loomlab.app.serve.connections import ConnectionLimits, ResourceWarnings
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.llm.chat_template import encode_chat
+from loomlab.core.llm.constrain import Constraint
 
 TIMEOUT = 300  # seconds: the shared 2-core machine can be slow, a hang still fails
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -259,6 +265,18 @@ ERRORS = [
     ("POST", "/completions", {"prompt": 5}, 400, "prompt"),
     ("POST", "/completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
     ("POST", "/embeddings", {"input": 5}, 400, "input"),
+    ("POST", "/embeddings", {"input": ["a"] * 257}, 400, "input"),
+    # OpenAI's ranges, roles, and fields this server does not implement
+    ("POST", "/chat/completions", {**CHAT_OK, "frequency_penalty": -1e308}, 400, "frequency_penalty"),
+    ("POST", "/chat/completions", {**CHAT_OK, "seed": 1 << 64}, 400, "seed"),
+    ("POST", "/chat/completions", {**CHAT_OK, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages[0].role"),
+    ("POST", "/chat/completions", {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}],
+                                   "tool_choice": "auto"}, 400, "tools"),
+    ("POST", "/completions", {"prompt": "x", "logit_bias": {"1": 100}}, 400, "logit_bias"),
+    # a schema that compiles but cannot start: refused before any prefill
+    ("POST", "/chat/completions", {**CHAT_OK, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "#"}}}}, 400, "response_format"),
     ("POST", "/chat/completions", {**CHAT_OK, "model": "gpt-4"}, 404, "model"),
     ("POST", "/nope", {}, 404, None),
     ("GET", "/chat/completions", None, 405, None),
@@ -361,3 +379,136 @@ def test_a_speculating_server_gives_the_plain_greedy_text(smollm2):
     assert stats["accepted_tokens"] > 0  # it did speculate, and drafts were kept
     with pytest.raises(LoomConfigError, match="speculative"):
         Server(smollm2, port=0, speculative="draft")
+
+
+def test_a_tiny_temperature_is_greedy_and_a_negative_seed_is_taken(smollm2, client):
+    """temperature 1e-320 and seed -1 are inside OpenAI's ranges: an answer, the greedy one."""
+    greedy = alone(smollm2.chat, CHAT, max_tokens=4)
+    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT, max_tokens=4,
+                                           temperature=1e-320, seed=-1)
+    assert reply.choices[0].message.content == greedy
+
+
+def test_a_constraint_that_fails_mid_reply_is_the_clients_error(client, http, monkeypatch):
+    """A constraint llguidance accepts up front and gives up on mid-reply (as it does on the regex
+    (a{100}){100}{100}, slowly: simulated here) is the request's fault: a 400 for a whole reply,
+    an invalid_request_error event for a stream, never a 500."""
+    def give_up(self, token):
+        raise LoomConfigError(f"response_format rejected token {token}: lexer error: too many expressions")
+
+    monkeypatch.setattr(Constraint, "consume", give_up)
+    body = {"model": "smollm2-135m", "max_tokens": 4, "messages": CHAT,
+            "response_format": {"type": "regex", "pattern": "[ab]{1,6}"}}
+    whole = http.post("/chat/completions", json=body)
+    assert whole.status_code == 400, whole.text
+    error = whole.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "response_format")
+    assert error["message"].startswith("response_format rejected token")
+    with pytest.raises(openai.APIError) as e:
+        list(client.chat.completions.create(**body, stream=True))
+    assert (e.value.type, e.value.param) == ("invalid_request_error", "response_format")
+
+
+def test_a_chat_is_served_while_a_long_embeddings_request_runs(smollm2, served, http, monkeypatch):
+    """Embeddings go to the engine a chunk at a time (here one input), so a chat arriving
+    meanwhile gets its decode steps between two chunks instead of waiting for all of them."""
+    monkeypatch.setattr(routes, "EMBED_CHUNK_TOKENS", 1)
+    texts = [f"word {i}" for i in range(10)]
+    want = smollm2.embed(texts[-1:])
+    embed, calls, finished = smollm2.embed, [], {}
+    monkeypatch.setattr(smollm2, "embed", lambda batch: calls.append(len(batch)) or embed(batch))
+
+    def embeddings() -> None:
+        reply = httpx.post(f"{served[1]}/embeddings", json={"input": texts, "encoding_format": "float"},
+                           timeout=TIMEOUT)
+        finished["embeddings"] = time.perf_counter()
+        finished["vectors"] = [d["embedding"] for d in reply.json()["data"]]
+
+    worker = threading.Thread(target=embeddings)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not calls:  # the engine is embedding
+            assert time.monotonic() < deadline, "the embeddings request never reached the engine"
+            time.sleep(0.005)
+        chat = http.post("/chat/completions", json={"messages": CHAT, "max_tokens": 2, "temperature": 0})
+        chat_done = time.perf_counter()
+    finally:
+        worker.join(TIMEOUT)
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
+    assert chat_done < finished["embeddings"]
+    assert calls == [1] * len(texts)
+    np.testing.assert_array_equal(np.array(finished["vectors"][-1:], np.float32), want)
+
+
+# ----- connections ----------------------------------------------------------------------------------
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """What the server sent before closing ``sock`` (a socket.timeout if it does not close it)."""
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    sock.close()
+    return data
+
+
+def _trickle(sock: socket.socket, data: bytes, every: float) -> int:
+    """Send ``data`` a byte every ``every`` seconds until the server closes; how many were sent."""
+    for sent, byte in enumerate(data):
+        if select.select([sock], [], [], every)[0]:  # the server's close (EOF) is readable
+            return sent
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            return sent
+    return len(data)
+
+
+def test_slow_heads_and_bodies_are_cut_and_connections_are_bounded(smollm2):
+    """A head that never ends, or trickles, is closed after head_timeout_s; a body that does not
+    arrive gets a 408 after body_timeout_s; /health answers meanwhile; past max_connections a
+    connection gets a 503 at once. (uvicorn alone kept every one of them open for ever.)"""
+    limits = ConnectionLimits(max_connections=4, head_timeout_s=0.4, body_timeout_s=0.4)
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"
+    with Server(smollm2, port=0, limits=limits) as server:
+        health = server.url.replace("/v1", "/health")
+        partial, body, trickling = (_connect(server.url) for _ in range(3))
+        partial.sendall(head)
+        body.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"input\":")
+        assert httpx.get(health, timeout=TIMEOUT).status_code == 200
+        assert _trickle(trickling, head, 0.05) < len(head)  # cut mid-head, though data kept coming
+        assert _until_closed(partial) == b""
+        late = _until_closed(body)
+        assert late.startswith(b"HTTP/1.1 408") and b"body_timeout" in late
+        held = [_connect(server.url) for _ in range(limits.max_connections)]
+        refused = _until_closed(_connect(server.url))
+        assert refused.startswith(b"HTTP/1.1 503") and b"too many connections" in refused
+        assert [_until_closed(s) for s in held] == [b""] * limits.max_connections  # idle: cut too
+        assert httpx.get(health, timeout=TIMEOUT).status_code == 200
+
+
+def test_running_out_of_descriptors_is_one_line_not_a_traceback_per_accept(caplog):
+    """asyncio reports each failed accept (EMFILE) through the loop's exception handler: ours
+    summarises them in one warning per interval and passes anything else on."""
+    passed = []
+
+    class Loop:
+        def default_exception_handler(self, context):
+            passed.append(context)
+
+    handler, loop = ResourceWarnings(), Loop()
+    with caplog.at_level(logging.WARNING, logger="loomlab.app.serve.connections"):
+        for _ in range(5000):
+            handler(loop, {"message": "socket.accept() out of system resource",
+                           "exception": OSError(errno.EMFILE, "Too many open files")})
+    assert len(caplog.records) == 1 and "Too many open files" in caplog.records[0].getMessage()
+    assert passed == []
+    other = {"message": "something else", "exception": RuntimeError("x")}
+    handler(loop, other)
+    assert passed == [other]
