@@ -19,6 +19,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (default 8)")
+    p.add_argument("--max-connections", type=int,
+                   help="open connections at most; one more gets 503 (default: half the open-files limit, "
+                        "at most 1024; docs/serving.md lists every limit)")
     p.add_argument("--speculative", choices=["prompt-lookup"],
                    help="greedy requests speculate with prompt lookup (the same output, faster where the "
                         "reply repeats the prompt)")
@@ -29,17 +32,21 @@ def register(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from loomlab.app.serve import Server
+    from loomlab.app.serve import ConnectionLimits, Server
+    from loomlab.app.serve.connections import default_max_connections
     from loomlab.core.llm.textmodel import load_model
 
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
         raise CliError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_connections is not None and args.max_connections < 1:
+        raise CliError(f"--max-connections must be >= 1, got {args.max_connections}")
+    limits = ConnectionLimits(args.max_connections or default_max_connections())
     with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
         server = Server(model, host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
                         model_name=args.name, on_log=_log_line if args.log else None,
-                        speculative=args.speculative)
+                        speculative=args.speculative, limits=limits)
         url = server.start()
         try:
             print(f"serving {server.model_name} at {url} on {model.backend.name} (Ctrl-C stops)",

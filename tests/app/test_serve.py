@@ -512,3 +512,17 @@ def test_running_out_of_descriptors_is_one_line_not_a_traceback_per_accept(caplo
     other = {"message": "something else", "exception": RuntimeError("x")}
     handler(loop, other)
     assert passed == [other]
+
+
+def test_the_cli_checks_max_connections_before_loading(capsys):
+    assert main(["serve", "smollm2-135m", "--port", "0", "--max-connections", "0"]) == 2
+    assert "--max-connections must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_constrained_reply_cut_by_max_tokens_says_length(client):
+    """An integer without a maximum can go on for ever: the reply says it was cut."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    reply = client.chat.completions.create(
+        model="smollm2-135m", max_tokens=3, temperature=0, messages=CHAT,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
