@@ -9,24 +9,13 @@ import shlex
 import signal
 import sys
 import threading
+from importlib.resources import files
 from pathlib import Path
 
 from ..cli import CliError, print_table, progress_bar
 from .net import load_net
 
-EVOLVE_EXAMPLE = """\
-[run]
-task = "xor"          # xor, sine, spirals or quant-recipe (a language model's per-layer dtypes)
-population = 150
-generations = 300
-until = 3.9           # optional: stop once a member reaches this fitness
-[task]                # the task's parameters (hidden, depth, activation, seed, ...)
-hidden = 4
-[neat]                # NEATConfig fields; seed seeds the whole run (default: random)
-seed = 1
-[speciation]          # present: speciated reproduction; its settings (all optional)
-compatibility_threshold = 0.15
-"""
+EXAMPLE_CONFIG = "examples/xor.toml"  # in loomlab.resources: the README's example run
 
 
 def register(sub) -> None:
@@ -57,7 +46,8 @@ def register(sub) -> None:
     ev = sub.add_parser("evolve", help="run (or resume) an evolution experiment",
                         description="Evolve networks for a task as CONFIG.toml says; every generation is "
                                     "checkpointed in the workspace, and Ctrl-C stops after the last one. "
-                                    "Example config:\n\n" + EVOLVE_EXAMPLE,
+                                    f"Example config (loomlab/resources/{EXAMPLE_CONFIG}):\n\n"
+                                    + files("loomlab.resources").joinpath(EXAMPLE_CONFIG).read_text("utf-8"),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("config", nargs="?", help="the run's TOML config (not needed with --resume)")
     ev.add_argument("--generations", type=int, help="generations to run (default: the config's)")
