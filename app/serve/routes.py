@@ -170,7 +170,7 @@ async def read_json(request: Request) -> dict:
 
 async def on_engine(ctx: Context, fn: Callable[[TextModel], object], param: str):
     """``fn(model)`` run on the engine's thread between two steps, awaited; a typed error it
-    raises is the request's (400 naming ``param``)."""
+    raises is the request's (400 naming ``param``), but a helper process's failure (503)."""
     if ctx.closing():
         raise ApiError(503, "the server is stopping", kind="server_error", code="stopping")
     try:
@@ -179,6 +179,8 @@ async def on_engine(ctx: Context, fn: Callable[[TextModel], object], param: str)
         raise ApiError(503, str(e), kind="server_error", code="stopping") from None
     try:
         return await asyncio.wrap_future(future)
+    except EngineProcessError as e:
+        raise typed_failure(e) from None
     except LoomError as e:
         raise bad(str(e), param) from None
     except asyncio.CancelledError:

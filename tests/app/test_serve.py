@@ -20,6 +20,8 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from loomlab.app.cli import main
@@ -526,3 +528,15 @@ def test_a_constrained_reply_cut_by_max_tokens_says_length(client):
         model="smollm2-135m", max_tokens=3, temperature=0, messages=CHAT,
         response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.lists(st.integers(1, 40), min_size=1, max_size=30), budget=st.integers(1, 60))
+def test_embedding_chunks_cover_the_inputs_in_order_within_the_budget(counts, budget):
+    """Consecutive runs covering every input once; each within the budget unless it is one input
+    over it alone; none could take the next input (as few engine calls as the budget allows)."""
+    runs = routes.chunks(counts, budget)
+    assert [lo for lo, _ in runs] == [0] + [hi for _, hi in runs[:-1]] and runs[-1][1] == len(counts)
+    for lo, hi in runs:
+        assert hi > lo and (sum(counts[lo:hi]) <= budget or hi - lo == 1)
+        assert hi == len(counts) or sum(counts[lo:hi + 1]) > budget
