@@ -10,15 +10,16 @@ the reason in ``problem``, so that a listing can say why a file is not a model.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LoomConfigError, ModelFormatError, ModelNotFoundError
+from ..io.bounded_read import parse_json_text, read_small_bytes
 from . import registry
 from .gguf_file import HEADER, check_header
+from .hf_files import CONFIG, INDEX, MAX_JSON_FILE_BYTES, SINGLE
 
 MAX_DEPTH = 8
 
@@ -93,7 +94,7 @@ def _scan(root: Path, source: str) -> Iterable[ModelEntry]:
         visited.add((st.st_dev, st.st_ino))
         dirnames.sort()
         names = set(filenames)
-        if "config.json" in names and ({"model.safetensors", "model.safetensors.index.json"} & names):
+        if CONFIG in names and {SINGLE, INDEX} & names:
             yield ModelEntry(_hf_name(here, root), here, "hf", source,
                              sum(_size(here / n) for n in names if n.endswith(".safetensors")),
                              problem=_hf_problem(here))
@@ -120,13 +121,14 @@ def _gguf_problem(path: Path) -> str:
 
 
 def _hf_problem(folder: Path) -> str:
-    """Why ``folder`` is not an HF model, judged by its config.json (small) alone."""
+    """Why ``folder`` is not an HF model, judged by its config.json alone, read as the loader
+    reads it: a regular file of at most :data:`MAX_JSON_FILE_BYTES` (a FIFO would block the
+    listing, ``/dev/zero`` fill the memory)."""
     try:
-        config = json.loads((folder / "config.json").read_bytes())
-    except OSError as e:
-        return f"cannot read config.json: {e.strerror}"
-    except ValueError as e:
-        return f"config.json is not valid JSON: {e}"
+        raw = read_small_bytes(folder / CONFIG, CONFIG, MAX_JSON_FILE_BYTES)
+        config = parse_json_text(raw, CONFIG)
+    except LoomConfigError as e:
+        return str(e)
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         return "config.json has no model_type"
     return ""

@@ -40,6 +40,12 @@ HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, kv count
 # (name length, 1-byte name, n_dims, one dim, type, offset) can be: bounds the counts.
 MIN_KV_BYTES = 8 + 1 + 4 + 1
 MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8
+# Each pair, tensor and string becomes Python objects (~200-700 bytes, ~10-70 us each), so counts
+# the file size allows (millions) would cost gigabytes and minutes: real models hold ~50 pairs,
+# ~1,000 tensors and ~500,000 vocabulary and merge strings; these are far above.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 17
+MAX_STRINGS = 1 << 21  # in all string arrays of the metadata together
 
 # GGUF value type -> numpy dtype for fixed-size values; 7 is bool, 8 string, 9 array.
 _NUMERIC = {0: np.dtype("<u1"), 1: np.dtype("<i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"),
@@ -191,6 +197,10 @@ def check_header(head: bytes, size: int) -> tuple[int, int, int]:
         raise ModelFormatError("tensor_count", f"{n_tensors} tensors cannot fit in a {size}-byte file", 8)
     if n_kv > (room - n_tensors * MIN_TENSOR_INFO_BYTES) // MIN_KV_BYTES:
         raise ModelFormatError("kv_count", f"{n_kv} metadata pairs cannot fit in a {size}-byte file", 16)
+    if n_tensors > MAX_TENSORS:
+        raise ModelFormatError("tensor_count", f"{n_tensors} tensors; at most {MAX_TENSORS} are read", 8)
+    if n_kv > MAX_KV:
+        raise ModelFormatError("kv_count", f"{n_kv} metadata pairs; at most {MAX_KV} are read", 16)
     return version, n_tensors, n_kv
 
 
@@ -211,6 +221,7 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap, size: int, pos: int):
         self.buf, self.size, self.pos = buf, size, pos
+        self.strings_left = MAX_STRINGS  # what string arrays may still hold
 
     def take(self, n: int, fld: str) -> int:
         """Reserve ``n`` bytes for ``fld``; returns where they start."""
@@ -283,6 +294,10 @@ def _read_array(cur: _Cursor, key: str) -> list[str] | np.ndarray:
     if etype == _STRING:
         if count > (cur.size - cur.pos) // _U64.size:  # each string takes at least its length
             raise ModelFormatError(key, f"array of {count} strings cannot fit in the file", at)
+        if count > cur.strings_left:
+            raise ModelFormatError(key, f"array of {count} strings; the metadata's arrays may hold "
+                                        f"{MAX_STRINGS} strings in all", at)
+        cur.strings_left -= count
         return [cur.string(f"{key}[{j}]") for j in range(count)]
     if etype == _BOOL:
         return _read_bools(cur, count, key)

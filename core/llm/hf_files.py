@@ -1,7 +1,7 @@
 """HF model directories: config.json plus safetensors weights (one file or a sharded index).
 
 The safetensors header (8-byte little-endian length, then JSON) is parsed here with bounds, not
-by the safetensors library: a header length past the file or over 100 MB, bad JSON, unsupported
+by the safetensors library: a header length past the file or over 16 MiB, bad JSON, unsupported
 dtypes, a shape that does not match its byte range, and byte ranges that leave the data area,
 overlap or leave holes all raise ModelFormatError. An index may only name files inside the
 model directory; a symlink is followed only to a target inside the directory, or, for a
@@ -33,8 +33,11 @@ INDEX = "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-MAX_JSON_FILE_BYTES = 64 * 1024 * 1024  # config / index files: far larger than any real one
+# JSON costs up to ~25 times its size as Python objects (``[{}, {}, ...]``), so a header or a
+# config / index file is at most 16 MiB (~400 MB parsed): a header this size lists ~150,000
+# tensors, an index ~180,000 (the largest real ones list under 100,000).
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+MAX_JSON_FILE_BYTES = 16 * 1024 * 1024
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16)}
 _LEN = struct.Struct("<Q")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -98,8 +100,40 @@ def test_files_named_like_models_that_are_not_are_listed_with_the_reason(tmp_pat
         assert found[name].problem == f"not a GGUF model: {err.value}"
     assert found["empty.gguf"].problem.endswith("file has 0 bytes; a GGUF header needs 24")
     assert "expected b'GGUF'" in found["fake.gguf"].problem
-    assert found["bad-hf"].problem.startswith("config.json is not valid JSON")
+    assert found["bad-hf"].problem.startswith("config.json is not JSON")
     assert found["no-type"].problem == "config.json has no model_type"
+
+
+def test_an_hf_config_that_is_no_small_regular_file_is_listed_with_the_reason_at_once(tmp_path):
+    """A FIFO blocked the listing, /dev/zero filled the memory, deep nesting raised RecursionError
+    out of it, a huge file was read whole: the config is read as the loader reads it."""
+    cases = {"fifo": os.mkfifo, "device": lambda p: p.symlink_to("/dev/zero"),
+             "deep": lambda p: p.write_text("[" * 100_000 + "]" * 100_000),
+             "huge": lambda p: p.write_text(json.dumps({"model_type": "llama", "pad": " " * (16 << 20)}))}
+    for name, make in cases.items():
+        _hf(tmp_path / name)
+        (tmp_path / name / "config.json").unlink()
+        make(tmp_path / name / "config.json")
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+    found = raises_nothing_quickly_and_small(
+        lambda: {e.path.name: e.problem for e in discover([tmp_path], include_defaults=False,
+                                                          include_builtins=False)})
+    for name in ("fifo", "device"):
+        assert found[name] == f"config.json {tmp_path / name / 'config.json'} is not a regular file"
+    assert found["deep"] == "config.json is nested too deeply"
+    assert found["huge"].endswith(f"bytes; the limit is {16 << 20:,}")
+
+
+def raises_nothing_quickly_and_small(call):
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        result = call()
+        elapsed, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 2 and peak < 40e6, (elapsed, peak)  # a read reserves the 16 MiB it may take
+    return result
 
 
 def test_the_header_check_reads_no_metadata(tmp_path):

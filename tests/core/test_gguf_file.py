@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
 from loomlab.core.errors import ModelFormatError
-from loomlab.core.llm import registry
+from loomlab.core.llm import gguf_file, registry
 from loomlab.core.llm.gguf_file import open_gguf
 
 from .bad_input import raises_quickly_and_small
@@ -333,3 +333,47 @@ def test_every_truncation_and_byte_flip_of_the_header_is_a_format_error(tmp_path
                 open_gguf(path).close()
             except ModelFormatError:
                 pass
+
+
+# ---------------------------------------------------------------- counts the file size allows
+
+
+def _raises_at_once(tmp_path, raw: bytes) -> ModelFormatError:
+    path = tmp_path / "many.gguf"
+    path.write_bytes(raw)
+    return raises_quickly_and_small(lambda: open_gguf(path), ModelFormatError, seconds=0.5, peak_bytes=2e6)
+
+
+def test_more_metadata_pairs_than_any_model_has_are_refused_before_reading_them(tmp_path):
+    """Each pair costs Python objects: 65,537 pairs read in ~5 s; the 18 million a 256 MB file
+    can hold would take gigabytes."""
+    pairs = [kv(f"k{i:07d}", BOOL, b"\x01") for i in range(gguf_file.MAX_KV + 1)]
+    error = _raises_at_once(tmp_path, build(pairs, [], b""))
+    assert (error.field, error.offset) == ("kv_count", 16)
+    assert error.detail == f"{gguf_file.MAX_KV + 1} metadata pairs; at most {gguf_file.MAX_KV} are read"
+
+
+def test_more_tensors_than_any_model_has_are_refused_before_reading_them(tmp_path):
+    n = gguf_file.MAX_TENSORS + 1
+    infos = [info(f"t{i}", [8], Q.F16, 32 * i) for i in range(n)]
+    error = _raises_at_once(tmp_path, build([], infos, bytes(32 * n)))
+    assert (error.field, error.offset) == ("tensor_count", 8)
+    assert error.detail == f"{n} tensors; at most {gguf_file.MAX_TENSORS} are read"
+
+
+def test_more_strings_than_any_vocabulary_has_are_refused_before_reading_them(tmp_path):
+    n = gguf_file.MAX_STRINGS + 1
+    empty_strings = struct.pack("<IQ", STR, n) + bytes(8 * n)
+    error = _raises_at_once(tmp_path, build(_kvs_with(kv("a", ARR, empty_strings))))
+    assert error.field == "a" and f"array of {n} strings" in error.detail
+
+
+def test_the_string_limit_counts_every_array_of_the_metadata(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_file, "MAX_STRINGS", 5)  # the base file's tokens are 3 of them
+    path = tmp_path / "two.gguf"
+    path.write_bytes(build(_kvs_with(kv("b", ARR, struct.pack("<IQ", STR, 2) + s("x") + s("y")))))
+    assert len(open_gguf(path).metadata["b"]) == 2
+    path.write_bytes(build(_kvs_with(kv("b", ARR, struct.pack("<IQ", STR, 3) + s("x") + s("y") + s("z")))))
+    with pytest.raises(ModelFormatError, match="array of 3 strings; the metadata's arrays may hold 5") as e:
+        open_gguf(path)
+    assert e.value.field == "b"

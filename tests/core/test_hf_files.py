@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from loomlab.core.errors import ModelFormatError
+from loomlab.core.llm import hf_files
 from loomlab.core.llm.hf_files import open_hf
 
 from .bad_input import raises_quickly_and_small
@@ -255,3 +256,25 @@ def test_bad_shard_header_is_named_by_its_file(tmp_path):
     folder, _ = make_sharded(tmp_path)
     write_st(folder / "model-00002-of-00002.safetensors", b"not json")
     assert open_expecting_error(folder).field == "model-00002-of-00002.safetensors:header"
+
+
+def test_json_over_16_mib_is_refused_before_it_is_read(tmp_path):
+    """JSON costs up to ~25 times its size as Python objects: a 100 MB header or a 64 MB index of
+    ``[{}, {}, ...]`` would take gigabytes, so a header or a JSON file is at most 16 MiB."""
+    limit = hf_files.MAX_HEADER_BYTES
+    assert limit == hf_files.MAX_JSON_FILE_BYTES == 16 << 20
+    header = json.dumps({"w": entry("F32", [2], 0, 8)}).encode()
+    folder = single(tmp_path / "header", header.ljust(limit + 1), F8)  # JSON may end in spaces
+    error = open_expecting_error(folder)
+    assert (error.field, error.offset) == (f"{ST}:header_length", 0)
+    size = 8 + limit + 1 + 8  # length, header, data
+    assert error.detail == f"header of {limit + 1} bytes in a {size}-byte file (at most {limit} allowed)"
+    shutil.rmtree(folder)
+    folder = single(tmp_path / "header", header.ljust(limit), F8)
+    with open_hf(folder) as model:
+        assert model.tensors["w"].shape == (2,)
+    config = folder / "config.json"
+    config.write_bytes(config.read_bytes().ljust(limit + 1))
+    error = open_expecting_error(folder)
+    assert error.field == "config.json"
+    assert error.detail == f"{limit + 1} bytes; a JSON file here is at most {limit}"
