@@ -237,7 +237,8 @@ class MainWindow(QMainWindow):
         dna.logic_shifts_changed.connect(self.panels["topology"].show_logic_shifts)
         dna.child_ready.connect(self._open_child)
         models.listed.connect(self._offer_listed_models)
-        evolution.best_changed.connect(self.panels["topology"].set_network)
+        # the best network so far is shown, and named in the status bar, as an opened one is
+        evolution.best_changed.connect(lambda net: self._show_network(net, "evolution's best"))
         evolution.recipe_chosen.connect(self._choose_recipe)
 
     def _choose_backend(self, backend: str | None) -> None:

@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core.errors import LoomConfigError, LoomError
 from loomlab.core.evolve.live import (
+    KEEP_GENE,
     Event,
     LiveBuffer,
     LiveReporter,
@@ -69,6 +70,7 @@ from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
+from .morph_panel import AS_LOADED
 from .sort_items import row_table
 from .workers import Job, JobRunner
 
@@ -444,6 +446,7 @@ class EvolutionPanel(QWidget):
             return run_in_child(request, sink, pause=pause, cancelled=job.is_cancelled)
 
         self._run_job(f"resume run {run_id}", work, generations)
+        self.status.setText(f"resuming run {run_id} for {generations} generations")
 
     def pause(self) -> None:
         """Stop the run after the current generation's checkpoint (resumable)."""
@@ -464,10 +467,12 @@ class EvolutionPanel(QWidget):
         save_network(self.best, path)
 
     def apply_recipe(self) -> None:
-        """Emit :attr:`recipe_chosen` for the chosen recipe member (default: the fittest)."""
+        """Emit :attr:`recipe_chosen` for the chosen recipe member (default: the fittest); its
+        "keep" genes as the Morph panel's :data:`~.morph_panel.AS_LOADED`."""
         row = self.chosen_recipe_row()
         if row is not None:
-            self.recipe_chosen.emit(dict(zip(self.layer_names, row.recipe, strict=True)))
+            genes = (AS_LOADED if gene == KEEP_GENE else gene for gene in row.recipe)
+            self.recipe_chosen.emit(dict(zip(self.layer_names, genes, strict=True)))
 
     def chosen_recipe_row(self) -> MemberRow | None:
         if not self.rows or self.rows[0].recipe is None:

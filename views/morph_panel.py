@@ -60,7 +60,7 @@ from loomlab.core.layers.base import Layer
 from loomlab.core.morph import MorphReport, layer_report, morph_sublayer, probe_input, weighted_cells
 from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
-from loomlab.core.units import format_bytes, format_size_change
+from loomlab.core.units import format_bytes, format_count, format_size_change
 
 from .sensitivity_view import SensitivityView
 from .sort_items import SORT_ROLE, SortItem, row_table
@@ -73,6 +73,8 @@ NO_CHOICE = "—"
 FRAME_MS = 50  # reports a job streams are drawn together, this often
 MORPHED_TINT = QColor(255, 160, 0, 48)  # translucent: readable on light and dark palettes
 FLOAT32_MASTER = "its float32 master"
+AS_LOADED = "as loaded"  # a recipe's dtype meaning the layer's format as loaded (an evolved recipe's "keep")
+NAMES_SHOWN = 3  # a status line names at most this many layers and counts the rest
 QUICK_CHECK_TIP = ("A quick check after every change, on the short probe text above. The Sensitivity tab "
                    "and loomlab quant-report measure a long probe text: their KL and top-1 are the ones "
                    "to compare between recipes.")
@@ -351,10 +353,13 @@ class MorphPanel(QWidget):
 
     def _catch_up(self) -> None:
         """Show the network set while hidden, and start the jobs queued meanwhile."""
+        self._show_pending()
+        self._start_next()
+
+    def _show_pending(self) -> None:
         show, self._pending_show = self._pending_show, None
         if show is not None:
             show()
-        self._start_next()
 
     def _set_network(self, net: VolumetricNetwork) -> None:
         self._show(net, f"Network {net.depth}×{net.rows}×{net.cols}×{net.layers_per_cell}")
@@ -418,21 +423,25 @@ class MorphPanel(QWidget):
 
     def choose_recipe(self, recipe: Mapping[str, str]) -> int:
         """Choose each named layer's dtype (``recipe``: layer name as the rows show it -> dtype,
-        e.g. a quantization recipe an evolution run found); nothing changes until :meth:`apply`.
-        Returns how many rows were chosen; names no row has are listed in the status line."""
+        or :data:`AS_LOADED` for its format as loaded, e.g. a quantization recipe an evolution run
+        found); nothing changes until :meth:`apply`. A network set while the panel was hidden is
+        shown first, so the choice is not lost. Returns how many rows were chosen; names no row
+        has, or dtypes a row cannot take, are summed up in the status line."""
+        self._show_pending()
         rows = {row.name: k for k, row in enumerate(self._rows)}
         unknown = sorted(name for name in recipe if name not in rows)
+        wanted = {name: self._rows[rows[name]].original if dtype == AS_LOADED else dtype
+                  for name, dtype in recipe.items() if name in rows}
+        bad = sorted(name for name, dtype in wanted.items() if not _takes(self._rows[rows[name]], dtype))
         with self._bulk_update():
-            for name, dtype in recipe.items():
-                if name in rows and _takes(self._rows[rows[name]], dtype):
+            for name, dtype in wanted.items():
+                if name not in bad:
                     self._choose(rows[name], dtype)
         self._sync_controls()
-        bad = sorted(name for name, dtype in recipe.items()
-                     if name in rows and not _takes(self._rows[rows[name]], dtype))
-        chosen = len(recipe) - len(unknown) - len(bad)
-        problems = ([f"no layer named {', '.join(unknown)}"] if unknown else []) + \
-                   ([f"a dtype they cannot take for {', '.join(bad)}"] if bad else [])
-        self.status.setText(f"recipe: {chosen} layers chosen; press Apply to morph them"
+        chosen = len(wanted) - len(bad)
+        problems = ([f"no layer named {_some(unknown)}"] if unknown else []) + \
+                   ([f"a dtype they cannot take for {_some(bad)}"] if bad else [])
+        self.status.setText(f"recipe: {format_count(chosen, 'layer')} chosen; press Apply to morph them"
                             + (f" ({'; '.join(problems)})" if problems else ""))
         return chosen
 
@@ -933,6 +942,12 @@ class MorphPanel(QWidget):
 
 def _cell_text(coord: Coord) -> str:
     return "({}, {}, {}, {})".format(*coord)
+
+
+def _some(names: list[str]) -> str:
+    """The first :data:`NAMES_SHOWN` names, and how many more: a status line, not a list."""
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown if len(names) <= NAMES_SHOWN else f"{shown} and {len(names) - NAMES_SHOWN} more"
 
 
 def _takes(row: _Row, dtype: str) -> bool:

@@ -28,6 +28,8 @@ from .run import Evolution, RunResult
 
 MAX_TABLE_ROWS = 500  # the population table lists the fittest members up to this many
 PROGRESS_INTERVAL_S = 0.033  # progress events a sink receives while a generation is evaluated
+KEEP_GENE = "float32"  # a quant-recipe gene meaning the layer keeps the file's own blocks
+KEPT = "as loaded"  # how the population table names that gene
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class MemberRow:
     index: int  # its place in the generation
     species: int | None
     fitness: float
-    layer_types: str  # "Dense×2" for a network, "float16×20 int8×10" for a recipe
+    layer_types: str  # "Dense×2" for a network, "as loaded×93 int8×30" for a recipe
     parameters: int  # weights of a network, packed bytes of a recipe
     kl: float | None = None  # a recipe's mean KL against the unmorphed model
     recipe: tuple[str, ...] | None = None
@@ -196,7 +198,7 @@ def member_rows(members: Sequence, fitness: Sequence[float], species: dict[int, 
             kl, recipe = None, None
         else:  # a recipe: one dtype per layer
             score = scores[i] if i < len(scores) else None
-            types, recipe = _counted(m), tuple(m)
+            types, recipe = _counted(KEPT if gene == KEEP_GENE else gene for gene in m), tuple(m)
             size, kl = (score.bytes, score.kl_mean) if score is not None else (0, None)
         rows.append(MemberRow(rank, i, species.get(i), float(fitness[i]), types, size, kl, recipe))
     return rows

@@ -102,7 +102,8 @@ def test_dna_and_evolution_panels_reach_the_others(window, qtbot, golden_net_pat
     topology = window.panels["topology"]
     # an evolution run's best network is shown in the Topology view
     best = evolution.fill_demo(generations=3, population=12, seed=2).best
-    assert topology.network is best
+    qtbot.waitUntil(lambda: topology.network is best, timeout=10000)
+    assert window.network is best and window.network_label.text().startswith("evolution's best — ")
     # a comparison's logic shifts become arrows there
     a, b = dna.example_pair()
     topology.set_network(a)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loomlab.app.cli import main
-from loomlab.core.evolve.live import member_rows
+from loomlab.core.evolve.live import KEEP_GENE, member_rows
 from loomlab.core.evolve.run import Evolution
 from loomlab.core.evolve.run_config import plan_from_dict
 from loomlab.core.evolve.speciation import SpeciationConfig
@@ -26,6 +26,7 @@ from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.evolution_panel import NO_MODEL, EvolutionPanel, pareto_front, species_stack
+from loomlab.views.morph_panel import AS_LOADED
 
 from .jobs import settle
 
@@ -197,6 +198,7 @@ def test_pause_then_resume_continues_the_same_history(qtbot, panel, workspace):
 
     panel.set_form(generations=4)
     panel.resume()
+    assert panel.status.text() == f"resuming run {run_id} for 4 generations"  # not "stopped" any more
     settle(qtbot, panel)
     api = api_run(5, 20, 3, threshold=0.5)
     assert panel.run_id == run_id and len(EvolutionRuns(workspace).list()) == 1
@@ -327,9 +329,12 @@ def test_a_recipe_run_shows_bytes_vs_kl_and_applies_a_recipe(qtbot, panel, tiny_
     panel.select_row(panel.front[0])
     panel.apply_button.click()
     names = plan.task.space.names
-    assert chosen == [dict(zip(names, panel.rows[0].recipe, strict=True)),
-                      dict(zip(names, panel.rows[panel.front[0]].recipe, strict=True))]
-    assert set(chosen[1].values()) <= set(plan.task.params["dtypes"])
+
+    def as_morph_takes(recipe):  # the "keep" gene as each layer's format as loaded
+        return {n: AS_LOADED if g == KEEP_GENE else g for n, g in zip(names, recipe, strict=True)}
+
+    assert chosen == [as_morph_takes(panel.rows[0].recipe), as_morph_takes(panel.rows[panel.front[0]].recipe)]
+    assert set(chosen[1].values()) <= {AS_LOADED, *plan.task.params["dtypes"]}
     assert not panel.export_button.isEnabled()  # a recipe is no network
 
 
