@@ -8,6 +8,7 @@ layout.
 
 from __future__ import annotations
 
+import itertools
 from importlib.metadata import version
 from pathlib import Path
 
@@ -49,6 +50,10 @@ MAX_RECENT = 8
 STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
 RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _release_if_idle)
 PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution", "server")
+#: The panels tabbed along the bottom, the first in front.
+BOTTOM_ROW = ("server", "telemetry", "morph", "run", "dna", "evolution")
+MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.25  # of the window's width and height, in the default layout
+DEFAULT_SIZE = (1400, 900)  # a first start's window, where the screen has room for it
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
@@ -74,7 +79,8 @@ class MainWindow(QMainWindow):
         self.workspace = Workspace(workspace_path)
         self.setWindowTitle(APP_NAME)
         self.setDockNestingEnabled(True)
-        self.resize(1400, 900)
+        free = self.screen().availableGeometry()  # a first start's window fits a small screen
+        self.resize(min(DEFAULT_SIZE[0], free.width()), min(DEFAULT_SIZE[1], free.height()))
         self.panels = {
             "models": ModelsPanel(self.runner, model_folders),
             "chat": ChatPanel(self.runner, self.workspace),
@@ -92,7 +98,7 @@ class MainWindow(QMainWindow):
         self._release_timer.setSingleShot(True)
         self._release_timer.setInterval(RELEASE_PAUSE_MS)
         self._release_timer.timeout.connect(self._release)
-        self._tabbed = False
+        self._laid_out: bool | None = None  # None until shown; then whether the docks have their shares
         self.docks = self._build_docks()
         # a dock behind another's tab stays "visible" to Qt: these panels learn it from the dock
         for name in ("morph", "topology", "telemetry", "dna", "evolution"):
@@ -105,42 +111,53 @@ class MainWindow(QMainWindow):
 
     # ----- construction --------------------------------------------------------------------
     def _build_docks(self) -> dict[str, QDockWidget]:
+        """The default layout, built around the chat: Models on the left, Chat (Topology behind
+        its tab) taking most of the height, and the other panels tabbed in one short row along
+        the bottom with Server in front, so that a chat and its server are seen together.
+        Tabbed, the bottom row is as tall as its tallest panel's minimum, not their sum."""
         titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D",
                   "telemetry": "Telemetry", "morph": "Morph", "run": "Run", "dna": "DNA",
                   "evolution": "Evolution", "server": "Server"}
         area = Qt.DockWidgetArea
-        areas = {"models": area.LeftDockWidgetArea, "chat": area.RightDockWidgetArea,
-                 "topology": area.RightDockWidgetArea, "telemetry": area.BottomDockWidgetArea,
-                 "morph": area.BottomDockWidgetArea, "run": area.BottomDockWidgetArea,
-                 "dna": area.BottomDockWidgetArea, "evolution": area.BottomDockWidgetArea,
-                 "server": area.RightDockWidgetArea}
         docks = {}
         for name in PANELS:
             dock = QDockWidget(titles[name], self)
             dock.setObjectName(f"dock-{name}")  # saveState() identifies docks by object name
             dock.setWidget(self.panels[name])
-            self.addDockWidget(areas[name], dock)
             docks[name] = dock
+        self.addDockWidget(area.LeftDockWidgetArea, docks["models"])
+        self.addDockWidget(area.RightDockWidgetArea, docks["chat"])
         self.tabifyDockWidget(docks["chat"], docks["topology"])
-        # a tab beside Chat, not in the bottom row: docks side by side there until showEvent
-        # tabifies them, and the window grew on show to the sum of their minimum widths
-        self.tabifyDockWidget(docks["topology"], docks["server"])
+        self.addDockWidget(area.BottomDockWidgetArea, docks[BOTTOM_ROW[0]])
+        for before, after in itertools.pairwise(BOTTOM_ROW):
+            self.tabifyDockWidget(docks[before], docks[after])
         docks["chat"].raise_()
+        docks[BOTTOM_ROW[0]].raise_()
         return docks
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
-        if not self._tabbed:
-            # The second pair is tabified once shown: tabifying it before the first layout leaves
-            # a stale copy of its tab bar drawn beside the real one (Qt 6.11). A restored state
-            # has its tabs already.
-            self._tabbed = True
+        if self._laid_out is None:
+            # the docks' shares of the window it was first shown in (a restored state has its own),
+            # given once the first layout has run: before, Qt keeps the docks' own heights
+            self._laid_out = self._restored
             if not self._restored:
-                self.tabifyDockWidget(self.docks["telemetry"], self.docks["morph"])
-                self.tabifyDockWidget(self.docks["morph"], self.docks["run"])
-                self.tabifyDockWidget(self.docks["run"], self.docks["dna"])
-                self.tabifyDockWidget(self.docks["dna"], self.docks["evolution"])
-                self.docks["telemetry"].raise_()  # live during a chat; Morph works when opened
+                QTimer.singleShot(0, self, self._size_docks)
+
+    @property
+    def laid_out(self) -> bool:
+        """True once the docks have their places in the shown window (see :meth:`showEvent`)."""
+        return bool(self._laid_out)
+
+    def _size_docks(self) -> None:
+        models, chat, bottom = self.docks["models"], self.docks["chat"], self.docks[BOTTOM_ROW[0]]
+        width, height = self.width(), self.height()
+        self.resizeDocks([models, chat], [round(MODELS_SHARE * width), round((1 - MODELS_SHARE) * width)],
+                         Qt.Orientation.Horizontal)
+        self.resizeDocks([chat, bottom], [round((1 - BOTTOM_SHARE) * height), round(BOTTOM_SHARE * height)],
+                         Qt.Orientation.Vertical)
+        self.layout().activate()  # the docks and what is in them take their sizes now
+        self._laid_out = True
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")

@@ -71,6 +71,7 @@ from loomlab.core.llm.textmodel import TextModel, TokenRecord
 from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_summary
 from loomlab.core.workspace.store import Message, Workspace
 
+from .scrolling import scrolling
 from .workers import Job, JobRunner
 
 TOP_ALTERNATIVES = 5  # logprobs asked of the model per token
@@ -428,8 +429,8 @@ class ChatPanel(QWidget):
         # two tabs rather than one tall column: in a window of 1000 px the column squeezed the
         # sampling form and left the alternatives table three rows
         self.side_tabs = QTabWidget()
-        self.side_tabs.addTab(_column(_group("System prompt", self.system_prompt),
-                                      _group("Sampling", self.sampling), stretch=True), "Settings")
+        self.side_tabs.addTab(scrolling(_column(_group("System prompt", self.system_prompt),
+                                                _group("Sampling", self.sampling), stretch=True)), "Settings")
         self.side_tabs.addTab(tokens, "Tokens")
         self.side_tabs.setMinimumWidth(self.side_tabs.sizeHint().width())
         return self.side_tabs

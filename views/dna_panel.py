@@ -56,6 +56,7 @@ from loomlab.core.evolve.merge import merge_models
 from loomlab.core.evolve.splicing import MODES as SPLICE_MODES
 from loomlab.core.evolve.splicing import SpliceConfig, splice
 
+from .scrolling import scrolling
 from .sort_items import SORT_ROLE, SortItem
 from .workers import Job, JobRunner
 
@@ -212,7 +213,7 @@ class DNAPanel(QWidget):
         for i in range(2):
             results.setCollapsible(i, False)
 
-        children = QHBoxLayout()
+        children = QVBoxLayout()
         children.addWidget(self._build_splice(), 1)
         children.addWidget(self._build_merge(), 1)
 
@@ -226,13 +227,22 @@ class DNAPanel(QWidget):
         busy.addWidget(self.progress, 1)
         busy.addWidget(self.cancel_button)
 
-        layout = QVBoxLayout(self)
-        layout.addLayout(pick)
-        layout.addWidget(self.overall_label)
-        layout.addWidget(results, 1)
-        layout.addLayout(children)
-        layout.addLayout(busy)
-        layout.addWidget(self.status)
+        # the choices, progress and forms in a column that scrolls, the results beside it: docked
+        # along the bottom the panel is wide and short, and the forms would otherwise set its height
+        forms = QWidget()
+        form_column = QVBoxLayout(forms)
+        form_column.setContentsMargins(0, 0, 0, 0)
+        form_column.addLayout(pick)
+        form_column.addLayout(busy)
+        form_column.addWidget(self.status)
+        form_column.addLayout(children)
+        form_column.addStretch(1)
+        shown = QVBoxLayout()
+        shown.addWidget(self.overall_label)
+        shown.addWidget(results, 1)
+        layout = QHBoxLayout(self)
+        layout.addWidget(scrolling(forms))
+        layout.addLayout(shown, 1)
         self._sync_controls()
 
     def _make_table(self, columns: tuple[str, ...]) -> QTableWidget:

@@ -71,6 +71,7 @@ from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
 from .morph_panel import AS_LOADED
+from .scrolling import scrolling
 from .sort_items import row_table
 from .workers import Job, JobRunner
 
@@ -287,7 +288,7 @@ class EvolutionPanel(QWidget):
         plots.addWidget(lower)
         run_box.setMaximumWidth(RUN_BOX_MAX_WIDTH)
         layout = QHBoxLayout(self)
-        layout.addWidget(run_box)
+        layout.addWidget(scrolling(run_box))
         layout.addWidget(plots, 1)
 
         for edit in (self.population_edit, self.generations_edit, self.seed_edit, self.threshold_edit,

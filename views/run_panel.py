@@ -43,6 +43,7 @@ from loomlab.core.run_inputs import fit_input, golden_probe, input_spec, random_
 from loomlab.core.train import LOSSES, OPTIMIZERS, TrainConfig, train
 from loomlab.core.train_tasks import make_task
 
+from .scrolling import scrolling
 from .workers import Job, JobRunner
 
 SOURCES = {"golden": "Golden-style probe", "random": "Random (seeded)", "file": "File (.npy / .json)"}
@@ -116,9 +117,10 @@ class RunPanel(QWidget):
         forward_form.addRow("Batch", self.batch_box)
         forward_form.addRow("File", path_row)
         forward_form.addRow("", self.run_button)
+        # each form beside what it shows, and scrolling: docked along the bottom the panel is short
         forward = QGroupBox("Forward")
-        forward_layout = QVBoxLayout(forward)
-        forward_layout.addLayout(forward_form)
+        forward_layout = QHBoxLayout(forward)
+        forward_layout.addWidget(scrolling(forward_form))
         forward_layout.addWidget(self.output_view, 1)
 
         self.task_label = QLabel("—")
@@ -156,8 +158,8 @@ class RunPanel(QWidget):
         self.loss_curve.setDownsampling(auto=True, method="peak")  # a long run draws as fast as a short one
         self.loss_curve.setClipToView(True)
         training = QGroupBox("Training")
-        training_layout = QVBoxLayout(training)
-        training_layout.addLayout(train_form)
+        training_layout = QHBoxLayout(training)
+        training_layout.addWidget(scrolling(train_form))
         training_layout.addWidget(self.loss_plot, 1)
 
         self.progress = QProgressBar()

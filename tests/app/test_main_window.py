@@ -20,14 +20,41 @@ from loomlab.views.morph_panel import DTYPE, LAYER
 from ..core.goldens import forward_case
 
 
-def make_window(qtbot, tmp_path):
+def make_window(qtbot, tmp_path, size: tuple[int, int] | None = None):
+    """A main window on fresh settings, shown; ``size`` is asked for before it shows (as
+    ``loomlab --screenshot`` does), so the default layout is laid out for it."""
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     win = MainWindow(workspace_path=tmp_path / "workspace.sqlite3", settings=settings,
                      model_folders=[str(tmp_path / "models")])
     qtbot.addWidget(win)
+    if size is not None:
+        win.resize(*size)
     win.show()
     qtbot.waitExposed(win)
+    qtbot.waitUntil(lambda: win.laid_out, timeout=5000)  # the docks take their places just after
     return win
+
+
+def on_screen(win: MainWindow) -> set[str]:
+    """The panels a person sees: a dock behind another's tab is "visible" to Qt, but not exposed."""
+    return {name for name, panel in win.panels.items() if not panel.visibleRegion().isEmpty()}
+
+
+def assert_docks_fit(win: MainWindow) -> None:
+    """Every panel on screen, its dock and the tab bars lie inside the window, each panel has at
+    least its minimum size, and the status bar shows."""
+    inside = win.rect()
+    for what, rect in (("status bar", win.statusBar().geometry()),
+                       *(("tab bar", b.geometry()) for b in win.findChildren(QTabBar)
+                         if b.isVisible() and b.parent() is win)):
+        assert inside.contains(rect), f"the {what} at {rect.getRect()} is outside the window {inside.size()}"
+    assert on_screen(win)
+    for name in on_screen(win):
+        dock, panel, need = win.docks[name], win.panels[name], win.panels[name].minimumSizeHint()
+        assert inside.contains(dock.geometry()), \
+            f"the {name} dock at {dock.geometry().getRect()} is outside the window {inside.size()}"
+        assert panel.width() >= need.width() and panel.height() >= need.height(), \
+            f"the {name} panel is {panel.width()}x{panel.height()}, needs {need.width()}x{need.height()}"
 
 
 @pytest.fixture
@@ -61,8 +88,42 @@ def test_menus_and_docks(window):
     # two tabbed pairs, one tab bar each (Qt drew a stale second copy of a pair tabified too early)
     bars = [tuple(b.tabText(i) for i in range(b.count()))
             for b in window.findChildren(QTabBar) if b.isVisible() and b.parent() is window]
-    assert sorted(bars) == [("Chat", "Topology 3D", "Server"),
-                            ("Telemetry", "Morph", "Run", "DNA", "Evolution")]
+    assert sorted(bars) == [("Chat", "Topology 3D"),
+                            ("Server", "Telemetry", "Morph", "Run", "DNA", "Evolution")]
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1600, 1000), (1920, 1080)])
+def test_the_window_takes_the_size_asked_for_and_every_panel_fits_it(qtbot, tmp_path, size):
+    """Issue 31 §2: the docks' minimum heights added up to a 2621x1135 window whatever size was
+    asked for (at 800 px the bottom tab bar and the status bar were 335 px off screen). Now the
+    window is the size asked for, and each panel brought to the front in turn lies inside it
+    with at least its minimum size."""
+    win = make_window(qtbot, tmp_path, size)
+    try:
+        assert win.size().toTuple() == size
+        assert_docks_fit(win)
+        for name in PANELS:
+            win.docks[name].raise_()
+            qtbot.waitUntil(lambda n=name: n in on_screen(win), timeout=5000)
+            assert win.size().toTuple() == size
+            assert_docks_fit(win)
+    finally:
+        win.close()
+
+
+def test_the_default_layout_is_built_around_the_chat(qtbot, tmp_path):
+    """Issue 31 §2: at 1600x1000 the transcript had ~150 px while Telemetry took 600, and Server
+    hid behind Chat's tab. Now Chat and Server show together, Telemetry waits behind a tab, and
+    the transcript is the tallest thing on screen."""
+    win = make_window(qtbot, tmp_path, (1600, 1000))
+    try:
+        assert on_screen(win) == {"models", "chat", "server"}
+        transcript, bottom_row = win.panels["chat"].view, win.docks["server"]
+        assert transcript.height() > 0.35 * win.height()
+        assert transcript.height() > 1.5 * bottom_row.height()
+        assert win.docks["chat"].width() > 2 / 3 * win.width()
+    finally:
+        win.close()
 
 
 def test_about_and_status_bar(window, monkeypatch):
@@ -91,7 +152,7 @@ def test_opening_a_network_reaches_every_panel(window, qtbot, golden_net_path):
     assert dna_choices.findText(str(golden_net_path)) >= 0
     qtbot.waitUntil(lambda: not window.panels["models"].scanning, timeout=10000)
     assert dna_choices.findText("smollm2-135m") >= 0
-    morph = window.panels["morph"]  # behind the Telemetry tab: it fills its table once opened
+    morph = window.panels["morph"]  # behind the Server tab: it fills its table once opened
     assert morph.table.rowCount() == 0
     window.docks["morph"].raise_()
     qtbot.waitUntil(lambda: morph.table.rowCount() == len(weighted_cells(window.network)), timeout=10000)
@@ -130,10 +191,12 @@ def test_only_panels_on_screen_watch_the_network(window, qtbot, golden_net_path)
     qtbot.waitUntil(lambda: window.network is not None, timeout=10000)
     qtbot.waitUntil(lambda: window.panels["run"].network is window.network, timeout=10000)
     net, topology, telemetry = window.network, window.panels["topology"], window.panels["telemetry"]
-    # the default layout: Topology behind Chat, Telemetry in front of Morph and Run
-    assert net.observers == [telemetry._observer]
+    # the default layout: Topology behind Chat, Telemetry behind Server
+    assert net.observers == []
     window.docks["topology"].raise_()
-    qtbot.waitUntil(lambda: topology._observer in net.observers, timeout=5000)
+    qtbot.waitUntil(lambda: net.observers == [topology._observer], timeout=5000)
+    window.docks["telemetry"].raise_()
+    qtbot.waitUntil(lambda: telemetry._observer in net.observers and telemetry.timer.isActive(), timeout=5000)
     window.docks["morph"].raise_()
     qtbot.waitUntil(lambda: telemetry._observer is None and not telemetry.timer.isActive(), timeout=5000)
     assert net.observers == [topology._observer]
@@ -176,9 +239,11 @@ def test_selecting_a_layer_in_one_panel_selects_it_in_the_others(window, qtbot, 
 
 def test_closing_while_panels_take_a_network_stops_the_handover(qtbot, tmp_path, golden_net_path):
     win = make_window(qtbot, tmp_path)
+    # closed right after the window takes the network (a slot connected after the window's own),
+    # before the first panel's turn: polling for it could miss that turn on a busy machine
+    win.panels["models"].network_opened.connect(lambda _net: win.close())
     win.open_network(str(golden_net_path))
     qtbot.waitUntil(lambda: win.network is not None, timeout=10000)
-    win.close()
     qtbot.wait(3 * STEP_PAUSE_MS + 100)  # past every pending step (the fixture checks for timers)
     assert win.panels["topology"].network is None and win.panels["telemetry"].network is None
 
