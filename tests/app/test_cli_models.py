@@ -172,3 +172,30 @@ def test_models_info_refuses_a_layer_count_below_the_blocks_present(tmp_path, ca
     assert main(["models", "info", str(folder)]) == 2
     assert capsys.readouterr().err == (f"loomlab: error: {folder}: config.json:num_hidden_layers: the model "
                                        "has 3 blocks of tensors but num_hidden_layers says 2\n")
+
+
+def test_models_info_of_an_architecture_it_cannot_run_reads_the_common_sizes_typed(tmp_path, capsys):
+    import gguf
+
+    def write(block_count, vtype):
+        path = tmp_path / "phi.gguf"
+        writer = gguf.GGUFWriter(str(path), "phi3")
+        writer.add_key_value("phi3.block_count", block_count, vtype)
+        writer.add_embedding_length(96)
+        writer.add_head_count(4)
+        writer.add_token_list(["a", "b", "c"])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    path = write(2, gguf.GGUFValueType.UINT32)
+    assert main(["models", "info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["architecture"], info["blocks"], info["hidden_size"], info["heads"], info["kv_heads"],
+            info["head_dim"], info["context_length"], info["vocab_size"]) == ("phi3", 2, 96, 4, 4, 24, 0, 3)
+    path = write("2", gguf.GGUFValueType.STRING)
+    assert main(["models", "info", str(path)]) == 2
+    at = 24 + 8 + len("general.architecture") + 4 + 8 + len("phi3")  # the header, the first pair
+    assert capsys.readouterr().err.endswith(f": phi3.block_count at byte {at}: expected int, got str\n")
