@@ -93,6 +93,8 @@ CELL_GAP = 0.6  # free space between neighbouring cells
 CLICK_SLOP_PX = 4  # a press and release closer than this is a click, not an orbit
 PICK_MARGIN_PX = 3.0
 FIT_MARGIN = 0.04  # fraction of the view left free around the network when framing it
+FIT_STEPS = 20  # doublings, then halvings, of the camera distance when framing: 1e-6 of it
+FIT_ROUNDS = 4  # centre the picture and fit the distance again: the extent's centre settles within a pixel
 
 SAMPLE_LIMIT = 100_000  # weights a histogram looks at, however big the layer
 HISTOGRAM_BINS = 64
@@ -345,6 +347,8 @@ class PickingView(GLViewMixin, QOpenGLWindow):
 
     clicked = Signal(float, float)
     hovered = Signal(float, float)  # the pointer moved over the view with no button held
+    resized = Signal()
+    steered = Signal()  # the user turned or zoomed the camera (a drag or the wheel)
 
     def __init__(self):
         super().__init__()  # a QWindow delivers moves without a button too, for hover tooltips
@@ -392,7 +396,17 @@ class PickingView(GLViewMixin, QOpenGLWindow):
     def mouseMoveEvent(self, ev):
         if ev.buttons() == Qt.MouseButton.NoButton:
             self.hovered.emit(ev.position().x(), ev.position().y())
+        else:
+            self.steered.emit()
         super().mouseMoveEvent(ev)
+
+    def wheelEvent(self, ev):  # noqa: N802 - Qt's name
+        self.steered.emit()
+        super().wheelEvent(ev)
+
+    def resizeEvent(self, ev):  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self.resized.emit()
 
     def mouseReleaseEvent(self, ev):
         press, self._press = self._press, None
@@ -629,6 +643,7 @@ class TopologyPanel(QWidget):
         self._hist_job: Job | None = None
         self._hist_request = 0
         self._fit_on_show = False
+        self._framed = False  # the camera is as reset_camera left it: a resize frames again
         self._shown = True  # see set_shown
         self._timer = QTimer(self)
         self._timer.setInterval(REFRESH_MS)
@@ -641,6 +656,8 @@ class TopologyPanel(QWidget):
         self.view.setBackgroundColor(VIEW_BACKGROUND)
         self.view.clicked.connect(self._on_click)
         self.view.hovered.connect(self._on_hover)
+        self.view.steered.connect(lambda: setattr(self, "_framed", False))
+        self.view.resized.connect(lambda: self._framed and self.reset_camera())
         self.grid = LineItem(mode="lines", color=(1, 1, 1, 0.1), width=1.0, glOptions="translucent")
         self.flow_line = LineItem(mode="line_strip", color=(0.85, 0.85, 0.95, 0.45), width=1.5,
                                            antialias=True, glOptions="translucent")
@@ -916,29 +933,60 @@ class TopologyPanel(QWidget):
                             "&#8212;</span> remote link &nbsp; size: log(parameters)")
 
     def reset_camera(self) -> None:
-        """Frame the whole network from a three-quarter view: step back from the centre until
-        every point (with its radius) lies inside the view."""
+        """Frame the whole network from a three-quarter view: the nearest camera distance at
+        which every point (with its radius) lies inside the view, so the network fills it
+        (to :data:`FIT_MARGIN`) along its wider side, whatever its size."""
         topo = self.topology
         if topo is None or not topo.rows:
             return
         lo, hi = topo.positions.min(axis=0), topo.positions.max(axis=0)
-        distance = max(float(np.linalg.norm(hi - lo)) * 0.5, 3.0)
-        self.view.setCameraPosition(pos=QVector3D(*map(float, (lo + hi) / 2)), distance=distance,
+        far = max(float(np.linalg.norm(hi - lo)) * 0.5, 3.0)
+        self.view.setCameraPosition(pos=QVector3D(*map(float, (lo + hi) / 2)), distance=far,
                                     elevation=28, azimuth=-75)
-        w, h = self.view.width(), self.view.height()
-        if w < 1 or h < 1:  # not laid out yet (a tab behind another): fit once it is shown
+        if self.view.width() < 1 or self.view.height() < 1:  # not laid out yet: fit once shown
             self._fit_on_show = True
             return
-        for _ in range(40):
-            xy, _, front = self.view.project(topo.positions)
-            r = topo.sizes / 2 / self.view.pixelSize(topo.positions)
-            inside = (front & (xy[:, 0] - r >= FIT_MARGIN * w) & (xy[:, 0] + r <= (1 - FIT_MARGIN) * w)
-                      & (xy[:, 1] - r >= FIT_MARGIN * h) & (xy[:, 1] + r <= (1 - FIT_MARGIN) * h))
-            if inside.all():
-                break
-            distance *= 1.1
-            self.view.setCameraPosition(distance=distance)
+        # in perspective the grid's centre is not its picture's: centre the picture, fit again
+        for _ in range(FIT_ROUNDS):
+            far = self._fit_distance(far)
+            left, right, top, bottom = self._extent()
+            self.view.pan(-((left + right) / 2 - self.view.width() / 2),
+                          -((top + bottom) / 2 - self.view.height() / 2), 0, relative="view")
+        self._fit_distance(far)
         self._fit_on_show = not self.isVisible()
+        self._framed = True
+
+    def _fit_distance(self, far: float) -> float:
+        """Leave the camera at the nearest distance that frames every point; ``far`` is a guess."""
+        near = 0.0
+        for _ in range(FIT_STEPS):
+            if self._frames_all(far):
+                break
+            near, far = far, far * 2
+        for _ in range(FIT_STEPS):  # bisect between a distance that clips and one that frames
+            mid = (near + far) / 2
+            near, far = (near, mid) if self._frames_all(mid) else (mid, far)
+        self.view.setCameraPosition(distance=far)
+        return far
+
+    def _extent(self) -> tuple[float, float, float, float]:
+        """The points' discs' extent on screen in pixels: left, right, top, bottom."""
+        topo = self.topology
+        xy, _, _ = self.view.project(topo.positions)
+        r = topo.sizes / 2 / self.view.pixelSize(topo.positions)
+        return (float((xy[:, 0] - r).min()), float((xy[:, 0] + r).max()), float((xy[:, 1] - r).min()),
+                float((xy[:, 1] + r).max()))
+
+    def _frames_all(self, distance: float) -> bool:
+        """Whether every point (with its radius) lies in front of the camera and inside the view,
+        margins kept, with the camera at ``distance`` (where it is left)."""
+        self.view.setCameraPosition(distance=distance)
+        w, h = self.view.width(), self.view.height()
+        if not self.view.project(self.topology.positions)[2].all():
+            return False
+        left, right, top, bottom = self._extent()
+        return left >= FIT_MARGIN * w and right <= (1 - FIT_MARGIN) * w and top >= FIT_MARGIN * h \
+            and bottom <= (1 - FIT_MARGIN) * h
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
@@ -953,8 +1001,9 @@ class TopologyPanel(QWidget):
 
     # ----- picking -----------------------------------------------------------------------------
     def pick(self, x: float, y: float) -> int | None:
-        """The point drawn at widget pixel (x, y): of the points whose disc covers it, the one
-        nearest the camera."""
+        """The point drawn at widget pixel (x, y): of the points whose disc covers it, a layer
+        with weights before a weightless one (a block's residual sits over its attention at a
+        docked size), then the one nearest the camera."""
         topo = self.topology
         if topo is None or not topo.rows:
             return None
@@ -965,7 +1014,8 @@ class TopologyPanel(QWidget):
         if not hit.any():
             return None
         candidates = np.flatnonzero(hit)
-        return int(candidates[np.argmin(depth[candidates])])
+        weightless = np.array([topo.rows[i].parameters == 0 for i in candidates])
+        return int(candidates[np.lexsort((depth[candidates], weightless))[0]])
 
     def tooltip_text(self, index: int) -> str:
         """What hovering over point ``index`` tells: its name, type and parameters."""
