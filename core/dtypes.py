@@ -15,6 +15,7 @@ live once in :class:`NumericFormat`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
 import ml_dtypes
@@ -24,6 +25,14 @@ from .enums import DTYPE_BITS, DTYPES, dtype_nbytes, lookup
 from .errors import LoomConfigError
 
 FORMATS: dict[str, NumericFormat] = {}
+# Elements converted at a time: the float64 temporaries of rounding stay in the CPU's caches
+# however large the layer (half a MB each; a whole 2^28-weight layer at once took over 6 GB).
+CHUNK = 1 << 16
+
+
+def chunks(n: int) -> Iterator[slice]:
+    """Slices covering ``range(n)``, :data:`CHUNK` elements each (the last one shorter)."""
+    return (slice(start, min(start + CHUNK, n)) for start in range(0, n, CHUNK))
 
 
 def go_round(x: np.ndarray) -> np.ndarray:
@@ -112,33 +121,43 @@ class NumericFormat:
         return q.astype(np.float32) * scale
 
     def choose_scale(self, w: np.ndarray) -> float:
-        """Auto-scale of a non-empty master: ``f32(maxAbs / auto_div)``, 1.0 if all zero."""
-        a = np.abs(w)
-        # Loom's `if a > maxAbs` loop never picks NaN; an all-NaN master counts as all zero.
-        max_abs = a.max(initial=np.float32(0), where=~np.isnan(a))
+        """Auto-scale of a non-empty flat master: ``f32(maxAbs / auto_div)``, 1.0 if all zero."""
+        max_abs = np.float32(0)
+        for part in chunks(w.size):
+            a = np.abs(w[part])
+            # Loom's `if a > maxAbs` loop never picks NaN; an all-NaN master counts as all zero.
+            max_abs = max(max_abs, a.max(initial=np.float32(0), where=~np.isnan(a)))
         return 1.0 if max_abs == 0 else float(max_abs / np.float32(self.auto_div))
 
     # --- shared machinery ---------------------------------------------------------------
     def auto_scale(self, master: np.ndarray) -> float:
-        w = np.asarray(master, np.float32)
+        w = np.asarray(master, np.float32).reshape(-1)
         return 1.0 if w.size == 0 else self.choose_scale(w)
 
     def quantize(self, master: np.ndarray, scale: float) -> np.ndarray:
         w = np.asarray(master, np.float32)
-        if not self.scaled:
-            return self.encode(w)
+        flat = w.reshape(-1)
+        out = np.empty(flat.size, self.native)
         # Scale 0 (a missing JSON key) divides to +-Inf / NaN, which every encoder handles.
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self.encode(w / np.float32(scale))
+            for part in chunks(flat.size):
+                x = flat[part]
+                out[part] = self.encode(x / np.float32(scale) if self.scaled else x)
+        return out.reshape(w.shape)
 
     def dequantize(self, native: np.ndarray, scale: float) -> np.ndarray:
+        q = self._as_native(native)
+        flat = q.reshape(-1)
+        out = np.empty(flat.size, np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
-            return self.decode(self._as_native(native), np.float32(scale))
+            for part in chunks(flat.size):
+                out[part] = self.decode(flat[part], np.float32(scale))
+        return out.reshape(q.shape)
 
     def pack(self, native: np.ndarray) -> bytes:
         q = self._as_native(native).ravel()
         if self.bits >= 8:
-            return q.astype(self.native.newbyteorder("<")).tobytes()
+            return q.astype(self.native.newbyteorder("<"), copy=False).tobytes()
         per_byte, shifts = self._field_shifts()
         fields = self.to_fields(q)
         fields = np.concatenate([fields, np.zeros(-fields.size % per_byte, np.uint8)])
@@ -350,9 +369,14 @@ class Binary(NumericFormat):
         return np.where(x >= 0, 1, -1).astype(np.int8)  # sign of the master; NaN -> -1
 
     def choose_scale(self, w: np.ndarray) -> float:
-        # mean |w|: Go's sequential float64 sum (cumsum, not numpy's pairwise sum), / n in float32
-        total = np.float32(np.cumsum(np.abs(w), dtype=np.float64)[-1])
-        mean = total / np.float32(w.size)
+        # mean |w|: Go's sequential float64 sum (cumsum, not numpy's pairwise sum), / n in float32;
+        # each chunk's cumsum starts from the sum so far, so the additions are Go's, in order
+        total = 0.0
+        for part in chunks(w.size):
+            a = np.abs(w[part]).astype(np.float64)
+            a[0] += total
+            total = np.cumsum(a)[-1]
+        mean = np.float32(total) / np.float32(w.size)
         return 1.0 if mean == 0 else float(mean)
 
     def to_fields(self, q: np.ndarray) -> np.ndarray:

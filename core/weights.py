@@ -25,13 +25,6 @@ from .backend import array_module, to_host
 from .errors import LoomConfigError
 
 
-def relative_error(reference: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    """``(||values - reference|| / ||reference||, cosine)`` in float64 (cosine 1 when both are
-    zero; the plain norm of ``values`` when only the reference is)."""
-    sums = error_sums(reference, values)
-    return error_from_sums(*sums)
-
-
 def error_sums(reference: np.ndarray, values: np.ndarray) -> tuple[float, float, float, float]:
     """``(||r||², ||v||², ||v - r||², r·v)`` in float64: what :func:`error_from_sums` needs, summed
     part by part when a layer's weights are compared a matrix at a time."""
@@ -43,11 +36,23 @@ def error_sums(reference: np.ndarray, values: np.ndarray) -> tuple[float, float,
 
 
 def error_from_sums(rr: float, vv: float, dd: float, rv: float) -> tuple[float, float]:
+    """``(||v - r|| / ||r||, cosine)`` from :func:`error_sums` (an error of 1 when only ``r`` is
+    zero, a cosine of 1 when both are)."""
     norm_r, norm_v = np.sqrt(rr), np.sqrt(vv)
     rel = float(np.sqrt(dd) / norm_r) if norm_r else float(norm_v != 0)
     if norm_r and norm_v:
         return rel, float(rv / (norm_r * norm_v))
     return rel, 1.0 if norm_r == norm_v else 0.0
+
+
+def uniform_weights(n: int, rng: np.random.Generator, init_scale: float) -> np.ndarray:
+    """``n`` float32 weights uniform in ``[-init_scale, init_scale)`` (Loom's build-schema
+    initialisation): the values of drawing all ``n`` in float64 at once and rounding, drawn a
+    chunk at a time so that no float64 vector of the whole layer is ever made."""
+    out = np.empty(n, np.float32)
+    for part in dtypes.chunks(n):
+        out[part] = (rng.random(part.stop - part.start) * 2 - 1) * init_scale
+    return out
 
 
 # Upper ends of the unsigned types after training (spec §4.8), in units of the scale.
@@ -174,7 +179,11 @@ class WeightStore:
         cosine)`` (0 and 1 for float32, which is the master)."""
         if layer_dtype == "float32":
             return 0.0, 1.0
-        return relative_error(self.master, self.dequantized(layer_dtype))
+        native, scale, master = self.morph(layer_dtype), self._forward_scale(layer_dtype), self.master
+        sums = np.zeros(4)
+        for part in dtypes.chunks(master.size):  # no float32 copy of the whole layer
+            sums += error_sums(master[part], dtypes.dequantize(native[part], layer_dtype, scale))
+        return error_from_sums(*sums)
 
     # ----- access for computation --------------------------------------------------------
     def values(self, xp, dtype, layer_dtype: str = "float32") -> object:

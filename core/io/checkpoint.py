@@ -20,10 +20,19 @@ import numpy as np
 from ..errors import LoomFormatError
 from ..network import VolumetricNetwork
 from .atomic import write_atomic
-from .loom_json import MAX_FILE_BYTES, _parse_json, foreign_format, network_to_dict, read_network
+from .loom_json import (
+    MAX_LAYERS,
+    brief,
+    foreign_format,
+    max_parameters,
+    network_to_dict,
+    parse_json,
+    read_network,
+)
 
 METADATA_KEY = "loomlab"
 FORMAT = "loomlab-checkpoint/1"
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the header
 
 
 def checkpoint_bytes(net: VolumetricNetwork) -> bytes:
@@ -52,27 +61,21 @@ def load_checkpoint(path: str | os.PathLike, *, backend: str = "numpy") -> Volum
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(16)
+            what = foreign_format(head, "checkpoint")
+            if what is not None:
+                raise LoomFormatError(origin, what)
+            header_bytes = _header_size(head, size, origin)
+            f.seek(8)
+            meta = _checked_header(f.read(header_bytes), size - 8 - header_bytes, origin)
     except OSError as e:
         raise LoomFormatError(origin, f"cannot read: {e.strerror}") from None
-    if size > 64 * MAX_FILE_BYTES:
-        raise LoomFormatError(origin, f"{size} bytes; the limit for a checkpoint is {64 * MAX_FILE_BYTES}")
-    what = foreign_format(head, "checkpoint")
-    if what is not None:
-        raise LoomFormatError(origin, what)
     try:
         with safe_open(origin, framework="numpy") as f:
-            meta = (f.metadata() or {}).get(METADATA_KEY, "")
-            blobs: dict[str, np.ndarray] = {}
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                t = f.get_tensor(name)
-                if t.dtype != np.uint8 or t.ndim != 1:
-                    raise LoomFormatError(f"$.{name}", f"tensor must be 1-D uint8, got {t.dtype} {t.shape}")
-                blobs[name] = t  # an array we own: the float32 master can be a view of it
+            # arrays we own: a float32 master can be a view of one
+            blobs = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - not a mapping
     except SafetensorError as e:
         raise LoomFormatError(origin, f"not a valid safetensors file: {e}") from None
     except (OSError, ValueError) as e:
-        if isinstance(e, LoomFormatError):
-            raise
         raise LoomFormatError(origin, f"cannot read checkpoint: {e}") from None
     return _network_from(meta, blobs, origin, backend)
 
@@ -87,24 +90,69 @@ def checkpoint_from_bytes(data: bytes, *, origin: str = "checkpoint bytes",
     what = foreign_format(bytes(data[:16]), "checkpoint")
     if what is not None:
         raise LoomFormatError(origin, what)
-    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
-    if not 0 < size <= len(data) - 8:
-        raise LoomFormatError(origin, "not a valid safetensors file: bad header size")
-    header = _parse_json(bytes(data[8:8 + size]))
-    meta = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    header_bytes = _header_size(data[:8], len(data), origin)
+    meta = _checked_header(bytes(data[8:8 + header_bytes]), len(data) - 8 - header_bytes, origin)
     try:
         blobs = load(bytes(data))
     except SafetensorError as e:
         raise LoomFormatError(origin, f"not a valid safetensors file: {e}") from None
-    for name, t in blobs.items():
-        if t.dtype != np.uint8 or t.ndim != 1:
-            raise LoomFormatError(f"$.{name}", f"tensor must be 1-D uint8, got {t.dtype} {t.shape}")
-    return _network_from(meta.get(METADATA_KEY, "") if isinstance(meta, dict) else "", blobs, origin, backend)
+    return _network_from(meta, blobs, origin, backend)
+
+
+def _header_size(head: bytes, file_bytes: int, origin: str) -> int:
+    """The header length a safetensors file starts with, checked against the file and
+    :data:`MAX_HEADER_BYTES` before the header is read."""
+    size = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if not 0 < size <= min(file_bytes - 8, MAX_HEADER_BYTES):
+        raise LoomFormatError(origin, "not a valid safetensors file: bad header size")
+    return size
+
+
+def _checked_header(raw: bytes, payload_bytes: int, origin: str) -> str:
+    """The ``loomlab`` metadata of a safetensors header, once every tensor it lists is known to be
+    what a checkpoint holds: at most one 1-D uint8 blob per layer, inside the file, with no more
+    bytes in all than the most weights a network may have, each in the widest dtype (8 bytes)."""
+    header = parse_json(raw, origin)
+    if not isinstance(header, dict):
+        raise LoomFormatError(origin, "not a valid safetensors file: the header is not an object")
+    meta = header.pop("__metadata__", None)
+    meta = meta.get(METADATA_KEY, "") if isinstance(meta, dict) else ""
+    if len(header) > MAX_LAYERS:
+        raise LoomFormatError(origin, f"{len(header):,} tensors; a network holds at most {MAX_LAYERS:,} "
+                                      "layers")
+    total = sum(_tensor_bytes(name, entry, payload_bytes) for name, entry in header.items())
+    if total > 8 * max_parameters():
+        raise LoomFormatError(origin, f"{total:,} bytes of weights, over the {max_parameters():,} "
+                                      "parameters a network may have on this machine")
+    if not isinstance(meta, str):
+        raise LoomFormatError(origin, f"not a Loom Lab checkpoint (metadata {METADATA_KEY!r} is not text)")
+    return meta
+
+
+def _tensor_bytes(name: str, entry, payload_bytes: int) -> int:
+    """Bytes of one header entry, which must be a 1-D uint8 tensor inside the payload."""
+    if not isinstance(entry, dict):
+        raise LoomFormatError(f"$.{name}", "tensor entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype != "U8" or not _ints(shape, 1):
+        raise LoomFormatError(f"$.{name}", f"tensor must be 1-D uint8 (U8), got {brief(dtype)} "
+                                           f"{brief(shape)}")
+    if not _ints(offsets, 2) or not 0 <= offsets[0] <= offsets[1] <= payload_bytes \
+            or offsets[1] - offsets[0] != shape[0]:
+        raise LoomFormatError(f"$.{name}", f"data_offsets {brief(offsets)} do not hold {shape[0]} bytes "
+                                           f"within the {payload_bytes} bytes of tensor data")
+    return shape[0]
+
+
+def _ints(v, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(i, int) and not isinstance(i, bool)
+                                                       for i in v)
 
 
 def _network_from(meta: str, blobs: dict[str, np.ndarray], origin: str, backend: str) -> VolumetricNetwork:
-    doc = _parse_json(meta.encode("utf-8"))
+    doc = parse_json(meta.encode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else doc
-        raise LoomFormatError(origin, f"not a Loom Lab checkpoint (format {found!r}, expected {FORMAT!r})")
+        raise LoomFormatError(origin, f"not a Loom Lab checkpoint (format {brief(found)}, "
+                                      f"expected {FORMAT!r})")
     return read_network(doc.get("network"), schema="persistence", backend=backend, blobs=blobs)

@@ -13,6 +13,7 @@ import binascii
 import json
 import math
 import os
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,29 @@ from ..enums import ACTIVATIONS, COMBINE_MODES, DTYPES, LAYER_TYPES, SOFTMAX_TYP
 from ..errors import LoomFormatError
 from ..layers import Layer, LayerConfig, layer_class
 from ..layers.base import CONFIG_FIELDS
+from ..machine import physical_memory_bytes
 from ..network import VolumetricNetwork
-from ..weights import WeightStore
+from ..weights import WeightStore, uniform_weights
 from .atomic import write_atomic
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_NESTING = 64
-MAX_CELLS = 1 << 20
+# Layer objects in one network, nested ones included: one forward pass visits each in Python
+# (tens of microseconds apiece), so more would not run in a usable time. Every grid cell holds one.
+MAX_LAYERS = 1 << 16
+MAX_CELLS = MAX_LAYERS
+# JSON values a file may hold (counted as its commas and opening brackets before parsing): a
+# parsed value costs up to ~100 bytes of Python objects, and a network at MAX_LAYERS with Loom's
+# ~50 keys per layer stays under it.
+MAX_JSON_VALUES = 1 << 22
 MAX_INT = (1 << 31) - 1
-# Build-schema networks are allocated from dimensions alone: refuse more than 1 GiB of float32.
+# Weights of one network: at most 1 GiB of float32 master, and never more than the machine can
+# work with (see max_parameters).
 MAX_BUILD_PARAMS = 1 << 28
+# What one weight may cost while a network is worked on: its float32 master, its widest native
+# copy (float64 and int64 morphs take 8 bytes) and a float32 compute copy.
+BYTES_PER_PARAMETER = 16
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _INT_FIELDS = ("z", "y", "x", "l", "input_height", "input_width", "input_depth", "output_height",
                "output_width", "output_depth", "input_channels", "filters", "kernel_size", "stride",
@@ -73,7 +87,8 @@ def load_json(source: str | os.PathLike | bytes, *, schema: str = "auto",
     if schema not in ("auto", "persistence", "build"):
         raise LoomFormatError("$", f"unknown schema {schema!r}")
     data, origin = _read_source(source)
-    doc = _parse_json(data, origin)
+    doc = parse_json(data, origin)
+    del data  # the file's bytes are not kept while the network is built from them
     if schema == "auto":
         schema = "persistence" if _has_weights(doc) else "build"
     return read_network(doc, schema=schema, seed=seed, backend=backend)
@@ -136,11 +151,19 @@ def foreign_format(head: bytes, reading: str = "json") -> str | None:
     return None
 
 
-def _parse_json(data: bytes, origin: str = "$") -> Any:
-    """The parsed JSON of ``data``; a problem with it as a whole raises naming ``origin``."""
+def parse_json(data: bytes, origin: str = "$") -> Any:
+    """The parsed JSON of ``data``; a problem with it as a whole raises naming ``origin``.
+
+    The values are counted before parsing (:data:`MAX_JSON_VALUES`): Python objects for
+    millions of tiny values would take gigabytes, from a file well under the size limit.
+    """
     what = foreign_format(data[:16])
     if what is not None:
         raise LoomFormatError(origin, what)
+    values = data.count(b",") + data.count(b"{") + data.count(b"[")
+    if values > MAX_JSON_VALUES:
+        raise LoomFormatError(origin, f"over {MAX_JSON_VALUES:,} JSON values ({values:,} commas and "
+                                      f"brackets); a network holds at most {MAX_LAYERS:,} layers")
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as e:
@@ -154,27 +177,42 @@ def _parse_json(data: bytes, origin: str = "$") -> Any:
 
 
 def _has_weights(doc) -> bool:
-    stack = list(doc.get("layers", [])) if isinstance(doc, dict) else []
+    layers = _folded(doc).get("layers") if isinstance(doc, dict) else None
+    stack = list(layers) if isinstance(layers, list) else []  # not a list: read_network says so
     while stack:
         obj = stack.pop()
         if isinstance(obj, dict):
-            if _get(obj, "weights") not in (None, ""):
+            obj = _folded(obj)
+            if obj.get("weights") not in (None, ""):
                 return True
             for key in ("parallel_branches", "sequential_layers"):
-                kids = _get(obj, key)
+                kids = obj.get(key)
                 if isinstance(kids, list):
                     stack.extend(kids)
     return False
 
 
-def _get(obj: dict, key: str):
-    """Go's decoder matches object keys case-insensitively (exact spelling first)."""
-    if key in obj:
-        return obj[key]
+def _folded(obj: dict) -> dict:
+    """``obj`` keyed in lower case, as Go's decoder matches keys: the exact (lower-case) spelling
+    first, else the first key equal to it ignoring case. Made once per object, so reading a layer
+    costs time linear in its keys."""
+    out: dict = {}
     for k, v in obj.items():
-        if k.lower() == key:
-            return v
-    return None
+        low = k.lower()
+        if low == k or low not in out:
+            out[low] = v
+    return out
+
+
+def brief(v) -> str:
+    """A short ``repr`` of ``v`` for an error message: a huge value is cut, never printed whole."""
+    return reprlib.repr(v)
+
+
+def max_parameters() -> int:
+    """The most weights one network may have here: :data:`MAX_BUILD_PARAMS`, or fewer on a
+    machine whose memory holds fewer at :data:`BYTES_PER_PARAMETER` each."""
+    return min(MAX_BUILD_PARAMS, physical_memory_bytes() // BYTES_PER_PARAMETER)
 
 
 class _Reader:
@@ -184,11 +222,12 @@ class _Reader:
         self.blobs = None if blobs is None else dict(blobs)
         self.rng = rng
         self.backend = backend
-        self.build_params = 0
+        self.layers = 0  # layer objects read so far, nested ones included
+        self.parameters = 0
+        self.max_parameters = max_parameters()
 
     def network(self, doc) -> VolumetricNetwork:
-        if not isinstance(doc, dict):
-            raise LoomFormatError("$", f"expected an object, got {type(doc).__name__}")
+        doc = self.fields(doc, "$")
         dims = []
         for key in ("depth", "rows", "cols", "layers_per_cell"):
             v = self.int_field(doc, key, f"$.{key}")
@@ -196,14 +235,15 @@ class _Reader:
                 raise LoomFormatError(f"$.{key}", f"must be >= 1, got {v}")
             dims.append(v)
         if math.prod(dims) > MAX_CELLS:
-            raise LoomFormatError("$", f"grid of {math.prod(dims)} cells exceeds {MAX_CELLS}")
-        layers = _get(doc, "layers")
+            raise LoomFormatError("$", f"grid of {math.prod(dims):,} cells exceeds {MAX_CELLS:,}")
+        layers = doc.get("layers")
         if not isinstance(layers, list):
             raise LoomFormatError("$.layers", "missing or not an array")
         net = VolumetricNetwork(*dims, backend=self.backend)
         placed: dict[int, str] = {}
         for i, obj in enumerate(layers):
             path = f"$.layers[{i}]"
+            obj = self.fields(obj, path)
             layer = self.layer(obj, path, depth=1)
             coord = tuple(self.int_field(obj, k, f"{path}.{k}") for k in ("z", "y", "x", "l"))
             for c, n, k in zip(coord, dims, "zyxl", strict=True):
@@ -219,78 +259,90 @@ class _Reader:
                 raise LoomFormatError("$.layers", f"grid cell {net.coord(idx)} is not described")
         return net
 
+    @staticmethod
+    def fields(obj, path: str) -> dict:
+        """A JSON object's fields keyed as :func:`_folded` keys them."""
+        if not isinstance(obj, dict):
+            raise LoomFormatError(path, f"expected an object, got {type(obj).__name__}")
+        return _folded(obj)
+
     # ----- one layer ------------------------------------------------------------------
-    def layer(self, obj, path: str, depth: int) -> Layer:
+    def layer(self, obj: dict, path: str, depth: int) -> Layer:
+        """The layer of the folded object ``obj`` (:meth:`fields`), its children built first."""
         if depth > MAX_NESTING:
             raise LoomFormatError(path, f"layers nested deeper than {MAX_NESTING}")
-        if not isinstance(obj, dict):
-            raise LoomFormatError(path, f"expected a layer object, got {type(obj).__name__}")
+        self.layers += 1
+        if self.layers > MAX_LAYERS:
+            raise LoomFormatError(path, f"a network holds at most {MAX_LAYERS:,} layers, nested ones "
+                                        "included")
         cfg = self.config(obj, path)
         cls = layer_class(cfg.type)
         if cls is None:
             raise LoomFormatError(f"{path}.type", f"layer type {cfg.type!r} is not supported yet")
         children, children_key = [], None
         for key in ("parallel_branches", "sequential_layers"):
-            kids = _get(obj, key)
+            kids = obj.get(key)
             if kids is None:
                 continue
             if not isinstance(kids, list):
                 raise LoomFormatError(f"{path}.{key}", "expected an array of layer objects")
-            children += [self.layer(k, f"{path}.{key}[{j}]", depth + 1) for j, k in enumerate(kids)]
+            for j, kid in enumerate(kids):
+                kid_path = f"{path}.{key}[{j}]"
+                children.append(self.layer(self.fields(kid, kid_path), kid_path, depth + 1))
             children_key = children_key or (key if kids else None)
         layer = cls(cfg, None, children)
         if children_key is not None:
             layer.children_key = children_key  # written back under the key it came from
-        if cfg.is_remote_link and _get(obj, "weights") is None:
+        if cfg.is_remote_link and obj.get("weights") is None:
             return layer  # a bare link (NEAT's): it runs its target, so its own sizes are unused
         layer.check(path)
         if cls.weighted:
             layer.weights = self.weights(obj, cfg, cls.param_count(cfg), path)
-        elif _get(obj, "weights"):
+        elif obj.get("weights"):
             raise LoomFormatError(f"{path}.weights", f"{cfg.type} has no weights")
         return layer
 
     def config(self, obj: dict, path: str) -> LayerConfig:
-        cfg = LayerConfig()
-        type_text = _get(obj, "type")
+        cfg = LayerConfig.defaults()
+        type_text = obj.get("type")
         if type_text is None:
             raise LoomFormatError(f"{path}.type", "missing")
         cfg.type = self.enum(type_text, LAYER_TYPES, f"{path}.type", "layer type")
-        if (act := _get(obj, "activation")) is not None:
+        if (act := obj.get("activation")) is not None:
             cfg.activation = self.enum(act, ACTIVATIONS, f"{path}.activation", "activation")
-        if (dt := _get(obj, "dtype")) is not None:
+        if (dt := obj.get("dtype")) is not None:
             cfg.dtype = self.enum(dt, DTYPES, f"{path}.dtype", "dtype")
         for key in _INT_FIELDS:
             if key in ("z", "y", "x", "l"):
                 continue
-            if _get(obj, key) is not None:
+            if obj.get(key) is not None:
                 v = self.int_field(obj, key, f"{path}.{key}")
                 if v < 0:
                     raise LoomFormatError(f"{path}.{key}", f"must be >= 0, got {v}")
                 setattr(cfg, key, v)
         cfg.seq_length = max(cfg.seq_length, 1)  # Loom: <= 0 means 1
         for key in _FLOAT_FIELDS:
-            if key != "scale" and _get(obj, key) is not None:
+            if key != "scale" and obj.get(key) is not None:
                 setattr(cfg, key, self.float_field(obj, key, f"{path}.{key}"))
         for key in _BOOL_FIELDS:
-            if key != "native" and (v := _get(obj, key)) is not None:
+            if key != "native" and (v := obj.get(key)) is not None:
                 if not isinstance(v, bool):
-                    raise LoomFormatError(f"{path}.{key}", f"expected true/false, got {v!r}")
+                    raise LoomFormatError(f"{path}.{key}", f"expected true/false, got {brief(v)}")
                 setattr(cfg, key, v)
-        if (mode := _get(obj, "output_mode")) is not None:
+        if (mode := obj.get("output_mode")) is not None:
             cfg.output_mode = self.string(mode, f"{path}.output_mode")
-        if (mode := _get(obj, "combine_mode")) is not None:
+        if (mode := obj.get("combine_mode")) is not None:
             if mode not in COMBINE_MODES:
-                raise LoomFormatError(f"{path}.combine_mode",
-                                      f"unknown combine mode {mode!r}; expected one of {list(COMBINE_MODES)}")
+                raise LoomFormatError(f"{path}.combine_mode", f"unknown combine mode {brief(mode)}; "
+                                                              f"expected one of {list(COMBINE_MODES)}")
             cfg.combine_mode = mode
-        if (st := _get(obj, "softmax_type")) is not None:
+        if (st := obj.get("softmax_type")) is not None:
             cfg.softmax_type = self.softmax_type(st, f"{path}.softmax_type")
-        if (mask := _get(obj, "mask")) is not None:
+        if (mask := obj.get("mask")) is not None:
             if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
                 raise LoomFormatError(f"{path}.mask", "expected an array of true/false")
             cfg.mask = mask
-        if (levels := _get(obj, "hierarchy_levels")) is not None:
+        if (levels := obj.get("hierarchy_levels")) is not None:
             if not isinstance(levels, list) or not all(_is_int(v) and v > 0 for v in levels):
                 raise LoomFormatError(f"{path}.hierarchy_levels", "expected an array of positive integers")
             cfg.hierarchy_levels = levels
@@ -304,28 +356,29 @@ class _Reader:
         return cfg
 
     def weights(self, obj: dict, cfg: LayerConfig, n: int, path: str) -> WeightStore:
-        scale = self.float_field(obj, "scale", f"{path}.scale") if _get(obj, "scale") is not None else 0.0
+        scale = self.scale_field(obj, f"{path}.scale")
+        self.parameters += n  # counted before anything is allocated or decoded
+        if self.parameters > self.max_parameters:
+            raise LoomFormatError(path, f"network needs over {self.max_parameters:,} parameters, the most "
+                                        f"loaded on this machine")
         if self.blobs is not None:
             blob = self.blobs.pop(path.removeprefix("$."), None)
             if blob is None:
                 raise LoomFormatError(f"{path}.weights", f"no weights tensor for this {cfg.type} layer")
             return self.store(blob, True, cfg, n, scale, path)
-        blob_text = _get(obj, "weights")
+        blob_text = obj.get("weights")
         if blob_text in (None, ""):
             if not self.build:
                 raise LoomFormatError(f"{path}.weights", f"{cfg.type} layer has no weights")
-            self.build_params += n
-            if self.build_params > MAX_BUILD_PARAMS:
-                raise LoomFormatError(path, f"network needs over {MAX_BUILD_PARAMS} parameters")
-            return WeightStore((self.rng.random(n) * 2 - 1) * 0.1, 1.0)
+            return WeightStore(uniform_weights(n, self.rng, 0.1), 1.0)
         blob_text = self.string(blob_text, f"{path}.weights")
         try:
             blob = base64.b64decode(blob_text, validate=True)
         except (binascii.Error, ValueError):
             raise LoomFormatError(f"{path}.weights", "not valid base64") from None
-        native = _get(obj, "native")
+        native = obj.get("native")
         if native is not None and not isinstance(native, bool):
-            raise LoomFormatError(f"{path}.native", f"expected true/false, got {native!r}")
+            raise LoomFormatError(f"{path}.native", f"expected true/false, got {brief(native)}")
         return self.store(blob, bool(native), cfg, n, scale, path)
 
     @staticmethod
@@ -347,33 +400,43 @@ class _Reader:
     # ----- scalar fields --------------------------------------------------------------
     @staticmethod
     def int_field(obj: dict, key: str, path: str) -> int:
-        v = _get(obj, key)
+        v = obj.get(key)
         if v is None:
             return 0
         if not _is_int(v):
-            raise LoomFormatError(path, f"expected an integer, got {v!r}")
+            raise LoomFormatError(path, f"expected an integer, got {brief(v)}")
         if abs(v) > MAX_INT:
-            raise LoomFormatError(path, f"{v} is out of range")
+            raise LoomFormatError(path, f"{brief(v)} is out of range")
         return v
 
     @staticmethod
     def float_field(obj: dict, key: str, path: str) -> float:
-        v = _get(obj, key)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise LoomFormatError(path, f"expected a finite number, got {v!r}")
-        return float(v)
+        v = obj.get(key)
+        f = _finite(v)
+        if f is None:
+            raise LoomFormatError(path, f"expected a finite number, got {brief(v)}")
+        return f
+
+    def scale_field(self, obj: dict, path: str) -> float:
+        """The layer's ``scale`` (0 when absent): Loom keeps it as a float32, so it must fit one."""
+        if obj.get("scale") is None:
+            return 0.0
+        scale = self.float_field(obj, "scale", path)
+        if abs(scale) > FLOAT32_MAX:
+            raise LoomFormatError(path, f"{brief(scale)} is out of float32 range")
+        return scale
 
     @staticmethod
     def string(v, path: str) -> str:
         if not isinstance(v, str):
-            raise LoomFormatError(path, f"expected a string, got {v!r}")
+            raise LoomFormatError(path, f"expected a string, got {brief(v)}")
         return v
 
     def enum(self, text, table, path: str, what: str) -> str:
         entry = lookup(table, self.string(text, path))
         if entry is None:
             known = sorted({e.name for e in table.values()})
-            raise LoomFormatError(path, f"unknown {what} {text!r}; expected one of {known}")
+            raise LoomFormatError(path, f"unknown {what} {brief(text)}; expected one of {known}")
         return entry.name
 
     @staticmethod
@@ -382,12 +445,23 @@ class _Reader:
             return SOFTMAX_TYPES[v]
         if isinstance(v, str) and v in SOFTMAX_TYPES:
             return v
-        raise LoomFormatError(path, f"unknown softmax type {v!r}; "
+        raise LoomFormatError(path, f"unknown softmax type {brief(v)}; "
                                     f"expected 0..9 or one of {list(SOFTMAX_TYPES)}")
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v) -> float | None:
+    """``v`` as a finite float; None for anything else, an integer too large for a float included."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _native_store(blob: bytes, dtype: str, n: int, scale: float, path: str) -> WeightStore:

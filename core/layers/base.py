@@ -28,7 +28,7 @@ from ..activations import LINEAR
 from ..backend import array_module, host_dtype, to_host, widest_float
 from ..enums import ACTIVATIONS, lookup
 from ..errors import LoomFormatError
-from ..weights import WeightStore
+from ..weights import WeightStore, uniform_weights
 
 
 @dataclass
@@ -97,8 +97,17 @@ class LayerConfig:
         object.__setattr__(self, name, value)
         edits.bump()  # a compiled step built from this layer looks again (core.edits)
 
+    @classmethod
+    def defaults(cls) -> LayerConfig:
+        """A config of every default, made without the per-field edit record of ``__init__``: a
+        reader builds one per layer, and a file may hold tens of thousands."""
+        cfg = object.__new__(cls)
+        cfg.__dict__.update(_DEFAULTS.__dict__)
+        return cfg
+
 
 CONFIG_FIELDS = tuple(f.name for f in fields(LayerConfig))
+_DEFAULTS = LayerConfig()
 
 
 class Layer:
@@ -229,7 +238,7 @@ def make_layer(type_name: str, *, weights=None, scale: float = 1.0, children=Non
     if cls.weighted:
         if weights is None:
             rng = rng if rng is not None else np.random.default_rng()
-            weights = (rng.random(n, dtype=np.float64) * 2 - 1) * init_scale
+            weights = uniform_weights(n, rng, init_scale)
         weights = np.asarray(weights, dtype=np.float32).reshape(-1)
         if weights.size != n:
             raise LoomFormatError("$.weights", f"{type_name} needs {n} weights, got {weights.size}")

@@ -81,11 +81,9 @@ def entmax_blend(alpha: float) -> Normaliser:
 @register
 class Softmax(Layer):
     type_name = "Softmax"
-
-    def __init__(self, cfg, weights=None, children=None):
-        super().__init__(cfg, weights, children)
-        # Gumbel noise source; tests replace it with a seeded generator.
-        self.rng = np.random.default_rng()
+    # Gumbel noise source, made on first use (a generator per layer would cost more than the
+    # layer when a file holds thousands); tests set a seeded one.
+    rng: np.random.Generator | None = None
 
     def check(self, path: str) -> None:
         cfg = self.cfg
@@ -163,6 +161,8 @@ class Softmax(Layer):
     def _gumbel_noise(self, xp, n: int, dtype):
         # drawn on the host by the layer's numpy Generator (seedable, the same on every backend)
         # and copied to the device: one explicit transfer of n values per call
+        if self.rng is None:
+            self.rng = np.random.default_rng()
         u = np.maximum(self.rng.random(n), GUMBEL_U_MIN)
         return -xp.log(-xp.log(xp.asarray(u, dtype=dtype)))
 

@@ -130,3 +130,51 @@ def test_missing_tensor(saved):
     _write(saved, header, payload)
     with pytest.raises(LoomFormatError):
         load_network(saved)
+
+
+def _retyped(saved, dtype: str, itemsize: int) -> bytes:
+    """The checkpoint with its first tensor declared as ``dtype`` (same bytes, shape to match)."""
+    header, payload = _parts(saved)
+    name = next(k for k in header if k.startswith("layers"))
+    start, end = header[name]["data_offsets"]
+    header[name].update(dtype=dtype, shape=[(end - start) // itemsize])
+    _write(saved, header, payload)
+    return saved.read_bytes()
+
+
+@pytest.mark.parametrize("dtype, itemsize", [("F8_E4M3", 1), ("F8_E5M2", 1), ("BF16", 2), ("F16", 2),
+                                             ("I8", 1)])
+def test_a_tensor_of_another_dtype_is_a_format_error_naming_it(saved, dtype, itemsize):
+    data = _retyped(saved, dtype, itemsize)
+    for read in (lambda: load_network(saved), lambda: checkpoint.checkpoint_from_bytes(data)):
+        with pytest.raises(LoomFormatError) as err:
+            read()
+        assert err.value.path == "$.layers[0]"
+        assert "must be 1-D uint8 (U8)" in str(err.value) and dtype in str(err.value)
+
+
+def test_tensors_beyond_what_the_machine_holds_are_refused_before_reading_them(saved, monkeypatch):
+    from loomlab.core.io import loom_json
+
+    from .bad_input import raises_quickly_and_small
+
+    monkeypatch.setattr(loom_json, "physical_memory_bytes", lambda: 1 << 20)  # 65,536 parameters
+    header, payload = _parts(saved)
+    big = 8 * loom_json.max_parameters() + 1  # over the widest dtype's bytes for them all
+    header["layers[99]"] = {"dtype": "U8", "shape": [big], "data_offsets": [len(payload), len(payload) + big]}
+    _write(saved, header, payload + bytes(big))
+    data = saved.read_bytes()
+    for read in (lambda: load_network(saved), lambda: checkpoint.checkpoint_from_bytes(data)):
+        err = raises_quickly_and_small(read, LoomFormatError, seconds=2, peak_bytes=256 << 10)
+        assert "bytes of weights, over the 65,536 parameters" in str(err)
+
+
+def test_more_tensors_than_layers_a_network_may_hold_are_refused(saved, monkeypatch):
+    monkeypatch.setattr(checkpoint, "MAX_LAYERS", 2)
+    header, payload = _parts(saved)
+    for i in range(3):
+        header[f"extra{i}"] = {"dtype": "U8", "shape": [0], "data_offsets": [len(payload), len(payload)]}
+    _write(saved, header, payload)
+    with pytest.raises(LoomFormatError, match="tensors; a network holds at most 2 layers") as err:
+        load_network(saved)
+    assert err.value.path == str(saved)

@@ -260,3 +260,128 @@ def test_remote_links_and_masks_survive_our_round_trip():
     assert again[0, 0, 1, 0].cfg.mask == [True, False]
     assert again[0, 0, 0, 0].children[0].cfg.is_remote_link
     assert again[0, 0, 0, 0].children[0].cfg.target == (0, 0, 1, 0)
+
+
+# ----- numbers, sizes and counts a file may ask for -------------------------------------------
+def _one_layer(layer: dict) -> str:
+    return json.dumps({"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": 1, "layers": [layer]})
+
+
+FLOAT_FIELDS = {"scale": "Dense", "temperature": "Softmax", "entmax_alpha": "Softmax",
+                "kmeans_temperature": "KMeans", "rope_freq_base": "MultiHeadAttention"}
+
+
+@pytest.mark.parametrize("field", list(FLOAT_FIELDS))
+def test_an_integer_too_large_for_a_float_is_a_format_error_naming_the_field(field):
+    doc = tiny_net_json()
+    doc["layers"][0 if field == "scale" else 1][field] = 10 ** 400  # json writes every digit
+    with pytest.raises(LoomFormatError) as err:
+        load_network(json.dumps(doc))
+    where = f"$.layers[{0 if field == 'scale' else 1}].{field}"
+    assert err.value.path == where and "expected a finite number" in str(err.value)
+    assert len(str(err.value)) < 200  # the 401 digits are not repeated
+
+
+def test_a_scale_outside_float32_range_is_refused():
+    doc = tiny_net_json()
+    doc["layers"][0]["scale"] = 1e39  # a finite float64; Loom's scale is a float32
+    with pytest.raises(LoomFormatError, match="float32 range") as err:
+        load_network(json.dumps(doc))
+    assert err.value.path == "$.layers[0].scale"
+
+
+def test_a_huge_value_is_cut_short_in_the_message():
+    with pytest.raises(LoomFormatError) as err:
+        load_network(_one_layer({"type": "x" * 1_000_000}))
+    assert err.value.path == "$.layers[0].type" and "x" * 100 not in str(err.value)
+    assert len(str(err.value)) < 1000
+
+
+def test_build_weights_are_float32_drawn_a_chunk_at_a_time_as_if_all_at_once(monkeypatch):
+    from loomlab.core import dtypes
+    from loomlab.core.weights import uniform_weights
+
+    monkeypatch.setattr(dtypes, "CHUNK", 1000)
+    got = uniform_weights(2500, np.random.default_rng(7), 0.1)
+    oracle = ((np.random.default_rng(7).random(2500) * 2 - 1) * 0.1).astype(np.float32)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, oracle)
+
+
+def test_build_schema_allocates_the_float32_weights_and_little_more():
+    import tracemalloc
+
+    n = 2048 * 2048
+    text = _one_layer({"type": "Dense", "input_height": 2048, "output_height": 2048})
+    tracemalloc.start()
+    try:
+        net = load_network(text, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert net.parameter_count() == n
+    assert peak < 4 * n + (8 << 20), peak  # the float32 master, not float64 temporaries of it
+
+
+@pytest.mark.parametrize("schema", ["build", "persistence"])
+def test_weights_beyond_what_the_machine_holds_are_refused_before_allocating(schema, monkeypatch):
+    from .bad_input import raises_quickly_and_small
+
+    monkeypatch.setattr(loom_json, "physical_memory_bytes", lambda: 64 << 20)  # 4 Mi parameters
+    assert loom_json.max_parameters() == (64 << 20) // loom_json.BYTES_PER_PARAMETER
+    layer = {"type": "Dense", "input_height": 2048, "output_height": 2049}
+    if schema == "persistence":  # one int8 byte a weight in the file, 4 + 1 in memory
+        import base64
+
+        layer.update(dtype="int8", native=True, scale=0.01,
+                     weights=base64.b64encode(bytes(2048 * 2049)).decode())
+    data = _one_layer(layer).encode()
+    # the bound holds the file's text twice (5.6 MB of base64), not 17 MB of float32 weights
+    err = raises_quickly_and_small(lambda: load_network(data), LoomFormatError, seconds=2,
+                                   peak_bytes=16 << 20)
+    assert err.path == "$.layers[0]" and "over 4,194,304 parameters" in str(err)
+
+
+def test_a_grid_larger_than_the_layer_cap_is_refused_before_reading_layers():
+    doc = {"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": loom_json.MAX_CELLS + 1, "layers": []}
+    with pytest.raises(LoomFormatError, match="cells exceeds") as err:
+        load_network(json.dumps(doc))
+    assert err.value.path == "$" and loom_json.MAX_CELLS == loom_json.MAX_LAYERS
+
+
+@pytest.mark.parametrize("key", ["parallel_branches", "sequential_layers"])
+def test_nested_layers_count_against_the_layer_cap(key, monkeypatch):
+    monkeypatch.setattr(loom_json, "MAX_LAYERS", 100)
+    kind = "Parallel" if key == "parallel_branches" else "Sequential"
+    fits = _one_layer({"type": kind, key: [{"type": "Softmax"}] * 99})
+    assert len(load_network(fits)[0, 0, 0, 0].children) == 99
+    over = _one_layer({"type": kind, key: [{"type": "Softmax"}] * 100})
+    with pytest.raises(LoomFormatError, match="at most 100 layers") as err:
+        load_network(over)
+    assert err.value.path == f"$.layers[0].{key}[99]"
+
+
+def test_a_file_of_millions_of_tiny_values_is_refused_before_parsing():
+    from .bad_input import raises_quickly_and_small
+
+    head = _one_layer({"type": "Softmax"})[:-1]
+    data = (head + ', "junk": [' + "0," * loom_json.MAX_JSON_VALUES + "0]}").encode()
+    err = raises_quickly_and_small(lambda: load_network(data), LoomFormatError, seconds=2,
+                                   peak_bytes=1 << 20)
+    assert err.path == "$" and "JSON values" in str(err)
+
+
+def test_reading_a_layer_costs_time_linear_in_its_keys():
+    # a layer object with 50,000 unknown keys: Go's decoder ignores them, and so do we, in one
+    # pass (a case-insensitive look-up per field scanned them all ~50 times)
+    import time
+
+    from loomlab.core.io.loom_json import read_network
+
+    text = _one_layer({"type": "Softmax", **{f"k{i}": 0 for i in range(50_000)}})
+    start = time.perf_counter()
+    doc = json.loads(text)
+    parse = time.perf_counter() - start
+    start = time.perf_counter()
+    read_network(doc, schema="build")
+    assert time.perf_counter() - start < 2 * parse
