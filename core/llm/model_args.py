@@ -75,11 +75,15 @@ class Settings:
 
 
 def gguf_rope(s: Settings) -> RopeConfig:
-    """Base and scaling from GGUF ``{arch}.rope.*`` keys."""
-    kind = s.get("rope.scaling.type", str, "none")
+    """Base and scaling from GGUF ``{arch}.rope.*`` keys, as llama.cpp reads them: the scaling
+    type is linear unless the file says otherwise, its factor ``rope.scaling.factor`` (or the
+    older ``rope.scale_linear``); type none ignores the factor."""
+    kind = s.get("rope.scaling.type", str, "linear")
     if kind not in ("none", "linear"):
-        raise ModelFormatError(s.field("rope.scaling.type"), f"unsupported RoPE scaling {kind!r}")
-    factor = s.positive("rope.scaling.factor", 1.0) if kind == "linear" else 1.0
+        raise ModelFormatError(s.field("rope.scaling.type"), f"unsupported RoPE scaling {kind!r:.80}")
+    factor = 1.0
+    if kind == "linear":
+        factor = s.positive("rope.scaling.factor", None) or s.positive("rope.scale_linear", 1.0)
     return RopeConfig(base=s.positive("rope.freq_base", 10000.0),
                       kind="linear" if factor != 1.0 else "default", factor=factor)
 

@@ -502,3 +502,15 @@ def test_valid_rope_settings_of_both_transformers_versions_are_read():
     linear = architecture("llama").Args.from_hf({**config, "rope_parameters": None,
                                                 "rope_scaling": {"type": "linear", "factor": 2.0}})
     assert linear.rope == RopeConfig(10000.0, "linear", 2.0)
+
+
+@pytest.mark.parametrize("extra, rope", [
+    ({"llama.rope.scaling.factor": 4.0}, RopeConfig(10000.0, "linear", 4.0)),  # linear unless named
+    ({"llama.rope.scale_linear": 2.0}, RopeConfig(10000.0, "linear", 2.0)),  # the older key
+    ({"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 4.0}, RopeConfig(10000.0)),
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0, "llama.rope.freq_base": 5e5},
+     RopeConfig(5e5, "linear", 4.0)),
+    ({}, RopeConfig(10000.0)),
+])
+def test_gguf_rope_scaling_is_read_as_llama_cpp_reads_it(extra, rope):
+    assert architecture("llama").Args.from_gguf({**SMALL, **extra}, {}).rope == rope
