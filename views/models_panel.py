@@ -48,6 +48,7 @@ from loomlab.core.llm import discovery, model_info, registry
 from loomlab.core.llm.discovery import ModelEntry
 from loomlab.core.llm.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.textmodel import TextModel, load_model
+from loomlab.core.llm.token_text import token_text
 from loomlab.core.units import format_bytes, format_count
 
 from .theme import ERROR_ON_DARK, ERROR_ON_LIGHT
@@ -670,7 +671,7 @@ class ModelsPanel(QWidget):
             return
         tokenizer = model.tokenizer
         ids = tokenizer.encode(self.preview_edit.text())  # microseconds: fine on the GUI thread
-        self._preview = [(i, tokenizer.decode([i])) for i in ids]
+        self._preview = [(i, token_text(tokenizer, i)) for i in ids]
         chips = [_chip(k, i, piece) for k, (i, piece) in enumerate(self._preview[:MAX_PREVIEW_TOKENS])]
         if len(ids) > MAX_PREVIEW_TOKENS:
             chips.append(f"… {len(ids) - MAX_PREVIEW_TOKENS} more")

@@ -5,6 +5,7 @@ mode a model supports, "Show in panels", a load before the search ends, layout a
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -157,7 +158,7 @@ def test_load_preview_unload(make_panel, qtbot, monkeypatch):
     typed = "Hello world! Tokenizers split text into pieces, 12345 of them."
     qtbot.keyClicks(panel.preview_edit, typed)  # QTest types ASCII only
     _assert_preview_shows(panel, model, typed)
-    pasted = "Ünïcödé\tand emoji 🧵 too"
+    pasted = "Ünïcödé\tand emoji 🧵 too, 日本"  # the emoji and 日 are split across tokens
     panel.preview_edit.setText(pasted)
     _assert_preview_shows(panel, model, pasted)
     panel.preview_edit.setText(typed)
@@ -189,7 +190,13 @@ def test_shutting_down_mid_load_ends_the_tokenizer_process(make_panel, qtbot, mo
 def _assert_preview_shows(panel: ModelsPanel, model: TextModel, text: str) -> None:
     ids = model.tokenizer.encode(text)
     assert [i for i, _ in panel.preview_tokens()] == ids
-    assert [piece for _, piece in panel.preview_tokens()] == [model.tokenizer.decode([i]) for i in ids]
+    pieces = [piece for _, piece in panel.preview_tokens()]
+    # each token's text, a byte that is not a whole character on its own as <0xNN>: read back as
+    # bytes, the pieces spell the text typed
+    assert "\ufffd" not in "".join(pieces)
+    parts = re.split(r"<0x([0-9A-F]{2})>", "".join(pieces))  # text, byte, text, byte, ...
+    spelled = b"".join(bytes([int(p, 16)]) if k % 2 else p.encode() for k, p in enumerate(parts))
+    assert spelled.decode() == text
     shown = panel.preview_view.toPlainText()
     assert all(str(i) in shown for i in ids)
     assert panel.preview_count.text().startswith(f"{len(ids)} tokens")
