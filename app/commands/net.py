@@ -43,20 +43,22 @@ def register(sub) -> None:
     sweep = net_sub.add_parser("morph-report", help="bytes, weight error and output drift for every dtype")
     sweep.add_argument("network", help="a Loom JSON network or .loom checkpoint")
     sweep.add_argument("--input", metavar="IN.npy", help="probe input (default: seeded, from layer shapes)")
-    sweep.add_argument("--seed", type=int, default=0, help="seed of the default probe input")
+    sweep.add_argument("--seed", type=int, default=0,
+                       help="seed of the default probe input (and of a build-schema network's weights)")
     sweep.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_backend_option(sweep)
     sweep.set_defaults(handler=cmd_net_morph_report)
 
 
 # ----- net info ---------------------------------------------------------------------------
-def load_net(path: str, backend: str = "numpy"):
-    """The network in ``path``; an error inside the file also names the file (the engine's names
-    only the JSON path, ``$.layers[3].weights``, since it may be reading text, not a file)."""
+def load_net(path: str, backend: str = "numpy", seed: int | None = None):
+    """The network in ``path`` (``seed`` draws a build-schema network's weights); an error inside
+    the file also names the file (the engine's names only the JSON path, ``$.layers[3].weights``,
+    since it may be reading text, not a file)."""
     from loomlab.core import LoomFormatError, load_network
 
     try:
-        return load_network(path, backend=backend)
+        return load_network(path, backend=backend, seed=seed)
     except LoomFormatError as e:
         if e.path.startswith("$"):
             raise CliError(f"{path}: {e}") from None
@@ -107,7 +109,8 @@ def cmd_net_morph(args) -> int:
 def cmd_net_morph_report(args) -> int:
     from loomlab.core.morph import dtype_sweep, probe_input
 
-    load = lambda: load_net(args.network, backend=args.backend)  # a fresh copy per dtype
+    # a fresh copy per dtype: the same weights each time, a build-schema file's too
+    load = lambda: load_net(args.network, backend=args.backend, seed=args.seed)
     net = load()
     probe = _load_npy(args.input) if args.input else probe_input(net, args.seed)
     rows = dtype_sweep(load, probe, on_progress=progress)

@@ -532,7 +532,7 @@ def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes] | Non
 def _weights_blob(layer: Layer) -> tuple[bytes, float]:
     store, dtype = layer.weights, layer.cfg.dtype
     if dtype == "float32":
-        return store.master.astype("<f4").tobytes(), store.scale
+        return store.master.astype("<f4", copy=False).tobytes(), store.scale  # one copy: the blob
     from .. import dtypes
 
     native = store.morph(dtype)  # as Loom, serialising quantizes now if needed (may set the scale)

@@ -309,3 +309,25 @@ def test_an_hf_folder_without_tokenizer_json_says_it_is_missing(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()[-1]
     listed = ", ".join(sorted(p.name for p in folder.iterdir()))
     assert err == f"loomlab: error: {folder / 'tokenizer.json'}: missing; the folder holds {listed}"
+
+
+def test_morph_report_of_a_build_schema_network_compares_copies_of_the_same_weights(tmp_path, capsys):
+    path = tmp_path / "built.json"
+    path.write_text(json.dumps({"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": 1, "layers": [
+        {"type": "Dense", "input_height": 4, "output_height": 3}]}))
+    assert main(["net", "morph-report", str(path), "--json"]) == 0
+    rows = {r["dtype"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["float32"]["output_drift"] == 0 and rows["float64"]["output_drift"] == 0
+    assert 0 < rows["int8"]["output_drift"] < 0.05
+
+
+@pytest.mark.parametrize("layer, where", [
+    ({"type": "Softmax", "temperature": 10 ** 400}, "$.layers[0].temperature: expected a finite number"),
+    ({"type": "Dense", "input_height": 1 << 14, "output_height": 1 << 15}, "$.layers[0]: network needs over"),
+])
+def test_net_info_of_an_impossible_number_is_one_line_naming_the_field(layer, where, tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": 1, "layers": [layer]}))
+    assert main(["net", "info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"loomlab: error: {path}: {where}") and err.count("\n") == 1
