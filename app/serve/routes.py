@@ -41,6 +41,7 @@ from .schemas import ApiError, Generation, bad, decode_json, parse_chat, parse_c
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20  # a prompt that fits any context is far smaller; more is a mistake or abuse
 EMBED_CHUNK_TOKENS = 256  # tokens embedded between two decode steps, so generation goes on meanwhile
+MAX_EMBEDDING_TOKENS = 1 << 16  # tokens of one embeddings request (a minute or so of forward passes)
 
 
 @dataclass
@@ -403,6 +404,9 @@ async def embeddings(request: Request) -> JSONResponse:
     if too_long:
         raise bad(f"input {too_long[0]} has {counts[too_long[0]]} tokens, more than the context length "
                   f"{ctx.model.context_length}", "input", "context_length_exceeded")
+    if live.prompt_tokens > MAX_EMBEDDING_TOKENS:
+        raise bad(f"input has {live.prompt_tokens} tokens in all; at most {MAX_EMBEDDING_TOKENS} per request "
+                  f"(split it)", "input")
     t0 = time.perf_counter()
     vectors = []
     for lo, hi in chunks(counts, EMBED_CHUNK_TOKENS):  # the batch steps between two chunks

@@ -411,6 +411,17 @@ def test_a_constraint_that_fails_mid_reply_is_the_clients_error(client, http, mo
     assert (e.value.type, e.value.param) == ("invalid_request_error", "response_format")
 
 
+def test_embeddings_are_bounded_in_tokens_per_request(smollm2, http, monkeypatch):
+    texts = ["one two three four", "five six seven eight"]
+    total = sum(len(smollm2.tokenizer.encode(t, add_special_tokens=True)) for t in texts)
+    monkeypatch.setattr(routes, "MAX_EMBEDDING_TOKENS", total - 1)
+    reply = http.post("/embeddings", json={"input": texts})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input"
+    assert f"input has {total} tokens in all; at most {total - 1}" in reply.json()["error"]["message"]
+    monkeypatch.setattr(routes, "MAX_EMBEDDING_TOKENS", total)
+    assert http.post("/embeddings", json={"input": texts}).status_code == 200
+
+
 def test_a_chat_is_served_while_a_long_embeddings_request_runs(smollm2, served, http, monkeypatch):
     """Embeddings go to the engine a chunk at a time (here one input), so a chat arriving
     meanwhile gets its decode steps between two chunks instead of waiting for all of them."""

@@ -110,7 +110,7 @@ COMPLETION = {
 EMBEDDING = {
     "model": SAMPLING["model"],
     "input": field(st.text(min_size=1, max_size=12) | st.lists(st.text(min_size=1, max_size=8), min_size=1,
-                                                               max_size=3),
+                                                               max_size=2),
                    "", [], [""], [1, 2], ["a"] * 257),
     "encoding_format": field(st.sampled_from(["float", "base64"]), "hex", 5),
     "dimensions": field(st.none(), 64),
