@@ -385,3 +385,21 @@ def test_reading_a_layer_costs_time_linear_in_its_keys():
     start = time.perf_counter()
     read_network(doc, schema="build")
     assert time.perf_counter() - start < 2 * parse
+
+
+def test_a_weightless_layer_keeps_under_2_3_kb():
+    # at MAX_LAYERS that is 150 MB; a random generator made per Softmax layer added ~900 bytes
+    # (and most of the time of reading one)
+    import tracemalloc
+
+    n = 1000
+    text = json.dumps({"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": n,
+                       "layers": [{"l": i, "type": "Softmax"} for i in range(n)]})
+    load_network(text)  # imports and caches outside the measurement
+    tracemalloc.start()
+    try:
+        net = load_network(text)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert sum(1 for _ in net.layers()) == n and kept / n < 2300, kept / n
