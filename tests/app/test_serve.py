@@ -496,6 +496,7 @@ def test_slow_heads_and_bodies_are_cut_and_connections_are_bounded(smollm2):
                      b"Content-Length: 100\r\n\r\n{\"input\":")
         assert httpx.get(health, timeout=TIMEOUT).status_code == 200
         assert _trickle(trickling, head, 0.05) < len(head)  # cut mid-head, though data kept coming
+        trickling.close()
         assert _until_closed(partial) == b""
         late = _until_closed(body)
         assert late.startswith(b"HTTP/1.1 408") and b"body_timeout" in late
