@@ -180,12 +180,13 @@ def _open_index(root: Path, shards: list[MappedFile]) -> dict[str, HFTensor]:
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelFormatError(f"{INDEX}:weight_map", "missing, empty or not an object")
     opened: dict[Path, dict[str, HFTensor]] = {}
+    places: dict[str, Path] = {}  # each file name checked once: an index names ~100,000 tensors
     tensors: dict[str, HFTensor] = {}
     for name, file in weight_map.items():
         fld = f"{INDEX}:weight_map.{name}"
         if not isinstance(file, str):
             raise ModelFormatError(fld, f"expected a file name, got {type(file).__name__}")
-        shard_path = _inside(root, file, fld)
+        shard_path = places.get(file) or places.setdefault(file, _inside(root, file, fld))
         if shard_path not in opened:
             shard, opened[shard_path] = _open_shard(shard_path)
             shards.append(shard)
