@@ -107,19 +107,18 @@ def hf_rope(config: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
     if not isinstance(kind, str) or kind not in HF_ROPE_KEYS:
         raise ModelFormatError(params.field(key), f"unsupported RoPE type {kind!r:.80}; "
                                                   f"supported: {sorted(HF_ROPE_KEYS)}")
-    required = HF_ROPE_KEYS[kind]
+    def default(name: str, value: Any) -> Any:
+        return _REQUIRED if name in HF_ROPE_KEYS[kind] else value
 
-    def positive(key: str, default: float) -> float:
-        return params.positive(key, _REQUIRED if key in required else default)
-
-    low, high = positive("low_freq_factor", 1.0), positive("high_freq_factor", 4.0)
+    low = params.positive("low_freq_factor", default("low_freq_factor", 1.0))
+    high = params.positive("high_freq_factor", default("high_freq_factor", 4.0))
     if kind == "llama3" and not low < high:
         raise ModelFormatError(params.field("high_freq_factor"), f"{high} is not above low_freq_factor {low}")
+    context = "original_max_position_embeddings"
     return RopeConfig(
-        base=theta.positive("rope_theta", 10000.0), kind=kind, factor=positive("factor", 1.0),
-        low_freq_factor=low, high_freq_factor=high,
-        original_context=params.count("original_max_position_embeddings",
-                                      _REQUIRED if kind == "llama3" else 8192, MAX_TOKENS))
+        base=theta.positive("rope_theta", 10000.0), kind=kind,
+        factor=params.positive("factor", default("factor", 1.0)), low_freq_factor=low, high_freq_factor=high,
+        original_context=params.count(context, default(context, 8192), MAX_TOKENS))
 
 
 def _rope_settings(config: dict[str, Any], layer_type: str) -> tuple[Settings, Settings]:
