@@ -50,6 +50,8 @@ class Server:
             raise LoomConfigError("api_key must be a non-empty string (or None for no key)")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise LoomConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if limits is not None and not isinstance(limits, ConnectionLimits):
+            raise LoomConfigError(f"limits must be a ConnectionLimits, got {limits!r}")
         if speculative not in (None, "prompt-lookup"):
             raise LoomConfigError(f"speculative must be None or 'prompt-lookup', got {speculative!r}")
         self.model, self.host, self.port = model, host, port

@@ -507,6 +507,17 @@ def test_slow_heads_and_bodies_are_cut_and_connections_are_bounded(smollm2):
         assert httpx.get(health, timeout=TIMEOUT).status_code == 200
 
 
+@pytest.mark.parametrize("kwargs, name", [
+    ({"max_connections": 0}, "max_connections"), ({"max_connections": True}, "max_connections"),
+    ({"max_connections": 4, "head_timeout_s": 0}, "head_timeout_s"),
+    ({"max_connections": 4, "body_timeout_s": float("inf")}, "body_timeout_s"),
+    ({"max_connections": 4, "keep_alive_s": "5"}, "keep_alive_s"),
+])
+def test_bad_connection_limits_are_named(kwargs, name):
+    with pytest.raises(LoomConfigError, match=name):
+        ConnectionLimits(**kwargs)
+
+
 def test_running_out_of_descriptors_is_one_line_not_a_traceback_per_accept(caplog):
     """asyncio reports each failed accept (EMFILE) through the loop's exception handler: ours
     summarises them in one warning per interval and passes anything else on."""
