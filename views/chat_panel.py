@@ -12,7 +12,9 @@ sends no event per token and the GUI thread does one small piece of work a frame
 
 The thread is drawn into a ``QTextBrowser`` with a ``QTextCursor``; each generated token is a
 link (``tok:<message>:<position>``) so a click shows its top alternatives, and links in the
-message headers edit a message, copy it, or step between sibling branches.
+message headers edit a message, copy it, or step between sibling branches. A finished reply is
+then formatted as its Markdown says (:mod:`loomlab.core.workspace.markdown`: code in a fixed
+font, bold, headings), over its token links; a streaming one is drawn plain, which is cheap.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
+    QFontDatabase,
     QGuiApplication,
     QKeyEvent,
     QTextBlockFormat,
@@ -60,7 +63,6 @@ from PySide6.QtWidgets import (
     QTableWidgetItem,
     QTabWidget,
     QTextBrowser,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -69,6 +71,7 @@ from loomlab.core.errors import LoomError
 from loomlab.core.io.atomic import write_atomic
 from loomlab.core.llm.textmodel import TextModel, TokenRecord
 from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_summary
+from loomlab.core.workspace.markdown import CODE, CODE_BLOCK, HEADING, markup
 from loomlab.core.workspace.store import Message, Workspace
 
 from .scrolling import scrolling
@@ -88,6 +91,7 @@ FRAME_MS = 100
 SPEED_EVERY_S = 0.25
 COMPLETION_TAB = 1
 SHUTDOWN_WAIT_S = 10.0  # a reply finishes in the store right after its job ends
+HEADING_SCALE = 1.2  # a Markdown heading in a reply: bold, this much larger
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 
 #: Named sampling presets; they set only the knobs they name (max tokens and seed stay).
@@ -385,8 +389,8 @@ class ChatPanel(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate)
         self.copy_button = QPushButton("Copy chat")
         self.copy_button.clicked.connect(self.copy_conversation)
-        self.export_button = QToolButton(text="Export")
-        self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        # a push button with a menu makes room for its arrow (a tool button's text ran into it)
+        self.export_button = QPushButton("Export")
         menu = QMenu(self.export_button)
         menu.addAction("Markdown…", lambda: self._choose_export("markdown"))
         menu.addAction("JSON…", lambda: self._choose_export("json"))
@@ -655,6 +659,7 @@ class ChatPanel(QWidget):
                                                              else ""))
         self._update_actions()
         if not completion:
+            self.refresh_conversations()  # a chat this message started is listed now, not after the reply
             self._render()
 
     def _draw_new_tokens(self) -> None:
@@ -836,6 +841,7 @@ class ChatPanel(QWidget):
             tint.setAlpha(40)
             body.setBackground(tint)
         cursor.insertBlock(body)
+        start = cursor.position()
         stream = self._stream
         streaming = stream is not None and stream.reply.message_id == message.id
         records = self._records.get(message.id)
@@ -848,10 +854,39 @@ class ChatPanel(QWidget):
             cursor.insertText(message.content, self._format())
         if streaming:
             self._stream_position = cursor.position()
+        elif message.role == "assistant":
+            self._format_markdown(start, message.content)
         if message.role == "assistant":
             cursor.insertBlock(QTextBlockFormat())
             footer = "generating…" if streaming else reply_summary(message)
             cursor.insertText(footer, self._format(muted=True, small=True))
+
+    def _format_markdown(self, start: int, text: str) -> None:
+        """Format a finished reply drawn from ``start`` as its Markdown says, over its tokens (their
+        links stay), and remove the markers; a streaming reply is drawn plain, which is cheap."""
+        doc = self.view.document()
+        marks = markup(text)
+        for span in marks.spans:
+            cursor = QTextCursor(doc)
+            cursor.setPosition(start + span.start)
+            cursor.setPosition(start + span.end, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(self._markdown_format(span.kind))
+        for a, b in reversed(marks.markers):  # from the end: earlier offsets stay where they were
+            cursor = QTextCursor(doc)
+            cursor.setPosition(start + a)
+            cursor.setPosition(start + b, QTextCursor.MoveMode.KeepAnchor)
+            cursor.removeSelectedText()
+
+    def _markdown_format(self, kind: str) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        if kind in (CODE, CODE_BLOCK):
+            fmt.setFontFamilies([QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()])
+            fmt.setBackground(self.palette().alternateBase())
+        else:
+            fmt.setFontWeight(QFont.Weight.Bold)
+            if kind == HEADING:
+                fmt.setFontPointSize(self.font().pointSizeF() * HEADING_SCALE)
+        return fmt
 
     def _insert_header_links(self, cursor: QTextCursor, message: Message) -> None:
         cursor.insertText("   ", self._format())
