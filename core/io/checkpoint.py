@@ -39,7 +39,7 @@ def checkpoint_bytes(net: VolumetricNetwork) -> bytes:
     """The checkpoint file's bytes; the same network always gives the same bytes."""
     from safetensors.numpy import save
 
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, bytes | memoryview] = {}
     spec = network_to_dict(net, blobs)
     tensors = {name: np.frombuffer(blob, dtype=np.uint8) for name, blob in blobs.items()}
     metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "network": spec}, separators=(",", ":"))}

@@ -492,7 +492,7 @@ def _quantized_store(master: np.ndarray, dtype: str, scale: float) -> WeightStor
 # ----------------------------------------------------------------------------------------
 # writing
 # ----------------------------------------------------------------------------------------
-def network_to_dict(net: VolumetricNetwork, blobs: dict[str, bytes] | None = None) -> dict:
+def network_to_dict(net: VolumetricNetwork, blobs: dict[str, bytes | memoryview] | None = None) -> dict:
     """The persistence-schema object Loom's SerializeNetwork would write (spec §2.6).
 
     With ``blobs`` (our checkpoint), weight blobs go there by layer path instead of into the
@@ -507,7 +507,7 @@ def network_to_dict(net: VolumetricNetwork, blobs: dict[str, bytes] | None = Non
             "layers_per_cell": net.layers_per_cell, "layers": layers}
 
 
-def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes] | None) -> dict:
+def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes | memoryview] | None) -> dict:
     cfg = layer.cfg
     values: dict[str, Any] = {k: getattr(cfg, k) for k in CONFIG_FIELDS}
     values.update(zip(("z", "y", "x", "l"), coord, strict=True))
@@ -529,10 +529,10 @@ def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes] | Non
     return out
 
 
-def _weights_blob(layer: Layer) -> tuple[bytes, float]:
+def _weights_blob(layer: Layer) -> tuple[bytes | memoryview, float]:
     store, dtype = layer.weights, layer.cfg.dtype
-    if dtype == "float32":
-        return store.master.astype("<f4", copy=False).tobytes(), store.scale  # one copy: the blob
+    if dtype == "float32":  # the master's own bytes (little-endian ones): a large layer is not copied
+        return memoryview(store.master.astype("<f4", copy=False)).cast("B"), store.scale
     from .. import dtypes
 
     native = store.morph(dtype)  # as Loom, serialising quantizes now if needed (may set the scale)

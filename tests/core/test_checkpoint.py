@@ -178,3 +178,21 @@ def test_more_tensors_than_layers_a_network_may_hold_are_refused(saved, monkeypa
     with pytest.raises(LoomFormatError, match="tensors; a network holds at most 2 layers") as err:
         load_network(saved)
     assert err.value.path == str(saved)
+
+
+def test_saving_a_float32_layer_copies_its_weights_once():
+    import tracemalloc
+
+    from loomlab.core import VolumetricNetwork, make_layer
+
+    net = VolumetricNetwork(1, 1, 1, 1)
+    net[0, 0, 0, 0] = make_layer("Dense", input_height=1024, output_height=1024, rng=np.random.default_rng(0))
+    tracemalloc.start()
+    try:
+        data = checkpoint_bytes(net)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(data) > 4 << 20 and peak < 1.25 * (4 << 20), peak  # the file's bytes, no blob copies
+    np.testing.assert_array_equal(checkpoint.checkpoint_from_bytes(data)[0, 0, 0, 0].weights.master,
+                                  net[0, 0, 0, 0].weights.master)
