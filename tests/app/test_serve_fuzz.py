@@ -96,6 +96,14 @@ CHAT = {
     "max_completion_tokens": field(st.integers(1, 2), 0, 10**12, "1", -1),
     "tools": field(st.just([]), [{"type": "function", "function": {"name": "f"}}], {}),
     "tool_choice": field(st.just("none"), "auto", "required", {"type": "function"}),
+    "functions": field(st.just([]), [{"name": "f"}]),
+    "function_call": field(st.just("none"), "auto"),
+    "modalities": field(st.just(["text"]), ["text", "audio"]),
+    "audio": field(st.none(), {"voice": "alloy"}),
+    "prediction": field(st.none(), {"type": "content", "content": "x"}),
+    "web_search_options": field(st.none(), {}),
+    "parallel_tool_calls": field(st.booleans()),
+    "metadata": field(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2)),
 }
 COMPLETION = {
     **SAMPLING,
