@@ -10,7 +10,7 @@ import json
 import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox, QStyle
 
 from loomlab.core.llm.chat_template import encode_chat
 from loomlab.core.llm.textmodel import load_model
@@ -351,3 +351,20 @@ def test_copy_and_export_match_the_workspace(qtbot, panel, workspace, tmp_path):
     assert (tmp_path / "chat.md").read_text("utf-8") == workspace.export_markdown(panel.conversation_id)
     exported = json.loads((tmp_path / "chat.json").read_text("utf-8"))
     assert exported == workspace.export_json(panel.conversation_id)
+
+
+def test_a_new_chat_is_listed_when_its_first_message_is_sent(qtbot, panel):
+    assert panel.conversations.count() == 0
+    with qtbot.waitSignal(panel.reply_finished, timeout=60000):
+        panel.send("Hi")
+        assert panel.conversations.count() == 1  # before the reply
+        assert panel.conversations.currentItem() is not None
+
+
+def test_the_export_button_makes_room_for_its_menu_arrow(panel):
+    button = panel.export_button
+    style = button.style()
+    needed = (button.fontMetrics().horizontalAdvance(button.text())
+              + style.pixelMetric(QStyle.PixelMetric.PM_MenuButtonIndicator, None, button)
+              + 2 * style.pixelMetric(QStyle.PixelMetric.PM_ButtonMargin, None, button))
+    assert button.menu() is not None and button.width() >= needed
