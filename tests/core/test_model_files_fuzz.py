@@ -176,7 +176,7 @@ def test_the_field_walk_covers_the_whole_header(tiny_gguf):
 
 V = gguf.GGUFValueType
 # One value of each GGUF type, edges where a type has them.
-EVERY_TYPE = [(0, V.UINT8), (-1, V.INT8), (2**16 - 1, V.UINT16), (2**32 - 1, V.UINT32), (-2**63, V.INT64),
+EVERY_TYPE = [(0, V.UINT8), (-1, V.INT8), (2**32 - 1, V.UINT32), (-2**63, V.INT64),
               (float("inf"), V.FLOAT32), (float("nan"), V.FLOAT64), (1.5, V.FLOAT64), (True, V.BOOL),
               ("32", V.STRING), ([32, 2], V.ARRAY, V.UINT32), (["llama"], V.ARRAY, V.STRING)]
 
@@ -196,7 +196,7 @@ def test_every_metadata_key_holding_a_value_of_every_type_loads_or_is_refused(ti
                 path.unlink()
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_a_gguf_with_one_field_overwritten_loads_or_is_refused(tiny_gguf, data):
     original, fields, folder = tiny_gguf
@@ -239,7 +239,7 @@ def hf_folder(tmp_path_factory) -> Path:
     return folder
 
 
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=60)
 @given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, min_size=1, max_size=4),
        rope=st.none() | ROPE, model_type=st.sampled_from([*ARCHITECTURES, "x"]))
 def test_an_hf_config_with_random_values_loads_or_is_refused(hf_folder, changes, rope, model_type):
