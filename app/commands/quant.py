@@ -90,7 +90,9 @@ def cmd_quantize(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{result.path}: {result.nbytes:,} bytes, {result.tensors} tensors "
+        from loomlab.core.units import format_bytes
+
+        print(f"{result.path}: {format_bytes(result.nbytes)}, {result.tensors} tensors "
               f"({result.changed} in new encodings), file type {result.file_type}")
     return 0
 
@@ -111,7 +113,10 @@ def _print_report(report, recipe: str, top: int, backend: str) -> None:
     print(f"{report.model}: recipe {recipe} ({what})")
     print(f"probe: {report.tokens} tokens, {report.chunks} chunks of {report.ctx}, "
           f"{s.positions} positions scored ({report.seconds:.1f} s on {backend})")
-    print(f"weight bytes: {report.bytes_base:,} -> {report.bytes:,} ({report.bytes / report.bytes_base:.1%})")
+    from loomlab.core.units import format_bytes, format_size_change
+
+    print(f"weights: {format_bytes(report.bytes_base)} -> {format_bytes(report.bytes)} "
+          f"({format_size_change(report.bytes_base, report.bytes)})")
     if report.fallbacks:
         print(f"llama.cpp's fallbacks, {len(report.fallbacks)} tensors whose rows are not whole blocks:")
         for line in report.fallbacks:

@@ -5,6 +5,7 @@ recipe, probe and context."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -60,6 +61,9 @@ def test_text_report_with_per_layer_ranking(files, capsys):
                   "99.9%   KLD:", "99.0%   KLD:", "95.0%   KLD:", "90.0%   KLD:", "Median  KLD:", "RMS Δp",
                   "Same top p:", "3 of 123 weighted layers morphed"):
         assert label in out, label
+    # sizes in the unit every panel uses, the change said as what it is
+    sizes = r"^weights: [\d.]+ MiB -> [\d.]+ MiB \((saved|grew by) [\d.]+ [KM]iB \([+-][\d.]+%\)\)$"
+    assert re.search(sizes, out, re.MULTILINE), out
     table = out.split("====== Per layer")[1].splitlines()
     assert "(2 of 3)" in table[0] and table[1].split()[:2] == ["rank", "layer"]
     ranked = [line.split()[1] for line in table[2:] if line.strip()]
