@@ -155,9 +155,15 @@ class NumericFormat:
         return out.reshape(q.shape)
 
     def pack(self, native: np.ndarray) -> bytes:
+        blob = self.wire(native)
+        return blob if isinstance(blob, bytes) else blob.tobytes()
+
+    def wire(self, native: np.ndarray) -> bytes | memoryview:
+        """:meth:`pack`'s bytes, as a view of the native values themselves where their memory is
+        the wire layout (8 bits or more, little-endian): saving a large layer does not copy it."""
         q = self._as_native(native).ravel()
         if self.bits >= 8:
-            return q.astype(self.native.newbyteorder("<"), copy=False).tobytes()
+            return memoryview(q.astype(self.native.newbyteorder("<"), copy=False)).cast("B")
         per_byte, shifts = self._field_shifts()
         fields = self.to_fields(q)
         fields = np.concatenate([fields, np.zeros(-fields.size % per_byte, np.uint8)])
@@ -417,6 +423,11 @@ def dequantize(native: np.ndarray, dtype: str, scale: float) -> np.ndarray:
 def pack(native: np.ndarray, dtype: str) -> bytes:
     """Wire bytes of native values (spec §3.1), flattened in C order."""
     return get_format(dtype).pack(native)
+
+
+def wire(native: np.ndarray, dtype: str) -> bytes | memoryview:
+    """:func:`pack`'s bytes without a copy where the native values' memory is already them."""
+    return get_format(dtype).wire(native)
 
 
 def unpack(blob: bytes, dtype: str) -> np.ndarray:

@@ -530,13 +530,12 @@ def _layer_to_dict(layer: Layer, coord, path: str, blobs: dict[str, bytes | memo
 
 
 def _weights_blob(layer: Layer) -> tuple[bytes | memoryview, float]:
-    store, dtype = layer.weights, layer.cfg.dtype
-    if dtype == "float32":  # the master's own bytes (little-endian ones): a large layer is not copied
-        return memoryview(store.master.astype("<f4", copy=False)).cast("B"), store.scale
     from .. import dtypes
 
-    native = store.morph(dtype)  # as Loom, serialising quantizes now if needed (may set the scale)
-    return dtypes.pack(native, dtype), store.scale
+    store, dtype = layer.weights, layer.cfg.dtype
+    # as Loom, serialising quantizes now if needed (may set the scale); float32 is the master
+    native = store.master if dtype == "float32" else store.morph(dtype)
+    return dtypes.wire(native, dtype), store.scale  # a view, where it can be: large layers are not copied
 
 
 def dumps(net: VolumetricNetwork) -> str:
