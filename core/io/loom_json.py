@@ -41,7 +41,7 @@ MAX_JSON_VALUES = 1 << 22
 MAX_INT = (1 << 31) - 1
 # Weights of one network: at most 1 GiB of float32 master, and never more than the machine can
 # work with (see max_parameters).
-MAX_BUILD_PARAMS = 1 << 28
+MAX_PARAMETERS = 1 << 28
 # What one weight may cost while a network is worked on: its float32 master, its widest native
 # copy (float64 and int64 morphs take 8 bytes) and a float32 compute copy.
 BYTES_PER_PARAMETER = 16
@@ -210,9 +210,9 @@ def brief(v) -> str:
 
 
 def max_parameters() -> int:
-    """The most weights one network may have here: :data:`MAX_BUILD_PARAMS`, or fewer on a
+    """The most weights one network may have here: :data:`MAX_PARAMETERS`, or fewer on a
     machine whose memory holds fewer at :data:`BYTES_PER_PARAMETER` each."""
-    return min(MAX_BUILD_PARAMS, physical_memory_bytes() // BYTES_PER_PARAMETER)
+    return min(MAX_PARAMETERS, physical_memory_bytes() // BYTES_PER_PARAMETER)
 
 
 class _Reader:
