@@ -12,6 +12,7 @@ redraws once per tick, however many events arrived.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -28,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from loomlab.core.layer_names import LayerKey, layer_label
+from loomlab.core.layer_names import LayerKey, layer_name
 from loomlab.core.observe import LIVE_SAMPLE_HZ, CallbackObserver, LayerEvent, LayerStats, check_rate
 
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
@@ -48,6 +49,7 @@ EMPTY_HINT = "No passes yet: run the network (a chat, Generate or Run) to see ea
 LEVEL_PERCENTILES = (1, 99)
 HISTOGRAM_BINS = 20
 LABELLED_ROWS = 40  # up to this many rows the heatmap's axis names every layer
+LABELLED_BLOCKS = 10  # beyond that, a language model's blocks are named, at most this many
 # Where the histogram's x axis is labelled, as fractions of its range: three labels never run
 # into each other, however narrow the plot (pyqtgraph's own ticks did: five long numbers in 200 px)
 HISTOGRAM_TICK_AT = (0.1, 0.5, 0.9)
@@ -330,14 +332,22 @@ class TelemetryPanel(QWidget):
         layout.addWidget(splitter, 1)
 
     def _fill_layer_list(self, net, keys: list[LayerKey]) -> None:
-        labels = [f"{i} {layer_label(net, key)}" for i, key in enumerate(keys)]
+        names = [layer_name(net, key) for key in keys]
+        labels = [f"{i} {name.label}" for i, name in enumerate(names)]
         self.layer_list.blockSignals(True)
         self.layer_list.clear()
         self.layer_list.addItems(labels)
         self.layer_list.blockSignals(False)
-        ticks = [(i + 0.5, label) for i, label in enumerate(labels)]
         axis = self.heatmap.getPlotItem().getAxis("left")
-        axis.setTicks([ticks] if 0 < len(ticks) <= LABELLED_ROWS else None)
+        if 0 < len(labels) <= LABELLED_ROWS:
+            axis.setTicks([[(i + 0.5, label) for i, label in enumerate(labels)]])
+            return
+        # too many rows to name: a language model's blocks, at the row of each block's own cell,
+        # called "block N" as every panel calls them (a few of them, evenly)
+        blocks = [(i + 0.5, name.label) for i, (key, name) in enumerate(zip(keys, names, strict=True))
+                  if not key[4] and name.block is not None]
+        step = max(1, math.ceil(len(blocks) / LABELLED_BLOCKS))
+        axis.setTicks([blocks[::step]] if blocks else None)
 
     # ----- updating ----------------------------------------------------------------------------
     def _tick(self) -> None:

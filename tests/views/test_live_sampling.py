@@ -76,3 +76,21 @@ def test_telemetry_labels_its_columns_and_colour_bar_and_hints_when_empty(qtbot,
     telemetry.statistic_box.setCurrentText("std")
     assert telemetry.colorbar.getAxis("left").labelText == "std (forward)"
     assert telemetry.histogram_title.text() == "last 128 sampled passes"
+
+
+def test_a_language_models_heatmap_names_its_blocks_as_every_panel_does(qtbot, panels):
+    from loomlab.core.llm import registry
+    from loomlab.core.llm.loader import load_causal_lm
+
+    _, telemetry, _ = panels
+    net = load_causal_lm(registry.fetch("smollm2-135m"))  # 273 rows: too many to name each
+    try:
+        telemetry.set_network(net)
+        keys = telemetry.layer_keys()
+        # the oracle: block N is the grid cell after the embedding, (0, 0, N + 1, 0), every third one
+        expected = [(keys.index((0, 0, n + 1, 0, "")) + 0.5, f"block {n}") for n in range(0, 30, 3)]
+        assert telemetry.heatmap.getPlotItem().getAxis("left")._tickLevels == [expected]
+        assert telemetry.layer_list.item(keys.index((0, 0, 11, 0, ""))).text().endswith(" block 10")
+    finally:
+        telemetry.set_network(None)
+        net.close()
