@@ -30,6 +30,7 @@ from ..units import format_bytes
 from .evaluators import Progress
 from .genome import Genome
 from .gorand import GoRand
+from .live import KEEP_GENE, KEPT
 from .neat import NEATConfig
 from .recipe import (
     DEFAULT_DTYPES,
@@ -50,8 +51,6 @@ from .recipe import (
 from .tasks import Task
 from .values import check_number
 
-KEEP_GENE = "float32"  # a gene that keeps its layer as loaded (the file's own blocks)
-KEPT = "as loaded"  # how a summary names that gene
 FITTER_SHARE = 0.75  # a child's layer comes from the fitter parent with this probability
 # a member in memory: one dtype per weighted layer (hundreds), its score and its checkpoint text
 RECIPE_MEMBER_BYTES = 64 << 10
