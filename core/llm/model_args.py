@@ -218,7 +218,7 @@ class ModelArgs:
             raise ModelFormatError(s.field("num_key_value_heads" if s.label else "attention.head_count_kv"),
                                    f"{f['num_heads']} heads do not split into {f['num_kv_heads']} KV groups")
         types = f.get("layer_types", ())
-        if types and (len(types) != f["num_layers"] or not set(types) <= {FULL, SLIDING}):
+        if types and (len(types) != f["num_layers"] or not all(t in (FULL, SLIDING) for t in types)):
             raise ModelFormatError(s.field("layer_types"), f"expected {f['num_layers']} entries of "
                                                            f"{FULL!r} / {SLIDING!r}")
         if SLIDING in types and not f.get("sliding_window"):

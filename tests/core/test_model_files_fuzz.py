@@ -239,12 +239,21 @@ def hf_folder(tmp_path_factory) -> Path:
     return folder
 
 
+# one entry per block of the tiny model, so that the entries themselves are read
+LAYER_TYPES = st.lists(st.sampled_from(["full_attention", "sliding_attention", [], {}]) | JSON, min_size=3,
+                       max_size=3)
+
+
 @settings(FUZZ, max_examples=60)
 @given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, min_size=1, max_size=4),
-       rope=st.none() | ROPE, model_type=st.sampled_from([*ARCHITECTURES, "x"]))
-def test_an_hf_config_with_random_values_loads_or_is_refused(hf_folder, changes, rope, model_type):
+       rope=st.none() | ROPE, layer_types=st.none() | LAYER_TYPES,
+       model_type=st.sampled_from([*ARCHITECTURES, "x"]))
+def test_an_hf_config_with_random_values_loads_or_is_refused(hf_folder, changes, rope, layer_types,
+                                                             model_type):
     config = {**json.loads((TINY_LLAMA / "config.json").read_text()), "model_type": model_type, **changes}
     if rope is not None:
         config["rope_parameters" if "rope_parameters" not in changes else "rope_scaling"] = rope
+    if layer_types is not None:
+        config["layer_types"] = layer_types
     (hf_folder / "config.json").write_text(json.dumps(config))
     within_bounds(lambda: describe(hf_folder), lambda: load_and_close(hf_folder))
