@@ -14,6 +14,7 @@ import json
 import math
 import os
 import reprlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..layers.base import CONFIG_FIELDS
 from ..machine import physical_memory_bytes
 from ..network import VolumetricNetwork
 from ..weights import WeightStore, uniform_weights
-from .atomic import write_atomic
+from .atomic import replacing
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_NESTING = 64
@@ -540,27 +541,36 @@ def _weights_blob(layer: Layer) -> tuple[bytes | memoryview, float]:
 
 def dumps(net: VolumetricNetwork) -> str:
     """Pretty-printed persistence JSON with Go's formatting (2-space indent, shortest floats)."""
-    return _go_json(network_to_dict(net), "") + "\n"
+    return "".join(_go_json(network_to_dict(net), "")) + "\n"
 
 
 def save_json(net: VolumetricNetwork, path: str | os.PathLike) -> None:
-    write_atomic(path, dumps(net).encode("utf-8"))
+    """:func:`dumps` written a piece at a time: a large layer's text is never joined into the
+    whole file's text in memory."""
+    with replacing(path) as f:
+        for piece in _go_json(network_to_dict(net), ""):
+            f.write(piece.encode("utf-8"))
+        f.write(b"\n")
 
 
-def _go_json(v, indent: str) -> str:
+def _go_json(v, indent: str) -> Iterator[str]:
+    """The pieces of ``v``'s JSON text in Go's layout (``encoding/json.MarshalIndent``)."""
     inner = indent + "  "
-    if isinstance(v, dict):
-        if not v:
-            return "{}"
-        items = [f"{inner}{json.dumps(k)}: {_go_json(x, inner)}" for k, x in v.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(v, list):
-        if not v:
-            return "[]"
-        return "[\n" + ",\n".join(inner + _go_json(x, inner) for x in v) + "\n" + indent + "]"
-    if isinstance(v, bool) or v is None or isinstance(v, str | int):
-        return json.dumps(v)
-    return _go_float(v)
+    if isinstance(v, dict | list) and not v:
+        yield "{}" if isinstance(v, dict) else "[]"
+    elif isinstance(v, dict | list):
+        yield "{\n" if isinstance(v, dict) else "[\n"
+        items = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+        for i, (k, x) in enumerate(items):
+            yield (",\n" if i else "") + inner + ("" if k is None else f"{json.dumps(k)}: ")
+            yield from _go_json(x, inner)
+        yield "\n" + indent + ("}" if isinstance(v, dict) else "]")
+    elif isinstance(v, str) and v.isascii() and v.isprintable() and '"' not in v and "\\" not in v:
+        yield from ('"', v, '"')  # what json.dumps writes, without copying a base64 blob's text
+    elif isinstance(v, bool) or v is None or isinstance(v, str | int):
+        yield json.dumps(v)
+    else:
+        yield _go_float(v)
 
 
 def _go_float(v: float) -> str:

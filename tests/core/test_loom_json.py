@@ -403,3 +403,36 @@ def test_a_weightless_layer_keeps_under_2_3_kb():
     finally:
         tracemalloc.stop()
     assert sum(1 for _ in net.layers()) == n and kept / n < 2300, kept / n
+
+
+def _whole_floats_as_ints(v):
+    if isinstance(v, dict):
+        return {k: _whole_floats_as_ints(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_whole_floats_as_ints(x) for x in v]
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def test_written_text_is_json_dumps_with_indent_2_and_gos_float_text():
+    net = load_network(json.dumps(tiny_net_json()))
+    net[0, 0, 1, 0].cfg.output_mode = 'a "quoted" \\ é\n\x7f'  # escapes json.dumps must write
+    doc = network_to_dict(net)
+    assert dumps(net) == json.dumps(_whole_floats_as_ints(doc), indent=2) + "\n"
+
+
+def test_saving_json_holds_the_weights_text_twice_at_most(tmp_path):
+    import tracemalloc
+
+    net = load_network(json.dumps(tiny_net_json()))
+    net[0, 0, 0, 0] = make_layer("Dense", input_height=1024, output_height=1024, rng=np.random.default_rng(0))
+    path = tmp_path / "net.json"
+    save_network(net, path)  # imports outside the measurement
+    tracemalloc.start()
+    try:
+        save_network(net, path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the base64 text in the layer's object and its UTF-8 bytes; the whole file's text is never made
+    assert peak < 2.25 * path.stat().st_size, (peak, path.stat().st_size)
+    assert path.read_text() == dumps(net)
