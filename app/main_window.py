@@ -52,7 +52,7 @@ RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _r
 PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution", "server")
 #: The panels tabbed along the bottom, the first in front.
 BOTTOM_ROW = ("server", "telemetry", "morph", "run", "dna", "evolution")
-MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.25  # of the window's width and height, in the default layout
+MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.3  # of the window's width and height, in the default layout
 DEFAULT_SIZE = (1400, 900)  # a first start's window, where the screen has room for it
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")

@@ -39,13 +39,11 @@ from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
     QFileDialog,
-    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
@@ -62,6 +60,7 @@ from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.core.network import Coord, VolumetricNetwork
 from loomlab.core.units import format_bytes, format_count, format_size_change
 
+from .scrolling import scrolling
 from .sensitivity_view import SensitivityView
 from .sort_items import SORT_ROLE, SortItem, row_table
 from .workers import Job, JobRunner
@@ -223,16 +222,10 @@ class MorphPanel(QWidget):
         side.addStretch(1)
         side.addLayout(busy)
         side.addWidget(self.status)
-        inner = QWidget()
-        inner.setLayout(side)
+        side.setContentsMargins(0, 0, 0, 0)
         # the controls scroll when a short dock cannot give them their height, rather than be
         # squeezed (a wrapped label then loses its second line)
-        self._side = QScrollArea()
-        self._side.setWidget(inner)
-        self._side.setWidgetResizable(True)
-        self._side.setFrameShape(QFrame.Shape.NoFrame)
-        self._side.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        side.setContentsMargins(0, 0, 0, 0)
+        self._side = scrolling(side)
         self.sensitivity = SensitivityView()
         self.sensitivity.measure_requested.connect(self.measure_sensitivity)
         self.sensitivity.layer_chosen.connect(self._select_by_name)
@@ -260,7 +253,7 @@ class MorphPanel(QWidget):
         wide = size.width() > WIDE * size.height()
         direction = QBoxLayout.Direction
         self._layout.setDirection(direction.LeftToRight if wide else direction.TopToBottom)
-        self._side.setMaximumWidth(max(360, size.width() // 4) if wide else 16777215)
+        self._side.setMaximumWidth(max(self._side.minimumWidth(), size.width() // 4) if wide else 16777215)
         super().resizeEvent(event)
 
     # ----- public API ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from loomlab.core.morph import weighted_cells
 from loomlab.views.morph_panel import DTYPE, LAYER
 
 from ..core.goldens import forward_case
+from ..views.panel_layout import DOCKED
 
 
 def make_window(qtbot, tmp_path, size: tuple[int, int] | None = None):
@@ -114,7 +115,8 @@ def test_the_window_takes_the_size_asked_for_and_every_panel_fits_it(qtbot, tmp_
 def test_the_default_layout_is_built_around_the_chat(qtbot, tmp_path):
     """Issue 31 §2: at 1600x1000 the transcript had ~150 px while Telemetry took 600, and Server
     hid behind Chat's tab. Now Chat and Server show together, Telemetry waits behind a tab, and
-    the transcript is the tallest thing on screen."""
+    the transcript is the tallest thing on screen. A panel in the bottom row gets the size the
+    panels' own tests lay them out at (DOCKED)."""
     win = make_window(qtbot, tmp_path, (1600, 1000))
     try:
         assert on_screen(win) == {"models", "chat", "server"}
@@ -122,6 +124,8 @@ def test_the_default_layout_is_built_around_the_chat(qtbot, tmp_path):
         assert transcript.height() > 0.35 * win.height()
         assert transcript.height() > 1.5 * bottom_row.height()
         assert win.docks["chat"].width() > 2 / 3 * win.width()
+        bottom_panel = win.panels["server"].size()
+        assert bottom_panel.width() == DOCKED[0] and abs(bottom_panel.height() - DOCKED[1]) <= 10
     finally:
         win.close()
 
