@@ -117,7 +117,7 @@ layer_trees = st.recursive(layer_fields, lambda kids: st.tuples(
 ).map(lambda t: {**t[0], t[1]: t[2]}), max_leaves=6)
 
 
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=60)
 @given(dims=st.tuples(*[st.integers(1, 2)] * 4), layers=st.lists(layer_trees, max_size=5),
        coords=st.lists(st.tuples(*[st.integers(0, 2)] * 4), max_size=5))
 def test_random_build_schema_structures_give_a_network_or_a_loom_error(dims, layers, coords):
