@@ -4,7 +4,6 @@ architecture module extends with its own fields."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,6 +14,7 @@ from .rope import RopeConfig
 
 MAX_DIM = 1 << 20  # no real model has a width, head or layer count near this
 MAX_TOKENS = 1 << 24  # vocabulary and context bound
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' layer_types values
 _REQUIRED = object()
 
@@ -49,10 +49,11 @@ class Settings:
         return kind(value)
 
     def positive(self, key: str, default: Any = _REQUIRED) -> float:
-        """A finite float above zero (or ``default`` when absent)."""
+        """A float above zero that float32, in which the model computes with it, holds (or
+        ``default`` when absent)."""
         value = self.get(key, float, default)
-        if value is not default and not 0 < value < math.inf:
-            raise ModelFormatError(self.field(key), f"{value} is not a positive finite number",
+        if value is not default and not 0 < value <= FLOAT32_MAX:
+            raise ModelFormatError(self.field(key), f"{value} is not a positive finite float32 number",
                                    self.offsets.get(self.prefix + key))
         return value
 

@@ -523,3 +523,17 @@ def test_a_layer_type_of_the_wrong_kind_names_the_field(entry):
     with pytest.raises(ModelFormatError, match="expected 3 entries of 'full_attention' / 'sliding") as e:
         architecture("llama").Args.from_hf(config)
     assert e.value.field == "config.json:layer_types"
+
+
+def test_a_rope_base_or_factor_beyond_float32_is_refused_naming_the_field():
+    """The frequencies are computed in float32: a base of 1e300 became inf (a RuntimeWarning and
+    all-zero frequencies)."""
+    config = json.loads((TINY / "tiny-llama" / "config.json").read_text())
+    linear = {"rope_type": "linear", "factor": 1e39}
+    for params, field in [({"rope_theta": 1e300}, "rope_theta"), (linear, "factor")]:
+        with pytest.raises(ModelFormatError, match="is not a positive finite float32 number") as e:
+            architecture("llama").Args.from_hf({**config, "rope_parameters": params})
+        assert e.value.field == f"config.json:rope_parameters.{field}"
+    with pytest.raises(ModelFormatError, match="is not a positive finite float32 number") as e:
+        architecture("llama").Args.from_gguf({**SMALL, "llama.rope.freq_base": 1e300}, {})
+    assert e.value.field == "llama.rope.freq_base"
