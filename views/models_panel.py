@@ -578,9 +578,10 @@ class ModelsPanel(QWidget):
         self.busy_changed.emit(True)
 
     def _on_progress(self, stage: str, done: int, total: int) -> None:
-        if total <= 0:
-            self.progress_bar.setRange(0, 0)  # unknown length: Qt's busy animation
-            self.status_label.setText(f"{stage[:1].upper()}{stage[1:]}…")  # e.g. a first run's kernels
+        if total <= 0:  # unknown length (e.g. a first run's kernels): Qt's busy animation and a count
+            self.progress_bar.setRange(0, 0)
+            count = f": {done} done" if done else ""
+            self.status_label.setText(f"{stage[:1].upper()}{stage[1:]}{count}…")
             return
         self.progress_bar.setRange(0, PROGRESS_STEPS)
         self.progress_bar.setValue(min(PROGRESS_STEPS, done * PROGRESS_STEPS // total))

@@ -130,6 +130,36 @@ def test_the_default_layout_is_built_around_the_chat(qtbot, tmp_path):
         win.close()
 
 
+def test_a_first_load_says_that_it_prepares_kernels_and_counts_them(window, qtbot, monkeypatch):
+    """Issue 31 §4: a first load sat ~19 s silent after its bar while numba compiled kernels. The
+    load's worker reports each compiled kernel (core.llm.kernel_warmup); the Models panel's load
+    progress says what it waits for, with the count, while the bar runs."""
+    import threading
+
+    from loomlab.core.errors import LoomConfigError
+    from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+
+    checked = threading.Event()
+
+    def compiling(target, *, progress, **_):  # stands in for load_model on a cold cache
+        for done in range(3):
+            progress(KERNELS_STAGE, done, 0)
+        checked.wait(10)
+        raise LoomConfigError("the load ends here")
+
+    monkeypatch.setattr("loomlab.views.models_panel.load_model", compiling)
+    models = window.panels["models"]
+    window.open_model("smollm2-135m")
+    try:
+        qtbot.waitUntil(lambda: models.status_label.text().endswith("2 done…"), timeout=10000)
+        assert models.status_label.text() == "Preparing kernels for this CPU (first run only): 2 done…"
+        assert models.progress_bar.isVisible() and models.progress_bar.maximum() == 0  # busy
+    finally:
+        checked.set()
+    qtbot.waitUntil(lambda: not window.runner.active, timeout=10000)
+    assert models.status_label.text().endswith("the load ends here")
+
+
 def test_about_and_status_bar(window, monkeypatch):
     shown = []
     monkeypatch.setattr(QMessageBox, "about", staticmethod(lambda *a: shown.append(a)))
