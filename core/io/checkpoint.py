@@ -28,6 +28,7 @@ from .loom_json import (
     network_to_dict,
     parse_json,
     read_network,
+    regular_file_size,
 )
 
 METADATA_KEY = "loomlab"
@@ -58,7 +59,7 @@ def load_checkpoint(path: str | os.PathLike, *, backend: str = "numpy") -> Volum
     path = Path(path)
     origin = str(path)
     try:
-        size = path.stat().st_size
+        size = regular_file_size(path)
         with open(path, "rb") as f:
             head = f.read(16)
             what = foreign_format(head, "checkpoint")

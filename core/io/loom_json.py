@@ -14,6 +14,7 @@ import json
 import math
 import os
 import reprlib
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def _read_source(source) -> tuple[bytes, str]:
         path = Path(source)
         origin = str(path)
         try:
-            size = path.stat().st_size
+            size = regular_file_size(path)
             if size > MAX_FILE_BYTES:
                 raise LoomFormatError(origin, f"{size} bytes; the limit for a network is {MAX_FILE_BYTES}")
             with open(path, "rb") as f:
@@ -130,6 +131,15 @@ def _read_source(source) -> tuple[bytes, str]:
     if len(data) > MAX_FILE_BYTES:
         raise LoomFormatError(origin, f"network text is over {MAX_FILE_BYTES} bytes")
     return data, origin
+
+
+def regular_file_size(path: Path) -> int:
+    """The size of the regular file ``path``; anything else (a FIFO would block the read, a device
+    read without end) is refused by name before it is opened. Raises OSError as ``stat`` does."""
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise LoomFormatError(str(path), "not a regular file, so not a network file")
+    return info.st_size
 
 
 def _reject_constant(name: str):

@@ -436,3 +436,37 @@ def test_saving_json_holds_the_weights_text_twice_at_most(tmp_path):
     # the base64 text in the layer's object and its UTF-8 bytes; the whole file's text is never made
     assert peak < 2.25 * path.stat().st_size, (peak, path.stat().st_size)
     assert path.read_text() == dumps(net)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".loom"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(kind, suffix, tmp_path):
+    import threading
+
+    if kind == "device":
+        if not os.path.exists("/dev/zero"):
+            pytest.skip("no /dev/zero here")
+        path = tmp_path / f"zero{suffix}"
+        path.symlink_to("/dev/zero")  # read without end: 256 MB of zeros before the size check
+    elif kind == "fifo":
+        path = tmp_path / f"pipe{suffix}"
+        os.mkfifo(path)  # opening it for reading waits for a writer that never comes
+    else:
+        path = tmp_path / f"folder{suffix}"
+        path.mkdir()
+    outcome = []
+    reader = threading.Thread(target=lambda: outcome.append(_error_of(lambda: load_network(path))),
+                              daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    assert outcome, "the reader is still waiting"
+    assert isinstance(outcome[0], LoomFormatError) and outcome[0].path == str(path)
+    assert "not a regular file" in str(outcome[0])
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as e:  # the test checks which one
+        return e
+    return None
