@@ -24,7 +24,7 @@ from .layer_builders import (
     norm_layer,
 )
 from .llm_layers import Matrix
-from .model_args import FULL, SLIDING, ModelArgs, Settings, hf_rope
+from .model_args import FULL, ROPE_BASE_ABOVE, SLIDING, ModelArgs, Settings, hf_rope
 from .rope import Rope, RopeConfig
 
 GGUF_BLOCK_NAMES = {**GGUF_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm",
@@ -53,7 +53,7 @@ class Args(ModelArgs):
             types = _pattern(f["num_layers"], s.count("attention.sliding_window_pattern", DEFAULT_PATTERN))
         return {**f, "sliding_window": s.count("attention.sliding_window", 4096, 1 << 24),
                 "layer_types": types,
-                "local_rope": RopeConfig(s.positive("rope.freq_base_swa", LOCAL_ROPE_BASE))}
+                "local_rope": RopeConfig(s.positive("rope.freq_base_swa", LOCAL_ROPE_BASE, ROPE_BASE_ABOVE))}
 
     @classmethod
     def hf_fields(cls, s: Settings, config: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class Args(ModelArgs):
             key = next((k for k in ("sliding_window_pattern", "_sliding_window_pattern") if k in config),
                        "sliding_window_pattern")
             f["layer_types"] = _pattern(f["num_layers"], s.count(key, DEFAULT_PATTERN))
-        local = s.positive("rope_local_base_freq", None)  # transformers 4 configs
+        local = s.positive("rope_local_base_freq", None, ROPE_BASE_ABOVE)  # transformers 4 configs
         return {**f, "sliding_window": s.count("sliding_window", 4096, 1 << 24),
                 "local_rope": RopeConfig(local) if local else hf_rope(config, SLIDING),
                 "query_scale": s.positive("query_pre_attn_scalar", 256.0) ** -0.5, "norm_shift": 1.0}

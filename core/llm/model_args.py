@@ -14,6 +14,7 @@ from .rope import RopeConfig
 
 MAX_DIM = 1 << 20  # no real model has a width, head or layer count near this
 MAX_TOKENS = 1 << 24  # vocabulary and context bound
+ROPE_BASE_ABOVE = 1.0  # frequencies base^(-2i/d) fall with i; a base near 0 overflows float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' layer_types values
 _REQUIRED = object()
@@ -48,12 +49,13 @@ class Settings:
                                    self.offsets.get(self.prefix + key))
         return kind(value)
 
-    def positive(self, key: str, default: Any = _REQUIRED) -> float:
-        """A float above zero that float32, in which the model computes with it, holds (or
-        ``default`` when absent)."""
+    def positive(self, key: str, default: Any = _REQUIRED, above: float = 0.0) -> float:
+        """A float above ``above`` (zero: positive) that float32, in which the model computes with
+        it, holds (or ``default`` when absent)."""
         value = self.get(key, float, default)
-        if value is not default and not 0 < value <= FLOAT32_MAX:
-            raise ModelFormatError(self.field(key), f"{value} is not a positive finite float32 number",
+        if value is not default and not above < value <= FLOAT32_MAX:
+            what = "a positive float32 number" if above == 0 else f"a float32 number above {above:g}"
+            raise ModelFormatError(self.field(key), f"{value} is not {what}",
                                    self.offsets.get(self.prefix + key))
         return value
 
@@ -85,7 +87,7 @@ def gguf_rope(s: Settings) -> RopeConfig:
     factor = 1.0
     if kind == "linear":
         factor = s.positive("rope.scaling.factor", None) or s.positive("rope.scale_linear", 1.0)
-    return RopeConfig(base=s.positive("rope.freq_base", 10000.0),
+    return RopeConfig(base=s.positive("rope.freq_base", 10000.0, ROPE_BASE_ABOVE),
                       kind="linear" if factor != 1.0 else "default", factor=factor)
 
 
@@ -117,7 +119,7 @@ def hf_rope(config: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
         raise ModelFormatError(params.field("high_freq_factor"), f"{high} is not above low_freq_factor {low}")
     context = "original_max_position_embeddings"
     return RopeConfig(
-        base=theta.positive("rope_theta", 10000.0), kind=kind,
+        base=theta.positive("rope_theta", 10000.0, ROPE_BASE_ABOVE), kind=kind,
         factor=params.positive("factor", default("factor", 1.0)), low_freq_factor=low, high_freq_factor=high,
         original_context=params.count(context, default(context, 8192), MAX_TOKENS))
 

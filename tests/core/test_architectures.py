@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -477,11 +478,11 @@ RETURNS_TO_DEFAULTS = [  # each was read as the default RoPE before
 ]
 REFUSED_BEFORE = [
     ({"rope_parameters": {"rope_type": "linear", "factor": "2"}}, f"{PARAMS}.factor", "expected float"),
-    ({"rope_parameters": {"rope_theta": -1.0}}, f"{PARAMS}.rope_theta", "not a positive"),
+    ({"rope_parameters": {"rope_theta": -1.0}}, f"{PARAMS}.rope_theta", "not a float32 number above 1"),
     ({"rope_parameters": {"rope_type": ["linear"]}}, f"{PARAMS}.rope_type", "unsupported"),
     ({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, f"{SCALING}.type",
      "unsupported RoPE type 'dynamic'"),
-    ({"rope_parameters": None, "rope_theta": 0}, "config.json:rope_theta", "not a positive"),
+    ({"rope_parameters": None, "rope_theta": 0}, "config.json:rope_theta", "not a float32 number above 1"),
 ]
 
 
@@ -529,11 +530,33 @@ def test_a_rope_base_or_factor_beyond_float32_is_refused_naming_the_field():
     """The frequencies are computed in float32: a base of 1e300 became inf (a RuntimeWarning and
     all-zero frequencies)."""
     config = json.loads((TINY / "tiny-llama" / "config.json").read_text())
-    linear = {"rope_type": "linear", "factor": 1e39}
-    for params, field in [({"rope_theta": 1e300}, "rope_theta"), (linear, "factor")]:
-        with pytest.raises(ModelFormatError, match="is not a positive finite float32 number") as e:
+    cases = [({"rope_theta": 1e300}, "rope_theta", "1e+300 is not a float32 number above 1"),
+             ({"rope_type": "linear", "factor": 1e39}, "factor", "1e+39 is not a positive float32 number")]
+    for params, field, message in cases:
+        with pytest.raises(ModelFormatError, match=re.escape(message)) as e:
             architecture("llama").Args.from_hf({**config, "rope_parameters": params})
         assert e.value.field == f"config.json:rope_parameters.{field}"
-    with pytest.raises(ModelFormatError, match="is not a positive finite float32 number") as e:
+    with pytest.raises(ModelFormatError, match=re.escape("1e+300 is not a float32 number above 1")) as e:
         architecture("llama").Args.from_gguf({**SMALL, "llama.rope.freq_base": 1e300}, {})
     assert e.value.field == "llama.rope.freq_base"
+
+
+@pytest.mark.parametrize("base", [1.0, 1e-45, 0.5])
+def test_a_rope_base_not_above_1_is_refused_naming_the_field(base):
+    """base^(-2i/d) overflows float32 for a base near 0 (inf frequencies, a RuntimeWarning)."""
+    v4 = {k: v for k, v in json.loads((TINY / "tiny-gemma3" / "config.json").read_text()).items()
+          if k != "rope_parameters"}
+    gemma_gguf = {**{k.replace("llama.", "gemma3."): v for k, v in SMALL.items()},
+                  "general.architecture": "gemma3"}
+    cases = {"llama.rope.freq_base": lambda: architecture("llama").Args.from_gguf(
+                 {**SMALL, "llama.rope.freq_base": base}, {}),
+             "gemma3.rope.freq_base_swa": lambda: architecture("gemma3").Args.from_gguf(
+                 {**gemma_gguf, "gemma3.rope.freq_base_swa": base}, {}),
+             "config.json:rope_theta": lambda: architecture("gemma3").Args.from_hf(
+                 {**v4, "rope_theta": base}),
+             "config.json:rope_local_base_freq": lambda: architecture("gemma3").Args.from_hf(
+                 {**v4, "rope_local_base_freq": base})}
+    for field, read in cases.items():
+        with pytest.raises(ModelFormatError, match=f"{base} is not a float32 number above 1$") as e:
+            read()
+        assert e.value.field == field
