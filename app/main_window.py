@@ -54,6 +54,7 @@ PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evo
 BOTTOM_ROW = ("server", "telemetry", "morph", "run", "dna", "evolution")
 MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.3  # of the window's width and height, in the default layout
 DEFAULT_SIZE = (1400, 900)  # a first start's window, where the screen has room for it
+LAYOUT_VERSION = 1  # of the saved dock layout: one saved for another default layout is not restored
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
@@ -495,7 +496,7 @@ class MainWindow(QMainWindow):
         geometry, state = self.settings.value("geometry"), self.settings.value("state")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
-        self._restored = isinstance(state, QByteArray) and self.restoreState(state)
+        self._restored = isinstance(state, QByteArray) and self.restoreState(state, LAYOUT_VERSION)
 
     def shutdown(self) -> None:
         """Stop everything this window started; safe to call twice."""
@@ -503,7 +504,7 @@ class MainWindow(QMainWindow):
         self.memory_timer.stop()
         self._release_timer.stop()
         self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("state", self.saveState())
+        self.settings.setValue("state", self.saveState(LAYOUT_VERSION))
         # panels first: a finishing reply still writes to the workspace; the server before the
         # Models panel, which closes the model the server answers with
         for name in ("server", *(n for n in PANELS if n != "server")):

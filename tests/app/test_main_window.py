@@ -294,6 +294,22 @@ def test_view_menu_hides_a_panel_and_the_layout_persists(qtbot, tmp_path):
     again.close()
 
 
+def test_a_layout_saved_for_the_old_default_is_not_restored(qtbot, tmp_path):
+    """A layout saved before the default one changed (Qt's state version 0: Server behind Chat,
+    the bottom panels side by side) would bring the too-tall window back: it is not restored."""
+    old = make_window(qtbot, tmp_path)
+    old.docks["telemetry"].raise_()
+    state = old.saveState()  # version 0, as the window saved its layout before
+    old.close()
+    old.settings.setValue("state", state)
+    old.settings.sync()
+    again = make_window(qtbot, tmp_path)
+    try:
+        assert on_screen(again) == {"models", "chat", "server"}
+    finally:
+        again.close()
+
+
 def test_the_theme_choice_applies_and_persists(qtbot, tmp_path):
     from PySide6.QtGui import QPalette
 
