@@ -3,9 +3,11 @@
 Templates come from model files, so they are untrusted code. They run in jinja2's
 ``ImmutableSandboxedEnvironment`` (no ``_``-attributes, no mutation of lists and dicts,
 ``range`` capped at 100 000 items) with the globals and filters transformers gives them
-(``raise_exception``, ``strftime_now``, ``tojson``, ``bos_token``, ``eos_token``, ``tools``...).
-On top of the sandbox, every render is bounded, and breaking a bound raises
-:class:`ChatTemplateError`:
+(``raise_exception``, ``strftime_now``, ``tojson``, ``bos_token``, ``eos_token``, ``tools``...),
+less ``lipsum``, whose cost its arguments set. A template's source is bounded before it is
+compiled (characters and lexer tokens: compiling costs ~0.1 ms a token), and a template nested
+deeper than Python can compile is refused. On top of the sandbox, every render is bounded, and
+breaking a bound raises :class:`ChatTemplateError`:
 
 * time: ``{% for %}`` loops are rewritten to pass each item through a guard, and every call,
   attribute lookup, filter, operator and output chunk checks the render's deadline, so nested
@@ -13,8 +15,11 @@ On top of the sandbox, every render is bounded, and breaking a bound raises
 * size: every value that enters or leaves a call, a filter, an operator, a ``~`` concatenation
   or ``{{ }}`` must "weigh" (its length written out) at most ``max_chars``, the operations that
   can multiply sizes (``*``, ``**``, ``%`` and ``format`` widths, ``replace``, ``center``,
-  ``ljust``/``rjust``/``zfill``, ``expandtabs``, ``indent``, ``tojson`` indents) are bounded
-  before they run, and the output stops at ``max_chars``.
+  ``ljust``/``rjust``/``zfill``, ``expandtabs``, ``translate``, ``join``, ``indent``, ``batch``,
+  ``tojson`` indents) are bounded before they run, and the output stops at ``max_chars``;
+* lazy sequences (``map``, ``select``, ``reverse``... give generators): whatever consumes one (a
+  ``list``, ``sort`` or ``join``, ``str.join``, ``loop.length``) gets at most ``max_chars`` of
+  weight from it (each item weighing at least 1) before the render stops.
 
 :func:`encode_chat` turns a conversation into ids so that special tokens come only from the
 template's own text: text a user typed stays plain even when it spells ``<|im_end|>``.
@@ -28,16 +33,17 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
 from importlib import resources
+from itertools import islice
 from typing import Any
 
-from jinja2 import TemplateError, nodes, pass_eval_context
+from jinja2 import TemplateError, nodes, pass_environment, pass_eval_context
 from jinja2.ext import loopcontrols
-from jinja2.filters import do_center, do_format, do_indent, do_join, do_replace
+from jinja2.filters import do_batch, do_center, do_format, do_indent, do_join, do_replace, make_attrgetter
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.visitor import NodeTransformer
 
@@ -49,6 +55,12 @@ LLAMA3_MARKERS = frozenset({"<|start_header_id|>", "<|eot_id|>"})
 _GUARD_EVERY = 64  # loop items between two deadline checks
 # A format width or precision of 7+ digits (1 000 000+ characters) is refused before formatting.
 _HUGE_WIDTH = re.compile(r"\d{7,}")
+# Bounds on a template's source, checked before it is parsed: real templates (tool-calling ones
+# included) are a few thousand lexer tokens; compiling costs ~0.1-0.2 ms a token on one core.
+MAX_SOURCE_CHARS = 1_000_000
+MAX_SOURCE_TOKENS = 20_000
+# wordwrap and urlize walk every word in Python, out of the deadline's reach: ~0.4 s at this size
+_MAX_SLOW_TEXT = 100_000
 
 
 class ChatTemplateError(LoomError, ValueError):
@@ -167,10 +179,13 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def __init__(self, limits: RenderLimits):
+        # optimized=False: jinja's constant folding retries every subexpression at every level,
+        # so compiling ``a.b.b.b...`` 100 deep took seconds, and it would run filters at compile time
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols],
-                         finalize=self._finalize)
+                         finalize=self._finalize, optimized=False)
         self.limits = limits
         self._state = threading.local()  # the deadline of the render running in this thread
+        del self.globals["lipsum"]  # lipsum(n) costs what n says, inside one call
         self.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
         self.filters.update(self._bounded_filters())
         self.filters = {name: self._guard_filter(f) for name, f in self.filters.items()}
@@ -179,11 +194,24 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         if not isinstance(text, str):
             raise ChatTemplateError("syntax", f"template must be a str, not {type(text).__name__}")
         try:
+            self._check_source(text)
             tree = _GuardLoops().visit(self.parse(text))
             tree.set_environment(self)
             return self.from_string(tree)
         except TemplateError as e:
             raise ChatTemplateError("syntax", str(e)) from None
+        except (RecursionError, SyntaxError, MemoryError) as e:  # SyntaxError: Python's block limit
+            raise ChatTemplateError("too_large", f"the template nests too deeply to compile "
+                                    f"({type(e).__name__}: {e})") from None
+
+    def _check_source(self, text: str) -> None:
+        """Refuses a source whose compiling would take long, before parsing it."""
+        if len(text) > MAX_SOURCE_CHARS:
+            raise ChatTemplateError("too_large", f"the template has {len(text)} characters, over "
+                                    f"{MAX_SOURCE_CHARS}")
+        tokens = (token for token in self.lex(text) if token[1] != "whitespace")
+        if next(islice(tokens, MAX_SOURCE_TOKENS, None), None) is not None:
+            raise ChatTemplateError("too_large", f"the template has over {MAX_SOURCE_TOKENS} tokens")
 
     def render(self, template, variables: dict) -> str:
         self._state.deadline = time.monotonic() + self.limits.timeout_s
@@ -223,6 +251,8 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             self._check_size(_weight(value, self.limits.max_chars), what)
 
     def _check_format(self, fmt: Any, args, kwargs) -> None:
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode("latin-1")
         if isinstance(fmt, str) and _HUGE_WIDTH.search(fmt):
             raise ChatTemplateError("too_large", "format width or precision over 999999")
         self._check_ints(args, kwargs)
@@ -249,10 +279,15 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     def call(self, context, obj, /, *args, **kwargs):
         self.check_time()
         self._check_values((*args, *kwargs.values()), "argument")
+        args, kwargs = self._metered_args(args, kwargs)
         owner = getattr(obj, "__self__", None)
-        if isinstance(owner, str):
-            self._check_size(_str_method_size(owner, getattr(obj, "__name__", ""), args, kwargs),
-                             f"str.{obj.__name__}()")
+        if isinstance(owner, str | bytes):
+            name = getattr(obj, "__name__", "")
+            if name == "join" and args and not isinstance(args[0], list | tuple):
+                # str.join takes any iterable whole before it sizes the result: take it here, bounded
+                args = (list(self._metered(iter(args[0]), f"{type(owner).__name__}.join()")), *args[1:])
+            self._check_size(_str_method_size(owner, name, args, kwargs, self.limits.max_chars),
+                             f"{type(owner).__name__}.{name}()")
         result = super().call(context, obj, *args, **kwargs)
         self._check_values((result,), "result")
         return result
@@ -272,7 +307,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         self.check_time()
         self._check_size(_binop_size(operator, left, right, self.limits.max_chars), f"operator {operator}")
-        if operator == "%" and isinstance(left, str):
+        if operator == "%" and isinstance(left, str | bytes):
             self._check_format(left, right if isinstance(right, tuple) else (right,), {})
         return self._checked_result(super().call_binop(context, operator, left, right))
 
@@ -283,11 +318,29 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         return "".join(map(str, parts))
 
     def loop_guard(self, iterable: Any):
-        """Wraps every ``{% for %}`` iterable: checks the deadline as items go by."""
+        """Wraps every ``{% for %}`` iterable: checks the deadline as items go by, and meters a lazy
+        one (``loop.length`` takes it whole)."""
+        if isinstance(iterable, Iterator):
+            iterable = self._metered(iterable, "loop")
         for k, item in enumerate(iterable):
             if k % _GUARD_EVERY == 0:
                 self.check_time()
             yield item
+
+    def _metered(self, items: Iterator, what: str):
+        """``items`` passed through, refused once what went by weighs over ``max_chars`` (an item
+        at least 1), so whatever takes the whole of a lazy sequence holds a bounded part of it."""
+        total = 0
+        for item in items:
+            total += max(_weight(item, self.limits.max_chars), 1)
+            self._check_size(total, what)
+            self.check_time()
+            yield item
+
+    def _metered_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def meter(value):
+            return self._metered(value, "sequence") if isinstance(value, Iterator) else value
+        return tuple(map(meter, args)), {k: meter(v) for k, v in kwargs.items()}
 
     def _finalize(self, value: Any) -> Any:
         self._check_values((value,), "output value")
@@ -302,6 +355,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         def guarded(*args, **kwargs):
             self.check_time()
             self._check_values((*args, *kwargs.values()), "filter argument")
+            args, kwargs = self._metered_args(args, kwargs)
             return self._checked_result(func(*args, **kwargs))
         return guarded
 
@@ -326,10 +380,34 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
 
         @pass_eval_context
         def join(eval_ctx, value, d="", attribute=None):
-            items = list(value) if attribute is None else value
-            if attribute is None:
-                self._check_size(sum(_weight(x, limit) for x in items) + len(d) * len(items), "join")
+            items = list(value)  # an attribute of an item weighs no more than the item
+            self._check_size(sum(_weight(x, limit) for x in items) + _weight(d, limit) * len(items), "join")
             return do_join(eval_ctx, items, d, attribute)
+
+        def batch(value, linecount, fill_with=None):
+            self._check_ints((linecount,), {})
+            return do_batch(value, linecount, fill_with)
+
+        @pass_environment
+        def sum_(environment, iterable, attribute=None, start=0):
+            # Python's sum() of lists copies the total at every step, out of reach of the deadline
+            if attribute is not None:
+                iterable = map(make_attrgetter(environment, attribute), iterable)
+            total = start
+            for item in self.loop_guard(iterable):
+                numbers = isinstance(total, int | float) and isinstance(item, int | float)
+                total = total + item if numbers else self.call_binop(None, "+", total, item)
+            return total
+
+        def slow_text(name):
+            func = self.filters[name]
+
+            @wraps(func)
+            def bounded(*args, **kwargs):
+                if any(isinstance(a, str) and len(a) > _MAX_SLOW_TEXT for a in args):
+                    raise ChatTemplateError("too_large", f"{name} of over {_MAX_SLOW_TEXT} characters")
+                return func(*args, **kwargs)
+            return bounded
 
         def format_(value, *args, **kwargs):
             self._check_format(value, args, kwargs)
@@ -342,7 +420,8 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
                               sort_keys=sort_keys)
 
         return {"center": center, "indent": indent, "replace": replace, "join": join, "format": format_,
-                "tojson": tojson}
+                "tojson": tojson, "batch": batch, "sum": sum_, "wordwrap": slow_text("wordwrap"),
+                "urlize": slow_text("urlize")}
 
 
 class _GuardLoops(NodeTransformer):
@@ -366,7 +445,7 @@ def _env_call(name: str, args: list, lineno: int) -> nodes.Call:
 
 def _weight(value: Any, limit: int) -> int:
     """About how many characters ``value`` takes written out; stops counting past ``limit``."""
-    if isinstance(value, str):
+    if isinstance(value, str | bytes):
         return len(value)
     if isinstance(value, bool | float) or value is None:
         return 8
@@ -388,7 +467,7 @@ def _binop_size(operator: str, left: Any, right: Any, limit: int) -> int:
     """An upper bound on the size of ``left operator right`` that needs no computing of it."""
     if operator == "*":
         for seq, n in ((left, right), (right, left)):
-            if isinstance(seq, str | list | tuple) and isinstance(n, int):
+            if isinstance(seq, str | bytes | list | tuple) and isinstance(n, int):
                 return _weight(seq, limit) * max(n, 0)
         return _weight(left, limit) + _weight(right, limit)
     if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
@@ -401,17 +480,21 @@ def _replace_size(s: str, old: str, new: str) -> int:
     return len(s) + hits * len(new)
 
 
-def _str_method_size(s: str, name: str, args, kwargs) -> int:
-    """Bounds for str methods that can grow a string; other methods are bounded by their inputs."""
+def _str_method_size(s: str | bytes, name: str, args, kwargs, limit: int) -> int:
+    """Bounds for str and bytes methods that can grow a string; other methods are bounded by their
+    inputs (``join`` is given a list: :meth:`_GuardedEnvironment.call` takes any other iterable)."""
     if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
         return max(len(s), args[0])
     if name == "expandtabs":
         tab = args[0] if args else kwargs.get("tabsize", 8)
-        return len(s) + s.count("\t") * max(tab, 0) if isinstance(tab, int) else len(s)
-    if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        tabs = s.count(b"\t" if isinstance(s, bytes) else "\t")
+        return len(s) + tabs * max(tab, 0) if isinstance(tab, int) else len(s)
+    if name == "replace" and len(args) >= 2 and type(args[0]) is type(args[1]) is type(s):
         return _replace_size(s, args[0], args[1])
     if name == "join" and args and isinstance(args[0], list | tuple):
-        return sum(len(x) for x in args[0] if isinstance(x, str)) + len(s) * len(args[0])
+        return _weight(args[0], limit) + len(s) * len(args[0])
+    if name == "translate" and args and isinstance(args[0], Mapping):
+        return len(s) * max([1, *(_weight(v, limit) for v in args[0].values())])
     return len(s)
 
 

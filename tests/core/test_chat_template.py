@@ -4,10 +4,12 @@ user text never becomes special tokens, and hostile templates stop with a typed 
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import pytest
 
 from loomlab.core.errors import LoomConfigError, ModelFormatError
+from loomlab.core.llm import chat_template
 from loomlab.core.llm.chat_template import ChatTemplate, ChatTemplateError, RenderLimits, encode_chat
 from tests.core.test_tokenizer import MODELS, gguf_metadata, gguf_tokenizer, golden
 
@@ -193,6 +195,76 @@ def test_output_size_limit():
 def test_size_bombs_are_refused_before_they_allocate(source):
     kind, seconds = kind_of_failure(source)
     assert kind == "too_large" and seconds < 1.0
+
+
+def refusal_cost(source: str) -> tuple[ChatTemplateError, float, int]:
+    """The error a template gets (compiled and rendered), its seconds and its peak traced bytes."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(ChatTemplateError) as err:
+            ChatTemplate(source).render(CONVERSATION)
+        return err.value, time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ('x' * 999999).join(range(2500) | map('string')) }}",  # 2.4 GB before the check
+    "{{ ([{'a': '1'}] * 2500) | join('x' * 999999, attribute='a') }}",
+    "{{ range(100000) | map('center', 999999) | list | length }}",
+    "{{ range(100000) | map('center', 999999) | sort | first }}",
+    "{% for x in range(100000) | map('center', 999999) %}{{ loop.length }}{% endfor %}",
+    "{{ (('x' * 999999).encode() * 1000) | length }}",
+    "{{ '%0999999999d'.encode() % 1 }}",
+    "{{ ('a' * 100000).translate({97: 'x' * 100000}) | length }}",
+    "{{ [1] | batch(10**8, 'x') | list | length }}",
+    "{{ ('a ' * 499999) | urlize | length }}",
+    "{{ ('a ' * 499999) | wordwrap(1) | length }}",
+])
+def test_lazy_and_bytes_bombs_are_refused_before_they_allocate(source):
+    error, seconds, peak = refusal_cost(source)
+    assert error.kind == "too_large" and seconds < 2.0 and peak < 20_000_000
+
+
+def test_lipsum_is_not_offered():
+    error, seconds, peak = refusal_cost("{{ lipsum(999999, false, 20, 100) }}")  # 40 s, ~1 GB
+    assert error.kind == "render" and "'lipsum' is undefined" in str(error) and seconds < 2.0
+
+
+def test_a_sum_of_lists_stops_at_the_deadline():
+    # Python's sum() copies the growing list at every item, in one call out of the deadline's reach
+    kind, seconds = kind_of_failure("{{ ([[1]] * 40000) | sum(start=[]) | length }}", timeout_s=0.5)
+    assert kind == "timeout" and seconds < 1.5
+    assert ChatTemplate("{{ range(100000) | sum }} {{ [[1], [2]] | sum(start=[]) }}").render([]) == \
+        "4999950000 [1, 2]"
+
+
+@pytest.mark.parametrize("source", [
+    "{% if true %}" * 2000 + "x" + "{% endif %}" * 2000,
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+    "{{ " + "[" * 4000 + "1" + "]" * 4000 + " }}",
+    "{{ 'x'" + " | trim" * 3000 + " }}",
+    "{% for i in [1] %}" * 30 + "x" + "{% endfor %}" * 30,  # Python's limit of 20 nested loops
+    "{{ messages" + ".x" * 250 + " }}",  # jinja's constant folding took 20 s on this one
+])
+def test_deep_nesting_is_a_typed_error(source):
+    start = time.perf_counter()
+    with pytest.raises(ChatTemplateError) as err:
+        ChatTemplate(source)
+    assert err.value.kind == "too_large" and "deeply" in str(err.value)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_long_sources_are_refused_before_parsing(monkeypatch):
+    monkeypatch.setattr(chat_template, "MAX_SOURCE_TOKENS", 100)
+    assert ChatTemplate("{{ x }}" * 33).render([]) == ""  # 99 tokens
+    with pytest.raises(ChatTemplateError, match="over 100 tokens") as err:
+        ChatTemplate("{{ x }}" * 34)
+    assert err.value.kind == "too_large"
+    monkeypatch.setattr(chat_template, "MAX_SOURCE_CHARS", 1000)
+    with pytest.raises(ChatTemplateError, match="1001 characters"):
+        ChatTemplate("x" * 1001)
 
 
 @pytest.mark.parametrize("source", [
