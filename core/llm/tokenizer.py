@@ -15,13 +15,20 @@ Token types (llama.cpp's numbering): control, unknown and unused tokens are *spe
 text only when asked for, see :meth:`Tokenizer.encode`); user-defined ones (Gemma's runs of
 spaces, newlines and tabs, HTML tags) are plain added tokens matched in the raw text before the
 model, as SentencePiece does.
+
+A tokenizer.json can describe a tokenizer that the Rust library cannot run (a Split regex that
+backtracks past Oniguruma's limit, a TemplateProcessing naming a token the vocabulary lacks): the
+library then panics, and pyo3 raises ``PanicException``, a BaseException. Every call into it is
+guarded, so that a panic is a :class:`~loomlab.core.errors.ModelFormatError` naming the file, and
+a new tokenizer encodes and decodes :data:`PROBE_TEXT` before it is handed out.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +51,10 @@ _QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
 # A UTF-8 character spans at most 4 bytes; a stream never needs to hold more tokens than that
 # to complete one, so after this many it gives up waiting and emits what it has.
 _MAX_PENDING_TOKENS = 8
+# What a new tokenizer must encode (with and without the model's BOS/EOS) and decode: words,
+# digits, punctuation, runs of one letter, whitespace and characters outside ASCII.
+PROBE_TEXT = ("Hello, world! It's 2024-05-17: 3.14 + 42 = 45.14 ... aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab "
+              "\t\n  ÿé漢字 😀 <|im_start|> </s>")
 
 
 def _byte_level() -> pre_tokenizers.PreTokenizer:
@@ -81,8 +92,10 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, *, bos_id: int | None, eos_ids: Iterable[int],
                  pad_id: int | None = None, unk_id: int | None = None,
-                 aliases: Mapping[int, int] | None = None, vocab_size: int | None = None):
+                 aliases: Mapping[int, int] | None = None, vocab_size: int | None = None,
+                 source: str = "tokenizer"):
         self._hf = hf
+        self.source = source  # what a ModelFormatError names: the tokenizer.json, or GGUF metadata
         self._lock = threading.Lock()
         self._aliases = dict(aliases or {})  # duplicate vocabulary entries -> the id HF knows
         self._special = frozenset(i for i, tok in hf.get_added_tokens_decoder().items() if tok.special)
@@ -94,6 +107,13 @@ class Tokenizer:
         self.eos_ids = frozenset(eos_ids)
         self.pad_id = pad_id
         self.unk_id = unk_id
+        self._probe()
+
+    def _probe(self) -> None:
+        """Encode and decode :data:`PROBE_TEXT`: a tokenizer the library cannot run fails here, at
+        load, rather than at some user's first message."""
+        for add_special_tokens in (False, True):
+            self.decode(self.encode(PROBE_TEXT, add_special_tokens))
 
     # ---- construction -------------------------------------------------------------------
 
@@ -109,10 +129,11 @@ class Tokenizer:
             path = path / "tokenizer.json"
         if not path.is_file():
             raise ModelFormatError(str(path), f"missing; {_found_files(path.parent)}")
-        try:
-            hf = HFTokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception for bad JSON or unknown parts
-            raise ModelFormatError(str(path), f"not a valid tokenizer.json: {e}") from None
+        with _rust_calls(str(path), "reading it"):
+            try:
+                hf = HFTokenizer.from_file(str(path))
+            except Exception as e:  # tokenizers raises a bare Exception for bad JSON or unknown parts
+                raise ModelFormatError(str(path), f"not a valid tokenizer.json: {e}") from None
         folder = path.parent
         tok_config = _read_json(folder / "tokenizer_config.json")
         configs = [_read_json(folder / "generation_config.json"), _read_json(folder / "config.json")]
@@ -123,7 +144,7 @@ class Tokenizer:
             if bos_id is None:
                 bos_id = next(iter(_config_ids(config, "bos_token_id", hf)), None)
         return cls(hf, bos_id=bos_id, eos_ids=eos_ids, pad_id=_token_id(hf, tok_config.get("pad_token")),
-                   unk_id=_token_id(hf, tok_config.get("unk_token")))
+                   unk_id=_token_id(hf, tok_config.get("unk_token")), source=str(path))
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -152,7 +173,7 @@ class Tokenizer:
         eos_ids = {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
         eos_ids |= {i for i in np.flatnonzero(types == CONTROL).tolist() if tokens[i] in END_OF_TURN_TEXTS}
         return cls(hf, bos_id=ids["bos"], eos_ids=eos_ids, pad_id=ids["padding"], unk_id=ids["unknown"],
-                   aliases=aliases, vocab_size=n)
+                   aliases=aliases, vocab_size=n, source="tokenizer.ggml.*")
 
     # ---- text <-> ids ---------------------------------------------------------------------
 
@@ -174,7 +195,7 @@ class Tokenizer:
         "▁" only at the start of a text gives it to the opening string alone).
         """
         ids: list[int] = []
-        with self._lock:
+        with self._lock, self._rust("encoding"):
             self._hf.encode_special_tokens = True
             try:
                 for k, piece in enumerate(pieces):
@@ -196,7 +217,9 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; special tokens are written out unless ``skip_special_tokens``."""
-        return self._hf.decode(self._checked_ids(ids), skip_special_tokens=skip_special_tokens)
+        ids = self._checked_ids(ids)
+        with self._rust("decoding"):
+            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def decode_stream(self, skip_special_tokens: bool = False) -> StreamDecoder:
         """An incremental detokenizer: push ids one at a time, get text deltas back."""
@@ -232,9 +255,12 @@ class Tokenizer:
     def _encoding(self, text: str, add_special_tokens: bool, allow_special: bool):
         if not isinstance(text, str):
             raise LoomConfigError(f"text to encode must be a str, not {type(text).__name__}")
-        with self._lock:
+        with self._lock, self._rust("encoding"):
             self._hf.encode_special_tokens = not allow_special
             return self._hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def _rust(self, doing: str):
+        return _rust_calls(self.source, doing)
 
     def _valid_id(self, i: Any) -> int:
         if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < self.vocab_size:
@@ -286,6 +312,17 @@ class StreamDecoder:
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+
+
+@contextmanager
+def _rust_calls(source: str, doing: str) -> Iterator[None]:
+    """A panic of the Rust library inside the block as a :class:`ModelFormatError` naming ``source``."""
+    try:
+        yield
+    except BaseException as e:  # pyo3's PanicException derives from BaseException, not Exception
+        if type(e).__name__ != "PanicException":
+            raise
+        raise ModelFormatError(source, f"the tokenizer it describes failed while {doing}: {e}") from None
 
 
 def _continuation_pre_tokenizer(pre) -> pre_tokenizers.PreTokenizer | None:

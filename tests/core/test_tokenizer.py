@@ -294,6 +294,55 @@ def test_from_file_rejects_bad_files(tmp_path):
         Tokenizer.from_file(tmp_path)
 
 
+def tiny_tokenizer_json(folder: Path, **parts) -> Path:
+    """A word-level tokenizer.json of a few words with ``parts`` (its "normalizer", ...) replaced."""
+    vocab = {"[UNK]": 0, "<s>": 1, "a": 2, "b": 3, "hello": 4}
+    hf = HFTokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = Whitespace()
+    hf.add_special_tokens([AddedToken("<s>", special=True)])
+    data = {**json.loads(hf.to_str()), **parts}
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder / "tokenizer.json"
+
+
+# tokenizer.json parts the Rust library accepts but panics on when it encodes (pyo3's
+# PanicException, a BaseException); `encodes` is a text that still goes through
+PANICS = {
+    "backtracking split regex": ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a+)+$"},
+                                                    "behavior": "Isolated", "invert": False}}, "hello b"),
+    "replace of an empty pattern": ({"normalizer": {"type": "Replace", "pattern": {"String": ""},
+                                                    "content": "x"},
+                                     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
+                                                       "trim_offsets": True, "use_regex": True}}, ""),
+    "template naming an unknown token": ({"post_processor": {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<nope>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {}}}, "hello b"),
+}
+
+
+@pytest.mark.parametrize("name", PANICS)
+def test_a_tokenizer_that_panics_is_refused_at_load(name, tmp_path):
+    path = tiny_tokenizer_json(tmp_path, **PANICS[name][0])
+    with pytest.raises(ModelFormatError) as err:
+        Tokenizer.from_file(tmp_path)
+    assert err.value.field == str(path) and "the tokenizer it describes failed" in err.value.detail
+
+
+def test_a_panic_after_load_is_a_typed_error_from_every_entry_point(tmp_path):
+    # a regex that backtracks only on runs of "z" passes the load probe, and panics on such a text
+    path = tiny_tokenizer_json(tmp_path, pre_tokenizer={"type": "Split", "pattern": {"Regex": "(z+)+$"},
+                                                        "behavior": "Isolated", "invert": False})
+    tok = Tokenizer.from_file(path)
+    text = "z" * 40 + "y"
+    for call in (lambda: tok.encode(text), lambda: tok.special_spans(text),
+                 lambda: tok.encode_pieces(["hello", 1, text])):
+        with pytest.raises(ModelFormatError) as err:
+            call()
+        assert err.value.field == str(path) and "failed while encoding" in err.value.detail
+    assert tok.encode("hello") == [4]  # and it goes on working
+
+
 def test_a_missing_tokenizer_json_is_named_with_what_the_folder_holds(tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.model"):
         (tmp_path / name).write_text("{}")

@@ -16,7 +16,7 @@ from loomlab.core.llm import registry, tokenizer_process
 from loomlab.core.llm.textmodel import load_model
 from loomlab.core.llm.tokenizer_process import TokenizerProcess
 
-from .test_tokenizer import EXTRA_TEXTS, MODELS, cases, gguf_tokenizer
+from .test_tokenizer import EXTRA_TEXTS, MODELS, cases, gguf_tokenizer, tiny_tokenizer_json
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -81,6 +81,20 @@ def test_bad_model_files_raise_what_the_in_process_reader_raises(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelFormatError, match="not a valid tokenizer.json"):
         TokenizerProcess(tmp_path).wait_ready()
+
+
+def test_a_panicking_tokenizer_is_a_typed_error_and_the_child_lives_on(tmp_path):
+    # a regex that backtracks only on runs of "z" passes the load probe, and panics on such a text
+    path = tiny_tokenizer_json(tmp_path, pre_tokenizer={"type": "Split", "pattern": {"Regex": "(z+)+$"},
+                                                        "behavior": "Isolated", "invert": False})
+    child = TokenizerProcess(tmp_path).wait_ready()
+    try:
+        with pytest.raises(ModelFormatError) as err:
+            child.encode("z" * 40 + "y")
+        assert err.value.field == str(path) and "failed while encoding" in err.value.detail
+        assert child.running and child.encode("hello") == [4]  # the child lives on
+    finally:
+        child.close()
 
 
 def test_a_dead_child_gives_a_typed_error_not_a_hang():
