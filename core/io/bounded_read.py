@@ -30,7 +30,9 @@ def read_small_bytes(path: str | os.PathLike, what: str, limit: int = SMALL_FILE
         if info.st_size > limit:
             raise LoomConfigError(f"{what} {path} is {info.st_size:,} bytes; the limit is {limit:,}")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+            data = f.read(min(info.st_size, limit) + 1)
+            if len(data) > info.st_size:  # it grew since fstat: the rest, up to just past the limit
+                data += f.read(limit + 1 - len(data))
     except OSError as e:
         raise LoomConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
     finally:
