@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from ..cli import CliError, add_backend_option, progress_bar
+
+#: Exit status of a command whose constrained output was cut by --max-tokens: it does not match.
+EXIT_CUT = 1
+# A line of the interactive chat that is a command, not a message: a slash and one word.
+_COMMAND = re.compile(r"/\w+")
 
 
 def register(sub) -> None:
@@ -23,7 +28,10 @@ def register(sub) -> None:
     _constraint_args(gen)
     gen.set_defaults(handler=cmd_generate)
 
-    chat = sub.add_parser("chat", help="talk with a language model (interactive, or one --message)")
+    chat = sub.add_parser("chat", help="talk with a language model (interactive, or one --message)",
+                          description="Talk with a chat model. Interactive commands: " +
+                          "; ".join(f"{usage} {what}" for usage, (_, what) in CHAT_COMMANDS.items()) +
+                          "; a message that starts with / is sent as //message.")
     _model_arg(chat)
     chat.add_argument("--message", help="send one message, print the reply and exit")
     chat.add_argument("--system", help="system prompt")
@@ -138,20 +146,32 @@ def _metrics_dict(m) -> dict:
 
 
 def cmd_generate(args) -> int:
-    sampling = {**_sampling(args), "response_format": _response_format(args)}
+    response_format = _response_format(args)
+    sampling = {**_sampling(args), "response_format": response_format}
     prompt = args.prompt if args.prompt is not None else _ids(args.ids)
     with _load(args) as model:
         records = _emit(model.generate(prompt, **sampling), args.json)
         if not args.json:
             print()
-        _summary(model.metrics(), records, records[-1].finish_reason if records else None, args.json,
-                 model.backend.name)
-    return 0
+        finish = records[-1].finish_reason if records else None
+        _summary(model.metrics(), records, finish, args.json, model.backend.name)
+    return EXIT_CUT if _cut(finish, response_format, args) else 0
+
+
+def _cut(finish: str | None, response_format: dict | None, args) -> bool:
+    """Whether a constrained output was cut by --max-tokens (said on stderr): it does not match."""
+    if response_format is None or finish != "length":
+        return False
+    option = "--regex" if args.regex is not None else "--json-schema"
+    print(f"loomlab: warning: the output was cut at --max-tokens {args.max_tokens} before it completed "
+          f"the {option} format, so it does not match it; raise --max-tokens, or bound the format "
+          "(a schema's maxLength, maximum, maxItems)", file=sys.stderr)
+    return True
 
 
 def cmd_chat(args) -> int:
-    """A conversation through the same ChatSession the window uses. It is kept in a throw-away
-    workspace unless ``--save`` keeps it in the user's (where the window lists it)."""
+    """A conversation through the same ChatSession the window uses. It is kept in memory only,
+    unless ``--save`` keeps it in the user's workspace (where the window lists it)."""
     from loomlab.core.workspace.chat import ChatSession
 
     sampling = _sampling(args)
@@ -161,54 +181,97 @@ def cmd_chat(args) -> int:
         sampling["response_format"] = response_format
     if args.drop_oldest:
         sampling["context_policy"] = "drop_oldest"
-    with _load(args) as model, _chat_workspace(args.save) as workspace:
-        session = ChatSession(workspace, model, logprobs=logprobs)
-        session.set_system_prompt(args.system or "")
-        session.set_sampling(sampling)
-        if args.message is not None:
-            _chat_turn(session, args.message, args.json)
-            return 0
-        interactive = sys.stdin.isatty()
-        if interactive:
-            print("chat with the model; /reset starts a new conversation, /system TEXT sets the system "
-                  "prompt, Ctrl-D quits, Ctrl-C stops a reply", file=sys.stderr)
-        while True:
-            try:
-                # the prompt goes to stderr, so stdout holds only the replies (also when piped)
-                line = input("> " if interactive else "")
-            except EOFError:
-                if interactive:
-                    print(file=sys.stderr)
-                return 0
-            command, _, rest = line.strip().partition(" ")
-            if command == "/reset":
-                session.close_conversation()
-                kept = f'kept: "{session.system_prompt}"' if session.system_prompt else "none set"
-                print(f"[new conversation; system prompt {kept}]", file=sys.stderr)
-            elif command == "/system":
-                session.set_system_prompt(rest.strip())
-                print(f'[system prompt: "{rest.strip()}"]' if rest.strip() else "[system prompt cleared]",
-                      file=sys.stderr)
-            elif line.strip():
-                _chat_turn(session, line, args.json)
+    with _load(args) as model:
+        if not model.supports_chat:  # as the window, which offers such a model its Completion tab only
+            raise CliError(f"{model.name} is a base model without a chat template: it continues text rather "
+                           f"than answering messages; use `loomlab generate {args.model} --prompt TEXT`")
+        with _chat_workspace(args.save) as workspace:
+            session = ChatSession(workspace, model, logprobs=logprobs)
+            session.set_system_prompt(args.system or "")
+            session.set_sampling(sampling)
+            if args.message is not None:
+                finish = _chat_turn(session, args.message, args.json)
+                return EXIT_CUT if _cut(finish, response_format, args) else 0
+            return _chat_loop(session, args, response_format)
+
+
+def _chat_loop(session, args, response_format: dict | None) -> int:
+    """Messages and commands from stdin until it ends or /quit; exit status as for one message."""
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat with the model; /help lists the commands, Ctrl-D quits, Ctrl-C stops a reply",
+              file=sys.stderr)
+    cut = False
+    while True:
+        try:
+            # the prompt goes to stderr, so stdout holds only the replies (also when piped)
+            line = input("> " if interactive else "").strip()
+        except EOFError:
+            if interactive:
+                print(file=sys.stderr)
+            break
+        command, _, rest = line.partition(" ")
+        if _COMMAND.fullmatch(command):
+            handler = CHAT_COMMANDS.get(command, (_unknown_command, ""))[0]
+            if handler(session, rest.strip(), command) is _QUIT:
+                break
+        elif line:
+            message = line[1:] if line.startswith("//") else line
+            cut |= _cut(_chat_turn(session, message, args.json), response_format, args)
+    return EXIT_CUT if cut else 0
+
+
+_QUIT = object()
+
+
+def _help(session, rest: str, command: str) -> None:
+    for usage, (_, what) in CHAT_COMMANDS.items():
+        print(f"  {usage:<14} {what}", file=sys.stderr)
+    print("  //TEXT         send TEXT that begins with /", file=sys.stderr)
+
+
+def _reset(session, rest: str, command: str) -> None:
+    session.close_conversation()
+    kept = f'kept: "{session.system_prompt}"' if session.system_prompt else "none set"
+    print(f"[new conversation; system prompt {kept}]", file=sys.stderr)
+
+
+def _system(session, rest: str, command: str) -> None:
+    session.set_system_prompt(rest)
+    print(f'[system prompt: "{rest}"]' if rest else "[system prompt cleared]", file=sys.stderr)
+
+
+def _quit(session, rest: str, command: str) -> object:
+    return _QUIT
+
+
+def _unknown_command(session, rest: str, command: str) -> None:
+    print(f"[unknown command {command}; /help lists the commands]", file=sys.stderr)
+
+
+#: The interactive chat's commands: usage -> (handler, what it does). A line that is a slash and a
+#: word is a command, never a message for the model.
+CHAT_COMMANDS = {
+    "/help": (_help, "list these commands"),
+    "/reset": (_reset, "start a new conversation (the system prompt stays)"),
+    "/system": (_system, "TEXT: set the system prompt (none: clear it)"),
+    "/quit": (_quit, "leave (so does Ctrl-D)"),
+}
 
 
 @contextmanager
 def _chat_workspace(save: bool):
-    """The user's workspace, or one in a temporary folder that goes when the chat ends."""
-    from loomlab.core.workspace.store import Workspace, default_path
+    """The user's workspace, or one in memory: nothing of the conversation reaches a disk, however
+    the process ends."""
+    from loomlab.core.workspace.store import IN_MEMORY, Workspace, default_path
 
-    if save:
-        with Workspace(default_path()) as workspace:
-            yield workspace
-        return
-    with tempfile.TemporaryDirectory(prefix="loomlab-chat-") as scratch, \
-            Workspace(Path(scratch) / "chat.sqlite3") as workspace:
+    with Workspace(default_path() if save else IN_MEMORY) as workspace:
         yield workspace
 
 
-def _chat_turn(session, text: str, as_json: bool) -> None:
-    """Send one message and print the reply as it streams; Ctrl-C stops it (the part written is kept)."""
+def _chat_turn(session, text: str, as_json: bool) -> str | None:
+    """Send one message and print the reply as it streams; Ctrl-C stops it (the part written is kept).
+    Returns how the reply finished."""
     from loomlab.core.errors import LoomError
 
     try:
@@ -224,6 +287,7 @@ def _chat_turn(session, text: str, as_json: bool) -> None:
     if not as_json:
         print(flush=True)  # the reply's line ends, however it ended
     _summary(reply.metrics, records, reply.finish_reason, as_json, session.model.backend.name)
+    return reply.finish_reason
 
 
 def cmd_tokenize(args) -> int:

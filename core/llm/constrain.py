@@ -13,6 +13,11 @@ The matching is llguidance's (the library llama.cpp uses): it compiles the const
 grammar and, at each step, computes the set of tokens that keep the output inside the language.
 :class:`Constraint` turns that set into a logits mask (disallowed tokens -> -inf) and advances on
 the chosen token; once the grammar is complete only EOS is allowed.
+
+A constrained generation ends ``"stop"`` once its output is a whole match, EOS or not, and
+``"length"`` when max_tokens cut it before: that output does not match. llguidance puts no bound
+of its own on the length of a number or a string, so a schema without ``maximum``/``maxLength``
+lets a model write digits until max_tokens.
 """
 
 from __future__ import annotations
@@ -117,6 +122,11 @@ class Constraint:
             raise LoomConfigError(f"response_format could not be followed: {self._matcher.get_error()}")
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self._vocab_size]
         return np.where(allowed.astype(bool), logits, np.float32(-np.inf))
+
+    @property
+    def complete(self) -> bool:
+        """Whether the output so far is a whole match of the format (it may end here)."""
+        return self._matcher.is_accepting()
 
     def consume(self, token: int) -> None:
         """Advance past ``token`` (one the last :meth:`mask` allowed)."""

@@ -425,8 +425,11 @@ class Decoding:
         logprob, top = _logprobs(processed, token, self.params.logprobs, self.token_text)
         last = index == self.params.max_tokens - 1
         delta, finish = _token_delta(self.tok, self.text, self.decoder, token, last)
+        completed = finish == "length" and self.constraint is not None and self.constraint.complete
+        if finish == "eos" or completed:
+            finish = self.eos_finish  # a format the last allowed token completed was not cut
         self.index += 1
-        return TokenRecord(index, token, delta, logprob, top, self.eos_finish if finish == "eos" else finish)
+        return TokenRecord(index, token, delta, logprob, top, finish)
 
     def cancelled(self) -> TokenRecord:
         return TokenRecord(self.index, -1, self.text.flush(), finish_reason="cancelled")

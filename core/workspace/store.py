@@ -40,6 +40,8 @@ from ..errors import LoomError
 
 ROLES = ("system", "user", "assistant", "tool")
 FILENAME = "workspace.sqlite3"
+#: The path of a workspace kept in this process's memory only (nothing of it reaches a disk).
+IN_MEMORY = ":memory:"
 
 
 class WorkspaceError(LoomError):
@@ -219,7 +221,8 @@ class Workspace:
     """One workspace file: conversations, their message trees and streaming replies.
 
     Args:
-        path: the SQLite file (created with its folder when missing); default :func:`default_path`.
+        path: the SQLite file (created with its folder when missing); default :func:`default_path`;
+            :data:`IN_MEMORY` for one that lives and dies with this object.
         full_text: use the FTS5 index for search; ``None`` = when this SQLite build has FTS5.
 
     Raises:
@@ -272,7 +275,7 @@ class Workspace:
         try:
             # The first read of the header is where a non-SQLite file shows itself.
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if mode.lower() != "wal":
+            if mode.lower() != ("memory" if str(self.path) == IN_MEMORY else "wal"):
                 raise WorkspaceError(f"{self.path}: the file system refused WAL mode (got {mode!r})")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")

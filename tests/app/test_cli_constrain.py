@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -9,6 +10,9 @@ import jsonschema
 import pytest
 
 from loomlab.app.cli import main
+from loomlab.app.commands.llm import EXIT_CUT
+
+from .fake_chat_model import FakeChatModel, use_fake_model
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
           "properties": {"city": {"type": "string", "maxLength": 30},
@@ -65,3 +69,27 @@ def test_bad_constraint_is_a_one_line_error(command, args, words, capsys):
     assert main([command[0], "smollm2-135m", *command[1:], *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("loomlab: error:") and words in err
+
+
+@pytest.mark.parametrize("command, stdin", [
+    (["generate", "fake", "--prompt", "Count:"], ""),
+    (["chat", "fake", "--message", "Count."], ""),
+    (["chat", "fake"], "Count.\n"),  # interactive: the exit status says a reply was cut
+])
+def test_a_constrained_output_cut_by_max_tokens_warns_and_fails(command, stdin, tmp_path, monkeypatch,
+                                                                 capsys):
+    # an integer without "maximum": a model may write digits until max_tokens
+    path = tmp_path / "count.json"
+    path.write_text(json.dumps({"type": "object", "required": ["n"],
+                                "properties": {"n": {"type": "integer"}}}))
+    model = use_fake_model(FakeChatModel(words=('{"n": 1', "1111"), finish="length"), monkeypatch)
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert main([*command, "--json-schema", str(path), "--max-tokens", "2"]) == EXIT_CUT != 0
+    out = capsys.readouterr()
+    assert '{"n": 11111' in out.out and model.requests[0]["response_format"]["type"] == "json_schema"
+    assert ("warning: the output was cut at --max-tokens 2 before it completed the --json-schema format"
+            in out.err)
+    model.finish = "stop"  # the same output, complete: no warning, success
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert main([*command, "--json-schema", str(path), "--max-tokens", "2"]) == 0
+    assert "warning" not in capsys.readouterr().err

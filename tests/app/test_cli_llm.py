@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
+import select
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from loomlab.app.cli import main
+from loomlab.app.commands.llm import CHAT_COMMANDS
+
+from .fake_chat_model import FakeChatModel, use_fake_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 GOLDEN = json.loads((Path(__file__).resolve().parent.parent / "data" / "llm" /
                      "smollm2-135m-instruct-q4_1.json").read_text())
@@ -78,8 +89,6 @@ def greedy_text(model, messages, max_tokens=8) -> str:
 
 
 def test_chat_from_a_pipe_prints_only_the_replies_one_line_each(smollm2, capsys, monkeypatch):
-    import io
-
     monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n/system Be terse.\n/reset\nHi\n"))
     assert main(["chat", "smollm2-135m", "--max-tokens", "8"]) == 0
     out = capsys.readouterr()
@@ -101,3 +110,54 @@ def test_chat_json_alternatives_are_text_as_read(smollm2, capsys):
     assert all(text == smollm2.tokenizer.decode([i]) for i, text, _ in tops)
     assert any(text.startswith(" ") for _, text, _ in tops)  # "Ġ"-pieces come out as spaces
     assert not any("Ġ" in text for _, text, _ in tops)
+
+
+# ---- the chat command itself, on a stand-in model (tests/app/fake_chat_model.py) -------------------
+
+def chat_with_stdin(lines: str, monkeypatch, model: FakeChatModel | None = None, *argv: str) -> int:
+    model = use_fake_model(model or FakeChatModel(), monkeypatch)
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    return main(["chat", "fake", *argv])
+
+
+def test_chat_commands_are_never_sent_to_the_model(monkeypatch, capsys):
+    model = FakeChatModel()
+    assert chat_with_stdin("/help\nHi\n/frobnicate now\n//etc is a folder\n/quit\nnot sent\n",
+                           monkeypatch, model) == 0
+    out = capsys.readouterr()
+    assert [r["messages"][-1]["content"] for r in model.requests] == ["Hi", "/etc is a folder"]
+    assert out.out == "Hello there\nHello there\n"
+    for command in CHAT_COMMANDS:
+        assert re.search(rf"^  {command} ", out.err, re.MULTILINE)  # /help lists every command
+    assert "[unknown command /frobnicate; /help lists the commands]" in out.err
+
+
+def test_chat_with_a_base_model_points_to_generate(monkeypatch, capsys):
+    model = FakeChatModel(name="gemma-3-270m", supports_chat=False)
+    assert chat_with_stdin("Hi\n", monkeypatch, model) == 2
+    err = capsys.readouterr().err
+    assert "gemma-3-270m is a base model without a chat template" in err
+    assert "`loomlab generate fake --prompt TEXT`" in err and not model.requests
+
+
+def test_a_killed_chat_leaves_nothing_of_the_conversation_on_disk(tmp_path):
+    places = {name: tmp_path / name for name in ("TMPDIR", "LOOMLAB_DATA", "XDG_DATA_HOME")}
+    for folder in places.values():
+        folder.mkdir()
+    script = ("from tests.app.fake_chat_model import FakeChatModel, use_fake_model; "
+              "use_fake_model(FakeChatModel(hang=True)); "
+              "from loomlab.app.cli import main; main(['chat', 'fake'])")
+    env = {**os.environ, **{name: str(folder) for name, folder in places.items()}}
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        child.stdin.write(b"my secret plan\n")
+        child.stdin.flush()
+        # the reply streams, so the message is in the conversation by now
+        assert select.select([child.stdout], [], [], 60)[0], child.stderr.read1().decode()
+        assert child.stdout.read(5) == b"Hello"
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close(), child.stderr.close(), child.stdin.close()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

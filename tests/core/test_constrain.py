@@ -127,3 +127,25 @@ def test_mask_cost_per_token(smollm2):
     print(f"\nper decode step over 64 tokens: unconstrained {base * 1e3:.2f} ms, constrained "
           f"{constrained * 1e3:.2f} ms (+{(constrained - base) * 1e3:.2f} ms); mask alone "
           f"{mask_only * 1e3:.3f} ms")
+
+
+def test_a_reply_cut_by_max_tokens_finishes_length_and_one_just_complete_stops(smollm2):
+    def reply(max_tokens):
+        return list(smollm2.chat([{"role": "user", "content": "Pick a colour as JSON."}], temperature=0,
+                                 response_format={"type": "json_schema", "json_schema": COLOUR},
+                                 max_tokens=max_tokens))
+
+    def text(records):
+        return "".join(r.text for r in records)
+
+    whole = reply(32)
+    assert whole[-1].finish_reason == "stop" and whole[-1].id in smollm2.tokenizer.eos_ids
+    n = len(whole) - 1  # the tokens before the end-of-text one
+    # the last allowed token completes the format: the output matches, nothing was cut
+    exact = reply(n)
+    assert exact[-1].finish_reason == "stop" and text(exact) == text(whole)
+    cut = reply(n - 1)
+    assert cut[-1].finish_reason == "length" and text(cut) != text(whole)
+    assert text(whole).startswith(text(cut))
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text(cut))
