@@ -227,9 +227,11 @@ def test_lazy_and_bytes_bombs_are_refused_before_they_allocate(source):
     assert error.kind == "too_large" and seconds < 2.0 and peak < 20_000_000
 
 
-def test_lipsum_is_not_offered():
-    error, seconds, peak = refusal_cost("{{ lipsum(999999, false, 20, 100) }}")  # 40 s, ~1 GB
+def test_the_globals_offered_cost_what_their_output_weighs():
+    error, seconds, peak = refusal_cost("{{ lipsum(999999, false, 20, 100) }}")  # was 40 s, ~1 GB
     assert error.kind == "render" and "'lipsum' is undefined" in str(error) and seconds < 2.0
+    error, seconds, peak = refusal_cost("{{ range(10**9) | list | length }}")  # the sandbox's own cap
+    assert error.kind == "render" and "Range too big" in str(error) and seconds < 2.0
 
 
 def test_a_sum_of_lists_stops_at_the_deadline():
