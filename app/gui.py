@@ -125,8 +125,7 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
     if options.panel is not None:
         if options.panel not in PANELS:
             raise RuntimeError(f"unknown panel {options.panel!r}; panels: {', '.join(PANELS)}")
-        window.docks[options.panel].show()
-        window.docks[options.panel].raise_()
+        window.show_panel(options.panel)
     if options.network is not None:
         window.open_network(options.network)
         _wait(window, lambda: window.network is not None and not window.handing_over, "opening the network")

@@ -54,6 +54,7 @@ PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evo
 BOTTOM_ROW = ("server", "telemetry", "morph", "run", "dna", "evolution")
 MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.3  # of the window's width and height, in the default layout
 DEFAULT_SIZE = (1400, 900)  # a first start's window, where the screen has room for it
+FOCUS_SHARE = 0.6  # the bottom row's share of the height when one of its panels is asked for
 LAYOUT_VERSION = 1  # of the saved dock layout: one saved for another default layout is not restored
 #: Panels that show a layer and select it when another of them does.
 LINKED = ("topology", "telemetry", "morph")
@@ -100,6 +101,7 @@ class MainWindow(QMainWindow):
         self._release_timer.setInterval(RELEASE_PAUSE_MS)
         self._release_timer.timeout.connect(self._release)
         self._laid_out: bool | None = None  # None until shown; then whether the docks have their shares
+        self._bottom_share = BOTTOM_SHARE
         self.docks = self._build_docks()
         # a dock behind another's tab stays "visible" to Qt: these panels learn it from the dock
         for name in ("morph", "topology", "telemetry", "dna", "evolution"):
@@ -155,10 +157,21 @@ class MainWindow(QMainWindow):
         width, height = self.width(), self.height()
         self.resizeDocks([models, chat], [round(MODELS_SHARE * width), round((1 - MODELS_SHARE) * width)],
                          Qt.Orientation.Horizontal)
-        self.resizeDocks([chat, bottom], [round((1 - BOTTOM_SHARE) * height), round(BOTTOM_SHARE * height)],
+        share = self._bottom_share
+        self.resizeDocks([chat, bottom], [round((1 - share) * height), round(share * height)],
                          Qt.Orientation.Vertical)
         self.layout().activate()  # the docks and what is in them take their sizes now
         self._laid_out = True
+
+    def show_panel(self, name: str) -> None:
+        """Bring panel ``name`` to the front (``loomlab --panel NAME``); one of the bottom row
+        takes about half the window's height, the person having asked to look at it."""
+        self.docks[name].show()
+        self.docks[name].raise_()
+        if name in BOTTOM_ROW:
+            self._bottom_share = FOCUS_SHARE
+            if self.laid_out:
+                self._size_docks()
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")

@@ -294,6 +294,19 @@ def test_view_menu_hides_a_panel_and_the_layout_persists(qtbot, tmp_path):
     again.close()
 
 
+def test_a_bottom_panel_asked_for_takes_half_the_height(qtbot, tmp_path):
+    """``loomlab --panel dna`` (and its screenshot): the panel asked for is in front and the
+    bottom row takes half the window, not the short strip of the default layout."""
+    win = make_window(qtbot, tmp_path, (1600, 1000))
+    try:
+        win.show_panel("dna")
+        qtbot.waitUntil(lambda: "dna" in on_screen(win), timeout=5000)
+        assert win.docks["dna"].height() > 0.4 * win.height()
+        assert_docks_fit(win)
+    finally:
+        win.close()
+
+
 def test_a_layout_saved_for_the_old_default_is_not_restored(qtbot, tmp_path):
     """A layout saved before the default one changed (Qt's state version 0: Server behind Chat,
     the bottom panels side by side) would bring the too-tall window back: it is not restored."""

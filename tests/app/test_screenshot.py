@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from loomlab.app.gui import SCREENSHOT_SIZE
+
 from ..core.goldens import forward_case
 
 
@@ -27,7 +29,9 @@ def take_screenshot(tmp_path, *options: str):
 
 
 def assert_a_real_picture(image) -> None:
-    assert image.width() > 800 and image.height() > 500
+    """The window at the size a screenshot asks for (it was 2621x1135, the docks' minimum sizes
+    added up), and not blank."""
+    assert (image.width(), image.height()) == SCREENSHOT_SIZE
     pixels = np.array([image.pixel(x, y) for x in range(0, image.width(), 37)
                        for y in range(0, image.height(), 37)])
     assert len(np.unique(pixels)) > 20  # not a blank window
