@@ -8,7 +8,6 @@ layout.
 
 from __future__ import annotations
 
-import itertools
 from importlib.metadata import version
 from pathlib import Path
 
@@ -131,20 +130,29 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area.LeftDockWidgetArea, docks["models"])
         self.addDockWidget(area.RightDockWidgetArea, docks["chat"])
         self.tabifyDockWidget(docks["chat"], docks["topology"])
-        self.addDockWidget(area.BottomDockWidgetArea, docks[BOTTOM_ROW[0]])
-        for before, after in itertools.pairwise(BOTTOM_ROW):
-            self.tabifyDockWidget(docks[before], docks[after])
+        for name in BOTTOM_ROW:
+            self.addDockWidget(area.BottomDockWidgetArea, docks[name])
+        for name in BOTTOM_ROW[1:]:
+            # hidden until the window shows and tabifies them (showEvent): shown now, they would
+            # stand side by side at the first layout and the window would take their summed width
+            docks[name].hide()
         docks["chat"].raise_()
-        docks[BOTTOM_ROW[0]].raise_()
         return docks
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
         if self._laid_out is None:
-            # the docks' shares of the window it was first shown in (a restored state has its own),
-            # given once the first layout has run: before, Qt keeps the docks' own heights
+            # The bottom row is tabified once shown: tabified before the first layout, Qt 6.11
+            # leaves a stale copy of a tab bar drawn over the status bar. Then the docks take their
+            # shares of the window (a restored state has its own), once that layout has run:
+            # before, Qt keeps the docks' own heights.
             self._laid_out = self._restored
             if not self._restored:
+                first = self.docks[BOTTOM_ROW[0]]
+                for name in BOTTOM_ROW[1:]:
+                    self.tabifyDockWidget(first, self.docks[name])
+                    self.docks[name].show()
+                first.raise_()
                 QTimer.singleShot(0, self, self._size_docks)
 
     @property

@@ -241,7 +241,8 @@ class MorphPanel(QWidget):
         recipe_row.addWidget(self.load_recipe_button)
         recipe_row.addWidget(self.save_recipe_button)
         self.tabs.setCornerWidget(recipe)
-        self._layout = QBoxLayout(QBoxLayout.Direction.TopToBottom, self)
+        # beside each other until the first resize says otherwise: the default dock is along the bottom
+        self._layout = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
         self._layout.addWidget(self.tabs, 1)
         self._layout.addWidget(self._side)
         self._sync_controls()
