@@ -626,16 +626,6 @@ def _numbers(text: str, what: str) -> list[float]:
     return values
 
 
-def _position_sort(text: str) -> tuple:
-    """A ``"z,y,x,l"`` position sorts as numbers; other text as text."""
-    try:
-        return (0, tuple(int(p) for p in text.split(",")), "")
-    except ValueError:
-        return (1, (), text)
-
-
-def _kind_text(kind: str) -> str:
-    return "language model" if kind == "model" else "network"
 def heatmap_levels(values: np.ndarray) -> tuple[float, float]:
     """The colour scale of the overlaps: their own range, so a layer at 0.9999 among layers at
     exactly 1 stands out; (0, 1) when they are all alike or none were compared."""
@@ -652,6 +642,16 @@ def row_label_step(rows: int, height_px: float) -> int:
     return max(1, math.ceil(ROW_LABEL_PX / per_row))
 
 
+def _position_sort(text: str) -> tuple:
+    """A ``"z,y,x,l"`` position sorts as numbers; other text as text."""
+    try:
+        return (0, tuple(int(p) for p in text.split(",")), "")
+    except ValueError:
+        return (1, (), text)
+
+
+def _kind_text(kind: str) -> str:
+    return "language model" if kind == "model" else "network"
 
 
 def _row(*widgets: QWidget) -> QWidget:
