@@ -4,9 +4,31 @@ from __future__ import annotations
 
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
+
+
+@dataclass
+class Traced:
+    """What the block of :func:`traced` allocated (tracemalloc): ``kept`` at its end, ``peak``."""
+
+    kept: int = 0
+    peak: int = 0
+
+
+@contextmanager
+def traced() -> Iterator[Traced]:
+    """Measure the Python allocations (numpy's included) of a block."""
+    result = Traced()
+    tracemalloc.start()
+    try:
+        yield result
+        result.kept, result.peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
 
 
 def raises_quickly_and_small(call: Callable[[], object], error: type[BaseException], *, seconds: float,

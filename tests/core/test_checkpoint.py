@@ -12,6 +12,7 @@ from loomlab.core import LoomFormatError, load_network, save_network
 from loomlab.core.io import checkpoint
 from loomlab.core.io.checkpoint import checkpoint_bytes
 
+from .bad_input import traced
 from .goldens import case_input, goldens
 
 CASES = goldens()["forward"]  # includes a net morphed to each of the 21 dtypes
@@ -182,21 +183,15 @@ def test_more_tensors_than_layers_a_network_may_hold_are_refused(saved, monkeypa
 
 @pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("int8", 1), ("float64", 8)])
 def test_saving_a_layer_copies_its_weights_once(dtype, itemsize):
-    import tracemalloc
-
     from loomlab.core import VolumetricNetwork, make_layer
     from loomlab.core.morph import morph_all
 
     net = VolumetricNetwork(1, 1, 1, 1)
     net[0, 0, 0, 0] = make_layer("Dense", input_height=1024, output_height=1024, rng=np.random.default_rng(0))
     morph_all(net, dtype)
-    tracemalloc.start()
-    try:
+    with traced() as used:
         data = checkpoint_bytes(net)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
     weights = itemsize << 20
-    assert len(data) > weights and peak < 1.25 * weights, peak  # the file's bytes, no blob copies
+    assert len(data) > weights and used.peak < 1.25 * weights, used.peak  # the file's bytes, no blob copies
     again = checkpoint.checkpoint_from_bytes(data)[0, 0, 0, 0].weights
     np.testing.assert_array_equal(again.dequantized(dtype), net[0, 0, 0, 0].weights.dequantized(dtype))

@@ -11,6 +11,7 @@ import pytest
 from loomlab.core import LoomFormatError, load_network, make_layer, save_network
 from loomlab.core.io import dumps, loom_json, network_to_dict
 
+from .bad_input import traced
 from .goldens import case_input, goldens
 
 CASES = goldens()["forward"]  # every layer type, plus a net morphed to each of the 20 other dtypes
@@ -309,18 +310,12 @@ def test_build_weights_are_float32_drawn_a_chunk_at_a_time_as_if_all_at_once(mon
 
 
 def test_build_schema_allocates_the_float32_weights_and_little_more():
-    import tracemalloc
-
     n = 2048 * 2048
     text = _one_layer({"type": "Dense", "input_height": 2048, "output_height": 2048})
-    tracemalloc.start()
-    try:
+    with traced() as used:
         net = load_network(text, seed=0)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
     assert net.parameter_count() == n
-    assert peak < 4 * n + (8 << 20), peak  # the float32 master, not float64 temporaries of it
+    assert used.peak < 4 * n + (8 << 20), used.peak  # the float32 master, not float64 temporaries of it
 
 
 @pytest.mark.parametrize("schema", ["build", "persistence"])
@@ -390,19 +385,13 @@ def test_reading_a_layer_costs_time_linear_in_its_keys():
 def test_a_weightless_layer_keeps_under_2_3_kb():
     # at MAX_LAYERS that is 150 MB; a random generator made per Softmax layer added ~900 bytes
     # (and most of the time of reading one)
-    import tracemalloc
-
     n = 1000
     text = json.dumps({"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": n,
                        "layers": [{"l": i, "type": "Softmax"} for i in range(n)]})
     load_network(text)  # imports and caches outside the measurement
-    tracemalloc.start()
-    try:
+    with traced() as used:
         net = load_network(text)
-        kept = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert sum(1 for _ in net.layers()) == n and kept / n < 2300, kept / n
+    assert sum(1 for _ in net.layers()) == n and used.kept / n < 2300, used.kept / n
 
 
 def _whole_floats_as_ints(v):
@@ -421,20 +410,14 @@ def test_written_text_is_json_dumps_with_indent_2_and_gos_float_text():
 
 
 def test_saving_json_holds_the_weights_text_twice_at_most(tmp_path):
-    import tracemalloc
-
     net = load_network(json.dumps(tiny_net_json()))
     net[0, 0, 0, 0] = make_layer("Dense", input_height=1024, output_height=1024, rng=np.random.default_rng(0))
     path = tmp_path / "net.json"
     save_network(net, path)  # imports outside the measurement
-    tracemalloc.start()
-    try:
+    with traced() as used:
         save_network(net, path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
     # the base64 text in the layer's object and its UTF-8 bytes; the whole file's text is never made
-    assert peak < 2.25 * path.stat().st_size, (peak, path.stat().st_size)
+    assert used.peak < 2.25 * path.stat().st_size, (used.peak, path.stat().st_size)
     assert path.read_text() == dumps(net)
 
 
