@@ -98,7 +98,8 @@ def test_morph_report_runs_its_probe_on_the_chosen_backend(golden_net, monkeypat
     path, _ = golden_net
     seen = []
     real = net_commands.load_net
-    monkeypatch.setattr(net_commands, "load_net", lambda p, backend: seen.append(backend) or real(p, backend))
+    monkeypatch.setattr(net_commands, "load_net",
+                        lambda p, backend, seed=None: seen.append(backend) or real(p, backend, seed))
     assert main(["net", "morph-report", str(path), "--backend", "auto", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["rows"]) == 21
     assert len(seen) > 21 and set(seen) == {"auto"}  # every network read: at least one per dtype
