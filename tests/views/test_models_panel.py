@@ -242,7 +242,7 @@ def test_open_network_emits_it(make_panel, qtbot, tmp_path, monkeypatch, suffix)
     entry = panel.selected_entry()
     assert isinstance(entry, NetworkEntry) and entry.net is net
     parts = str(model_parts(net))
-    assert panel.details()["Parts"] == parts and parts.startswith("4 cells · ")
+    assert panel.details()["Parts"] == parts == "1 cell × 4 per cell · 4 layers, 4 weighted"  # a 1x1x1 grid
     assert f"{net.parameter_count():,}" in panel.details()["Parameters"]
 
     assert panel.progress_bar.isHidden()  # no "0%" left after an action that reports no progress
