@@ -34,7 +34,7 @@ from .dna import (
     is_signed,
     signature_vector,
 )
-from .sketch import DEFAULT_WIDTH, _check_width, _Sketcher, _walk
+from .sketch import DEFAULT_WIDTH, Sketcher, check_width, signed_tree
 
 NETWORK_SUFFIXES = (".json", ".loom")
 Progress = Callable[[str, int, int], None]
@@ -150,7 +150,7 @@ def model_report(a: Any, b: Any, *, width: int = DEFAULT_WIDTH, progress: Progre
     ``progress("sketch A" | "sketch B", layers done, weighted layers)``; ``cancel`` stops between
     layers with :class:`~loomlab.core.errors.LoomCancelled`.
     """
-    _check_width(width)
+    check_width(width)
     signed = [_sign_model(m, label, width, progress, cancel) for label, m in (("A", a), ("B", b))]
     comparison = compare_dna(signed[0].dna, signed[1].dna, across_dtypes=True)
     rows: list[OverlapRow] = []
@@ -186,8 +186,8 @@ def _sign_network(net: VolumetricNetwork, label: str, width: int, progress: Prog
                   cancel: Cancel) -> _Signed:
     """sketch_dna's signatures, keeping each signed sub-layer's vector on the way."""
     report = None if progress is None else (lambda _, done, total: progress(f"sketch {label}", done, total))
-    cells = [(c, top, [la for la in _walk(top) if is_signed(la)]) for c, top in net.layers()]
-    sketcher = _Sketcher(width, as_cancel_check(cancel), report, sum(len(leaves) for *_, leaves in cells))
+    cells = [(c, top, [la for la in signed_tree(top) if is_signed(la)]) for c, top in net.layers()]
+    sketcher = Sketcher(width, as_cancel_check(cancel), report, sum(len(leaves) for *_, leaves in cells))
     seen: dict[int, np.ndarray] = {}
 
     def leaf(layer) -> np.ndarray:

@@ -73,10 +73,10 @@ def sketch_dna(model, *, width: int = DEFAULT_WIDTH, progress: Progress | None =
     ``cancel`` stops between layers with :class:`~loomlab.core.errors.LoomCancelled`.
     """
     net = _network(model)
-    _check_width(width)
+    check_width(width)
     stop = as_cancel_check(cancel)
-    leaves = [la for _, top in net.layers() for la in _walk(top) if is_signed(la)]
-    sketcher = _Sketcher(width, stop, progress, len(leaves))
+    leaves = [la for _, top in net.layers() for la in signed_tree(top) if is_signed(la)]
+    sketcher = Sketcher(width, stop, progress, len(leaves))
     sigs = [LayerSignature(z, y, x, l, lookup(LAYER_TYPES, layer.cfg.type).id,
                            lookup(DTYPES, layer.cfg.dtype).id, sketcher.vector(layer))
             for (z, y, x, l), layer in net.layers()]  # noqa: E741
@@ -112,7 +112,7 @@ def compare_models(a, b, *, width: int = DEFAULT_WIDTH, progress: Progress | Non
 def sketch_vector(parts: list[Matrix], width: int = DEFAULT_WIDTH) -> np.ndarray:
     """The unit sketch of the flat vector made of ``parts`` (float32 arrays or quantized
     matrices, read in row blocks) one after another: ``min(total size, width)`` numbers."""
-    _check_width(width)
+    check_width(width)
     sketch = _CountSketch(width)
     for part in parts:
         for block in _row_blocks(part):
@@ -122,7 +122,7 @@ def sketch_vector(parts: list[Matrix], width: int = DEFAULT_WIDTH) -> np.ndarray
 
 # ----- layers -----------------------------------------------------------------------------------
 
-class _Sketcher:
+class Sketcher:
     """Signs layers, counting weighted ones for ``progress``; a matrix two layers share (a tied LM
     head) is sketched once."""
 
@@ -153,10 +153,11 @@ class _Sketcher:
         return vector
 
 
-def _walk(layer: Layer) -> Iterator[Layer]:
+def signed_tree(layer: Layer) -> Iterator[Layer]:
+    """``layer`` and, depth first, every child a signature descends into."""
     yield layer
     for child in signed_children(layer):
-        yield from _walk(child)
+        yield from signed_tree(child)
 
 
 def _network(model) -> VolumetricNetwork:
@@ -167,7 +168,8 @@ def _network(model) -> VolumetricNetwork:
     return net
 
 
-def _check_width(width: int) -> None:
+def check_width(width: int) -> None:
+    """Refuse a sketch width that is not an integer from 1 to PAGE_WEIGHTS (a typed error)."""
     if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= PAGE_WEIGHTS:
         raise LoomConfigError(f"sketch width must be an integer from 1 to {PAGE_WEIGHTS}, got {width!r}")
 
