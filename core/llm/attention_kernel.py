@@ -32,17 +32,14 @@ from numba.extending import intrinsic
 
 from ..errors import LoomShapeError
 from .kernel_hints import wide_vectors
+from .quant import KERNEL_OPTIONS
 from .quant_int8_rows import fmuladd, half_to_float, splat
-from .quantize import _from_bits
+from .quantize import from_bits
 
 F32 = np.float32
 LANES = 16  # float32 lanes of the exponentials' sum: one AVX-512 register
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16))  # float16 travels as its bits
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-
-# nogil: the GUI thread keeps running while a worker decodes; parallel over (sequence, KV head,
-# query chunk) units
-_KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
 
 
 @njit(inline="always")
@@ -69,7 +66,7 @@ def exp_poly(x):
     y = y * r + F32(1.6666665459e-1)
     y = y * r + F32(5.0000001201e-1)
     y = y * (r * r) + r + F32(1)
-    return y * _from_bits((np.int64(n) + 127) << 23)
+    return y * from_bits((np.int64(n) + 127) << 23)
 
 
 _VF = ir.VectorType(_F32, LANES)
@@ -350,7 +347,7 @@ def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale):
     _attend_group(qs, g1 - g0, los, ps, keys_t, values, kv, scale, out, at)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _attend(q, keys_t, values, start, window, scale, threads, out):
     T, H, hd = q.shape
     Hkv = keys_t.shape[0]
@@ -386,7 +383,7 @@ def cache_views(address_k, address_v, Hkv, hd, cap):
             carray(_f32_pointer(address_v), (Hkv, cap, hd)))
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _append_and_attend(q, k, v, buffers, starts, window, scale, threads, out):
     """Each sequence b's new keys and values ``k/v[b]`` written into its cache buffers at
     ``starts[b]..`` (``buffers[b]``: addresses of keys ``[Hkv, hd, cap]`` and values

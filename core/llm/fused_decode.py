@@ -46,7 +46,7 @@ from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
 from .mlp_kernel import GATED_ACTIVATIONS, gated_range
 from .norm_kernel import rms_norm_rows
-from .quant import ROW_CHUNK, _pace
+from .quant import ROW_CHUNK, pace
 from .quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from .quant_int8_rows import quantize_grouped, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
@@ -536,7 +536,7 @@ class FusedDecoder:
         addresses = np.array([[c.host_buffers() for c in row] for row in caches], np.int64).transpose(1, 0, 2)
         x0, _ = self.embedding.forward(tokens, None)
         cos, sin = self._angles(tuple(starts), T)
-        _pace()
+        pace()
         threads = numba.get_num_threads()
         flags = counters(threads)
         shared, acts = self._scratch(B * T, B if last_only else B * T)

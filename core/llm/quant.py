@@ -64,7 +64,7 @@ FUSED_MAX_T = 1  # up to this many rows of X, the fused decode kernel per row (m
 MATMUL_MIN_T = 65  # from this many rows on, dequantize + BLAS: faster, but not row-invariant
 
 # nogil: a GUI thread (or any other) keeps running while a worker thread multiplies
-_KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
+KERNEL_OPTIONS = dict(parallel=True, cache=True, fastmath=False, nogil=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def _pair_sums(lanes, out, t, r0, r1):
     out[t, r1] = _lane_sum(lanes[1])
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _block_matmul(kind, q, lay, s, m, X, out):
     """``out[t, r] = W[r] . X[t]`` for the block matrix ``q``: each pair of weight rows is
     dequantized once into a small buffer, then dotted with every row of X. Each (r, t) result
@@ -282,7 +282,7 @@ def _block_matmul(kind, q, lay, s, m, X, out):
                 _pair_sums(lanes, out, t, r0, r1)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _block_rows(kind, q, lay, s, m, ids, out):
     L, P = _geometry(kind, lay[3])
     for i in prange(ids.shape[0]):
@@ -300,7 +300,7 @@ def _block_rows(kind, q, lay, s, m, ids, out):
 # so LLVM's loop vectorizer turns it into straight SIMD code.
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _nib4_matvec(q, lay, s, m, x, out):
     bbytes, qoff, gshift, G, shift, zero = lay
     rows = q.shape[0]
@@ -333,7 +333,7 @@ def _nib4_matvec(q, lay, s, m, x, out):
             out[r1] = _lane_sum(lb)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _q5_matvec(q, lay, s, m, x, out):
     bbytes, hoff, _, G, _, _ = lay
     rows = q.shape[0]
@@ -369,7 +369,7 @@ def _q5_matvec(q, lay, s, m, x, out):
             out[r1] = _lane_sum(lb)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _q8_0_matvec(q, lay, s, m, x, out):
     G = lay[3]
     rows = q.shape[0]
@@ -396,7 +396,7 @@ def _q8_0_matvec(q, lay, s, m, x, out):
             out[r1] = _lane_sum(lb)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _q6_k_matvec(q, lay, s, m, x, out):
     H = lay[3]
     rows = q.shape[0]
@@ -436,7 +436,7 @@ _FUSED = {NIB4: _nib4_matvec, FIVE: _q5_matvec, INT8: _q8_0_matvec, Q6K: _q6_k_m
 FLOAT_LANES = 32
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _float_matmul(W, X, out):
     rows, cols = W.shape
     L = FLOAT_LANES
@@ -643,15 +643,15 @@ class QuantMatrix:
         if fmt is None:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
-        raw = _read_only(self._raw_bytes(data, fmt, name))
+        raw = read_only(self._raw_bytes(data, fmt, name))
         self._q, self._side, self._dense, self._args = None, (), None, ()
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
         if isinstance(fmt, _Plain):
-            self._dense = _read_only(np.ascontiguousarray(fmt.to_f32(raw)))
+            self._dense = read_only(np.ascontiguousarray(fmt.to_f32(raw)))
         else:
             self._q = raw
             blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
-            self._side = tuple(None if a is None else _read_only(np.ascontiguousarray(a, dtype=F32))
+            self._side = tuple(None if a is None else read_only(np.ascontiguousarray(a, dtype=F32))
                                for a in fmt.side(blocks))
             self._args = (fmt.kind, raw, fmt.layout(), *self._side)  # the kernels' leading arguments
             self._fused = _FUSED[fmt.kind]
@@ -750,13 +750,13 @@ class QuantMatrix:
         if self._dense is not None:
             return self._dense[ids]
         out = np.empty((ids.size, self.shape[1]), F32)
-        _pace()
+        pace()
         _block_rows(*self._args, ids, out)
         return out
 
     def _products(self, X: np.ndarray, out: np.ndarray) -> None:
         """``out = X @ W.T`` by the row-invariant kernels."""
-        _pace()
+        pace()
         if self._dense is not None:
             _float_matmul(self._dense, X, out)
         elif X.shape[0] <= FUSED_MAX_T:
@@ -775,7 +775,7 @@ class QuantMatrix:
             want = "(in_features,)" if ndim == 1 else "(T, in_features)"
             raise LoomShapeError(f"{self.type_name} matrix {self.shape} needs input {want} with "
                                  f"in_features={self.shape[1]}; got {x.shape}")
-        return _read_only(np.ascontiguousarray(x, dtype=F32))
+        return read_only(np.ascontiguousarray(x, dtype=F32))
 
     def __repr__(self) -> str:
         return f"QuantMatrix({self.type_name}, shape={self.shape})"
@@ -851,12 +851,12 @@ def float_matmul(W: np.ndarray, X: np.ndarray) -> np.ndarray:
         raise LoomShapeError(f"float_matmul with a {W.shape} matrix needs input (T, {W.shape[1]}); "
                              f"got {X.shape}")
     out = np.empty((X.shape[0], W.shape[0]), F32)
-    _pace()
-    _float_matmul(_read_only(np.ascontiguousarray(W)), _read_only(np.ascontiguousarray(X, dtype=F32)), out)
+    pace()
+    _float_matmul(read_only(np.ascontiguousarray(W)), read_only(np.ascontiguousarray(X, dtype=F32)), out)
     return out
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
+def read_only(a: np.ndarray) -> np.ndarray:
     """A read-only view: kernels then always see the same array type as a memory-mapped file
     gives, so numba compiles (and caches) one specialization instead of two."""
     view = a.view()
@@ -936,7 +936,7 @@ def adaptive_threads():
     ceiling = numba.get_num_threads()
     _adaptive.chooser, _adaptive.ceiling, _adaptive.applied = chooser, ceiling, ceiling
     try:
-        _pace()
+        pace()
         yield
     finally:
         if threading.get_ident() == owner:  # a generator closed from another thread: not its setting
@@ -944,7 +944,7 @@ def adaptive_threads():
             numba.set_num_threads(ceiling)
 
 
-def _pace() -> None:
+def pace() -> None:
     """Apply the current choice in this thread. Called per kernel launch, not per token: it is a
     clock read (``/proc`` is read every ~0.3 s), and with too many threads on a busy machine one
     token can take a second, so the switch must not wait for the token's end."""

@@ -38,7 +38,7 @@ from gguf import GGMLQuantizationType as GT
 from numba import njit, prange
 
 from ..errors import LoomConfigError, LoomShapeError
-from .quant import _KERNEL, ROW_CHUNK, QuantMatrix, _pace, _read_only
+from .quant import KERNEL_OPTIONS, ROW_CHUNK, QuantMatrix, pace, read_only
 from .quant_int8_rows import (
     WQ4_0,
     WQ4_1,
@@ -170,7 +170,7 @@ def quantize_activations(x: np.ndarray, kind: str) -> QuantizedActivations:
     return QuantizedActivations(kind, qs, d, s, sums)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _rows_matmul(kind, w, xg, d, s, nsum, out):
     """``out[t, r]`` = repacked weight row r (:mod:`.quant_int8_rows`) times activation row t
     (:func:`quantize_grouped`'s). Each (r, t) is the same operations whatever T is, so a row of
@@ -187,7 +187,7 @@ def _rows_matmul(kind, w, xg, d, s, nsum, out):
             rows_products(kind, w2, r0, r1, xg, d, s, nsum, out)
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _superblocks_matmul(kind, w, qs, d, nsum16, bsum32, out):
     """``out[t, r]`` = repacked Q4_K / Q6_K weight row r (:mod:`.quant_int8_superblocks`) times
     Q8_K activation row t, the same bits whatever T is."""
@@ -266,7 +266,7 @@ def repacked(qm: QuantMatrix) -> tuple:
                     packed = tiles_repack(kind, qm.raw_blocks, nb)
                 else:
                     packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
-                rows = qm.int8_rows = (kind, _read_only(packed.reshape(-1)))
+                rows = qm.int8_rows = (kind, read_only(packed.reshape(-1)))
     return rows
 
 
@@ -303,8 +303,8 @@ def int8_product(qm: QuantMatrix, X: np.ndarray) -> np.ndarray:
 def int8_products(qms, X: np.ndarray) -> list[np.ndarray]:
     """:func:`int8_product` of each matrix with the same ``X``, which is quantized once per
     kind of activations (attention's Q, K and V, the MLP's gate and up share their input)."""
-    _pace()
-    X = _read_only(X)
+    pace()
+    X = read_only(X)
     quantized = {}
     outs = []
     for qm in qms:

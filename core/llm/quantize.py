@@ -25,14 +25,13 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..errors import LoomConfigError, LoomShapeError
-from .quant import FORMATS, QuantMatrix
+from .quant import FORMATS, KERNEL_OPTIONS, QuantMatrix
 
 F32 = np.float32
 QUANTIZE_FORMATS: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 _CODE = {name: i for i, name in enumerate(QUANTIZE_FORMATS)}
 _GROUP_MAX_EPS = F32(1e-15)
 
-_KERNEL = dict(parallel=True, cache=True, fastmath=False, nogil=True)
 
 
 def quantize(matrix: np.ndarray, fmt: str) -> np.ndarray:
@@ -96,7 +95,7 @@ def _bits(typingctx, f):
 
 
 @intrinsic
-def _from_bits(typingctx, i):
+def from_bits(typingctx, i):
     """The float32 whose bits are the low 32 bits of int64 ``i``."""
     def codegen(context, builder, sig, args):
         return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
@@ -111,7 +110,7 @@ def _fp16(f):
     shl1_w = (w + w) & 0xFFFFFFFF
     sign = w & 0x80000000
     bias = max(shl1_w & 0xFF000000, 0x71000000)
-    base = _from_bits((bias >> 1) + 0x07800000) + base
+    base = from_bits((bias >> 1) + 0x07800000) + base
     bits = _bits(base)
     nonsign = ((bits >> 13) & 0x7C00) + (bits & 0x0FFF)
     return ((sign >> 16) | (0x7E00 if shl1_w > 0xFF000000 else nonsign)) & 0xFFFF
@@ -123,9 +122,9 @@ def _fp32(h):
     w = h << 16
     sign = w & 0x80000000
     two_w = (w + w) & 0xFFFFFFFF
-    normalized = _from_bits((two_w >> 4) + (0xE0 << 23)) * F32(2.0**-112)
-    denormalized = _from_bits((two_w >> 17) | (126 << 23)) - F32(0.5)
-    return _from_bits(sign | (_bits(denormalized) if two_w < (1 << 27) else _bits(normalized)))
+    normalized = from_bits((two_w >> 4) + (0xE0 << 23)) * F32(2.0**-112)
+    denormalized = from_bits((two_w >> 17) | (126 << 23)) - F32(0.5)
+    return from_bits(sign | (_bits(denormalized) if two_w < (1 << 27) else _bits(normalized)))
 
 
 @njit(inline="always")
@@ -434,7 +433,7 @@ def _q6_k_block(x, o, L, scales):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(**_KERNEL)
+@njit(**KERNEL_OPTIONS)
 def _quantize_rows(W, code, belems, bbytes, out):
     """Row r of W into row r of out, block by block; ``code`` indexes QUANTIZE_FORMATS."""
     rows, nb = W.shape[0], W.shape[1] // belems
