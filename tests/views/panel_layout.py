@@ -4,6 +4,8 @@ and legible on the plot's own canvas."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyqtgraph as pg
 from PySide6.QtGui import QColor, QImage, QPainter
@@ -66,3 +68,13 @@ def assert_axes_legible(plot: pg.PlotWidget) -> None:
         title = QColor(style["color"]) if "color" in style else axis.label.defaultTextColor()
         for colour in (axis.textPen().color(), title):
             assert contrast(colour, canvas) >= AA, f"{name} axis text {colour.name()} on {canvas.name()}"
+
+
+@contextmanager
+def on_screen(qtbot, panel: QWidget, width: int, height: int) -> Iterator[QWidget]:
+    """``panel`` shown at ``width`` x ``height`` for a test, and shut down after it."""
+    qtbot.addWidget(panel)
+    panel.resize(width, height)
+    panel.show()
+    yield panel
+    panel.shutdown()

@@ -27,7 +27,7 @@ from loomlab.views import dna_panel
 from loomlab.views.dna_panel import LAYER, OVERLAP, POSITION, DNAPanel
 
 from .jobs import choose, settle
-from .panel_layout import assert_tick_labels_apart, drawn_tick_labels
+from .panel_layout import assert_tick_labels_apart, drawn_tick_labels, on_screen
 
 USER = Qt.ItemDataRole.UserRole
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-hf"
@@ -65,12 +65,8 @@ def variant(tmp_path: Path, seed: int, name: str = "tiny-llama", scale: float = 
 
 @pytest.fixture
 def panel(qtbot, runner):
-    p = DNAPanel(runner)
-    qtbot.addWidget(p)
-    p.resize(1100, 800)
-    p.show()
-    yield p
-    p.shutdown()
+    with on_screen(qtbot, DNAPanel(runner), 1100, 800) as p:
+        yield p
 
 
 def column(table, col: int) -> list:

@@ -36,6 +36,7 @@ from loomlab.views.morph_panel import (
 
 from .contrast import assert_legible, dark_theme
 from .jobs import choose, settle
+from .panel_layout import on_screen
 
 GOLDENS = Path(__file__).resolve().parent.parent / "data" / "loom-goldens-seed1.json"
 
@@ -61,12 +62,8 @@ def small_net(seed: int = 0, blocks: int = 1) -> VolumetricNetwork:
 
 @pytest.fixture
 def panel(qtbot, runner):
-    p = MorphPanel(runner)
-    qtbot.addWidget(p)
-    p.resize(900, 520)
-    p.show()
-    yield p
-    p.shutdown()
+    with on_screen(qtbot, MorphPanel(runner), 900, 520) as p:
+        yield p
 
 
 def cell(panel, row, col):

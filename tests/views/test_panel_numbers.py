@@ -19,6 +19,7 @@ from loomlab.views.morph_panel import DTYPE, LAYER, MorphPanel
 from loomlab.views.topology_panel import TopologyPanel
 
 from .jobs import choose, settle
+from .panel_layout import on_screen
 
 TINY_LLAMA = Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-llama"
 
@@ -36,12 +37,8 @@ def small_net(cells: int = 3) -> VolumetricNetwork:
 
 @pytest.fixture
 def morph(qtbot, runner):
-    panel = MorphPanel(runner)
-    qtbot.addWidget(panel)
-    panel.resize(900, 520)
-    panel.show()
-    yield panel
-    panel.shutdown()
+    with on_screen(qtbot, MorphPanel(runner), 900, 520) as panel:
+        yield panel
 
 
 def test_topology_and_morph_name_the_parts_alike_and_follow_the_network(qtbot, morph):

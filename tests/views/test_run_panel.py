@@ -27,6 +27,7 @@ from tests.core.goldens import goldens
 
 from .contrast import AA, assert_legible, contrast, dark_theme
 from .jobs import choose, settle
+from .panel_layout import on_screen
 
 TINY_LLAMA = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-llama"
 
@@ -47,12 +48,8 @@ def masters(net: VolumetricNetwork) -> list[np.ndarray]:
 
 @pytest.fixture
 def panel(qtbot, runner):
-    p = RunPanel(runner)
-    qtbot.addWidget(p)
-    p.resize(1000, 560)
-    p.show()
-    yield p
-    p.shutdown()
+    with on_screen(qtbot, RunPanel(runner), 1000, 560) as p:
+        yield p
 
 
 def shown(qtbot, panel, net):

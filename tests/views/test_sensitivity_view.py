@@ -42,6 +42,7 @@ from loomlab.views.sensitivity_view import (
 from loomlab.views.sensitivity_view import LAYER as S_LAYER
 
 from .jobs import settle
+from .panel_layout import on_screen
 from .test_morph_panel import _assert_nothing_clipped, small_net
 
 CTX = 128  # 4 chunks of the short probe: a layer costs ~1 s
@@ -50,12 +51,8 @@ USER = Qt.ItemDataRole.UserRole
 
 @pytest.fixture
 def panel(qtbot, runner):
-    p = MorphPanel(runner)
-    qtbot.addWidget(p)
-    p.resize(1200, 600)
-    p.show()
-    yield p
-    p.shutdown()
+    with on_screen(qtbot, MorphPanel(runner), 1200, 600) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
