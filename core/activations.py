@@ -21,7 +21,7 @@ from .backend import array_module
 
 RELU, SILU, GELU, TANH, SIGMOID, LEAKY_RELU, RELU2, LINEAR = 0, 1, 2, 3, 4, 5, 6, -1
 
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def sigmoid(v):
@@ -46,7 +46,7 @@ def activate(act: int, v):
         # v * v * v, not v**3: numpy's float power is powf per element (~45 ns; 0.1 ms for a
         # gemma3 MLP row), and two multiplies are what torch's pow(x, 3.0) computes (transformers'
         # gelu_pytorch_tanh)
-        return 0.5 * v * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))))
+        return 0.5 * v * (1.0 + xp.tanh(SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))))
     if act == TANH:
         return xp.tanh(v)
     if act == SIGMOID:
@@ -95,9 +95,9 @@ def derivative(act: int, v):
     if act == GELU:
         # The exact derivative of the tanh approximation, not Loom's "mixed approximation"
         # (spec §1.2), so gradients agree with finite differences (docs/compat.md).
-        u = _SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))
+        u = SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v))
         t = xp.tanh(u)
-        du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * v * v)
+        du = SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * v * v)
         return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du
     if act == TANH:
         t = xp.tanh(v)

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..activations import GELU, LEAKY_RELU, RELU, RELU2, SIGMOID, SILU, TANH
+from ..activations import GELU, LEAKY_RELU, RELU, RELU2, SIGMOID, SILU, SQRT_2_OVER_PI, TANH
 
 # tanh(v) = v * P(v^2) / Q(v^2) on |v| <= _TANH_LIMIT: a least-squares fit of the relative error,
 # reweighted towards minimax (max relative error 1.03e-10 measured on 0 < v <= 9.1). Beyond the
@@ -43,7 +43,6 @@ _TANH_P = (9.9999999989980037e-01, 1.3852549534645459e-01, 4.0899443067164256e-0
 _TANH_Q = (1.0, 4.7185882760155734e-01, 2.8042888768207506e-02, 4.3427889518435185e-04,
            1.6625399353305727e-06)
 _TANH_LIMIT = 9.1
-_GELU_C = float(np.sqrt(2.0 / np.pi))  # activations._SQRT_2_OVER_PI
 _FAST = {"reassoc"}  # lets LLVM vectorise the dot product's sum; nothing else (no FMA contraction)
 # members per scratch allocation: a compiled allocation costs ~0.1 µs, one per member was 0.1 ms
 _BLOCK = 16
@@ -104,7 +103,7 @@ def _activate(act, s, n, out, at, acc):
     elif act == GELU:
         for o in range(n):
             v = s[o]
-            u = acc(_GELU_C) * (v + acc(0.044715) * acc(np.float64(v) ** 3))  # pow rounds once
+            u = acc(SQRT_2_OVER_PI) * (v + acc(0.044715) * acc(np.float64(v) ** 3))  # pow rounds once
             out[at + o] = acc(0.5) * v * (acc(1) + acc(_tanh(np.float64(u))))
     else:  # Linear, and any id activate() passes through
         for o in range(n):

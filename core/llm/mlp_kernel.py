@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..activations import _SQRT_2_OVER_PI, GELU, SILU
+from ..activations import GELU, SILU, SQRT_2_OVER_PI
 from .attention_kernel import exp_poly
 
 F32 = np.float32
 GATED_ACTIVATIONS = (SILU, GELU)
-_2C = F32(2 * _SQRT_2_OVER_PI)
+_2C = F32(2 * SQRT_2_OVER_PI)
 
 
 @njit(inline="always")

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import pytest
 
-from loomlab.core.activations import _SQRT_2_OVER_PI, GELU, SILU, activate
+from loomlab.core.activations import GELU, SILU, SQRT_2_OVER_PI, activate
 from loomlab.core.errors import LoomShapeError
 from loomlab.core.llm import causal_lm, fused_decode
 from loomlab.core.llm.block_morph import encode
@@ -613,7 +613,7 @@ def exact(act: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if act == SILU:
             a = g / (1 + np.exp(-g))
         else:
-            a = 0.5 * g * (1 + np.tanh(_SQRT_2_OVER_PI * (g + 0.044715 * g**3)))
+            a = 0.5 * g * (1 + np.tanh(SQRT_2_OVER_PI * (g + 0.044715 * g**3)))
     return a * up
 
 
