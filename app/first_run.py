@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QProgressDialog
 
 from loomlab.core.errors import LoomCancelled
-from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 
 POLL_S = 0.05  # how often the GUI thread looks at the compiling thread, drawing in between
 TITLE = f"{KERNELS_STAGE[:1].upper()}{KERNELS_STAGE[1:]}"

@@ -64,8 +64,8 @@ def warm_up() -> None:
     later (~5k objects with a model loaded: ~3 ms). Frozen objects are never collected, which
     costs nothing here: modules, classes and the app's singletons live as long as the process.
     """
-    import loomlab.core.llm.textmodel  # noqa: F401 - imported now rather than by the first load
-    from loomlab.core.llm import quant
+    import loomlab.core.llm.generate.textmodel  # noqa: F401 - imported now rather than by the first load
+    from loomlab.core.llm.kernels import quant
 
     from .first_run import prepare_kernels
 

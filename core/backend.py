@@ -29,7 +29,7 @@ import numpy as np
 from .errors import LoomConfigError
 
 if TYPE_CHECKING:  # the kernels' module builds on this one
-    from .llm.device_kernels import LLMKernels
+    from .llm.kernels.device_kernels import LLMKernels
 
 ENTRY_POINT_GROUP = "loomlab.backends"
 
@@ -39,7 +39,7 @@ class Backend:
     name: str
     xp: ModuleType  # the array namespace: numpy, cupy or a device-bound array_api_strict
     device: object = None  # where its arrays live; None: the namespace's default device
-    # the language-model kernels' class (loomlab.core.llm.device_kernels.LLMKernels or a subclass)
+    # the language-model kernels' class (loomlab.core.llm.kernels.device_kernels.LLMKernels or a subclass)
     # called with this backend; None: the array-API fallback, LLMKernels itself
     llm_kernels: Callable[[Backend], LLMKernels] | None = None
 

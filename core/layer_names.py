@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .errors import LoomConfigError
 from .layers.base import Layer
-from .llm.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, is_filler_bias
+from .llm.model.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, is_filler_bias
 from .network import VolumetricNetwork
 from .units import format_count
 

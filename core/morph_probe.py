@@ -42,7 +42,7 @@ def llm_probe(model: Any, text: str, max_tokens: int = 64) -> ProbeResult:
     """Next-token logits at every position of ``text`` (at most ``max_tokens`` tokens, the
     model's BOS included when it wants one) from one full-sequence forward pass.
 
-    ``model`` is a :class:`~loomlab.core.llm.textmodel.TextModel` (its ``tokenizer`` and ``net``).
+    ``model`` is a :class:`~loomlab.core.llm.generate.textmodel.TextModel` (its ``tokenizer`` and ``net``).
     """
     ids = np.asarray(model.tokenizer.encode(text, add_special_tokens=True)[:max_tokens], dtype=np.int64)
     if ids.size == 0:

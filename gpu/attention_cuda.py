@@ -1,4 +1,4 @@
-"""Causal GQA decode attention on an NVIDIA GPU: :func:`loomlab.core.llm.attention_kernel.attend`'s
+"""Causal GQA decode attention on an NVIDIA GPU: :func:`loomlab.core.llm.kernels.attention_kernel.attend`'s
 semantics as one numba-CUDA kernel.
 
 One thread block per (query, head): the query at position ``p = start + t`` and head ``h`` (KV head
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from loomlab.core.llm.attention_kernel import check_attend_args
+from loomlab.core.llm.kernels.attention_kernel import check_attend_args
 
 from .cuda_common import (
     MAX_THREADS,
@@ -113,7 +113,7 @@ def _attend_kernel(half: bool):
 def attend(q, keys, values, start: int, window: int | None, scale: float, *, threads: int = THREADS):
     """Causal attention of queries ``q[T, H, hd]`` at positions ``start..start+T-1``, on the device.
 
-    Arguments as :func:`loomlab.core.llm.attention_kernel.attend` (``keys`` / ``values``
+    Arguments as :func:`loomlab.core.llm.kernels.attention_kernel.attend` (``keys`` / ``values``
     ``[Hkv, S, hd]``, float32 or float16 as ``uint16`` bits); host arrays or device arrays. Returns
     float32 ``[T, H * hd]``: numpy when ``q`` is a host array, a device array when it is one.
     ``threads``: per block, a power of two in 32..1024.

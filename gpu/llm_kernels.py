@@ -1,5 +1,5 @@
 """The language-model kernels on an NVIDIA GPU: the cupy backend's
-:class:`~loomlab.core.llm.device_kernels.LLMKernels`.
+:class:`~loomlab.core.llm.kernels.device_kernels.LLMKernels`.
 
 * ``upload``: a GGUF block matrix stays in its blocks on the device (a
   :class:`~loomlab.gpu.quant_cuda.CudaQuantMatrix`: its bytes and float32 block scales, never the
@@ -17,8 +17,8 @@ simulator), the kernels take and give host arrays.
 from __future__ import annotations
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm.device_kernels import LLMKernels
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.device_kernels import LLMKernels
+from loomlab.core.llm.kernels.quant import QuantMatrix
 
 from .attention_cuda import attend as attend_cuda
 from .cuda_common import check_threads, numba_cuda
@@ -59,7 +59,7 @@ class CudaLLMKernels(LLMKernels):
         return super().linear(x, m)
 
     def attend(self, q, keys, values, start: int, window: int | None, scale: float):
-        """:func:`loomlab.core.llm.attention_kernel.attend`'s semantics on device arrays: ``q [T, H,
+        """:func:`loomlab.core.llm.kernels.attention_kernel.attend`'s semantics on device arrays: ``q [T, H,
         hd]``, ``keys`` / ``values`` ``[Hkv, S, hd]`` -> ``[T, H * hd]`` float32."""
         out = attend_cuda(self._dense(q), self._dense(keys), self._dense(values), start, window, scale,
                           threads=self.threads)

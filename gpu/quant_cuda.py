@@ -1,5 +1,5 @@
 """GGUF block matrices multiplied on an NVIDIA GPU: numba-CUDA kernels for every format
-:class:`loomlab.core.llm.quant.QuantMatrix` holds (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and
+:class:`loomlab.core.llm.kernels.quant.QuantMatrix` holds (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and
 F32 / F16 / BF16 as float32).
 
 :class:`CudaQuantMatrix` copies a matrix's blocks and its float32 side arrays (block scales and
@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm.quant import FIVE, FORMATS, INT8, NIB4, QuantMatrix
+from loomlab.core.llm.kernels.quant import FIVE, FORMATS, INT8, NIB4, QuantMatrix
 
 from .cuda_common import (
     MAX_THREADS,

@@ -24,7 +24,7 @@ QT_FIXTURES = {"qtbot", "qapp"}
 @pytest.fixture(scope="module")
 def smollm2():
     """The built-in smollm2-135m, loaded once per test module (a test that morphs it puts it back)."""
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     with load_model("smollm2-135m") as model:
         yield model

@@ -3,7 +3,7 @@ completion mode for base models.
 
 A :class:`ChatPanel` is handed a :class:`~loomlab.views.workers.JobRunner` and a
 :class:`~loomlab.core.workspace.store.Workspace`; :meth:`ChatPanel.set_model` gives it a loaded
-:class:`~loomlab.core.llm.textmodel.TextModel`. What a chat does — the conversation, the request,
+:class:`~loomlab.core.llm.generate.textmodel.TextModel`. What a chat does — the conversation, the request,
 storing each token and finishing the reply with its metrics — is a Qt-free
 :class:`~loomlab.core.workspace.chat.ChatSession` (``loomlab chat`` uses the same one). The panel
 streams a session's :class:`~loomlab.core.workspace.chat.Reply` in a job and only draws: a timer
@@ -69,7 +69,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core.errors import LoomError
 from loomlab.core.io.atomic import write_atomic
-from loomlab.core.llm.textmodel import TextModel, TokenRecord
+from loomlab.core.llm.generate.textmodel import TextModel, TokenRecord
 from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_summary
 from loomlab.core.workspace.markdown import CODE, CODE_BLOCK, HEADING, markup
 from loomlab.core.workspace.store import Message, Workspace

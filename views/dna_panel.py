@@ -51,10 +51,10 @@ from PySide6.QtWidgets import (
 
 from loomlab.core import VolumetricNetwork, load_network
 from loomlab.core.evolve.dna_table import DNAReport, kind_of, model_path, model_report, network_report
-from loomlab.core.evolve.merge import METHODS as MERGE_METHODS
-from loomlab.core.evolve.merge import merge_models
 from loomlab.core.evolve.splicing import MODES as SPLICE_MODES
 from loomlab.core.evolve.splicing import SpliceConfig, splice
+from loomlab.core.llm.quality.merge import METHODS as MERGE_METHODS
+from loomlab.core.llm.quality.merge import merge_models
 
 from .scrolling import scrolling
 from .sort_items import SORT_ROLE, SortItem

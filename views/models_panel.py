@@ -44,11 +44,12 @@ from shiboken6 import isValid
 
 from loomlab.core import VolumetricNetwork, load_network
 from loomlab.core.layer_names import Parts, model_parts
-from loomlab.core.llm import discovery, model_info, registry
-from loomlab.core.llm.discovery import ModelEntry
-from loomlab.core.llm.model_info import CHAT, COMPLETION, ModelInfo
-from loomlab.core.llm.textmodel import TextModel, load_model
-from loomlab.core.llm.token_text import token_text
+from loomlab.core.llm.files import discovery, registry
+from loomlab.core.llm.files.discovery import ModelEntry
+from loomlab.core.llm.generate.textmodel import TextModel, load_model
+from loomlab.core.llm.model import model_info
+from loomlab.core.llm.model.model_info import CHAT, COMPLETION, ModelInfo
+from loomlab.core.llm.text.token_text import token_text
 from loomlab.core.units import format_bytes, format_count
 
 from .theme import ERROR_ON_DARK, ERROR_ON_LIGHT

@@ -475,7 +475,10 @@ class MorphPanel(QWidget):
         rows go back to their current format. Nothing morphs until :meth:`apply`. Returns how many
         rows were chosen; a recipe the engine refuses is reported in the status line, and changes
         nothing."""
-        from loomlab.core.llm.drift import resolve_recipe, weighted_layers  # the engine's reading of a recipe
+        from loomlab.core.llm.quality.drift import (  # the engine's reading of a recipe
+            resolve_recipe,
+            weighted_layers,
+        )
 
         try:
             plan = resolve_recipe(self._net, path)
@@ -492,7 +495,7 @@ class MorphPanel(QWidget):
         """Morph each layer whose chosen format differs from its current one (those the Sensitivity
         tab's patterns match) alone and rank them by KL, as ``loomlab quant-report --per-layer``
         does, in a job; the tab shows the result."""
-        from loomlab.core.llm.drift import DEFAULT_CTX, measure_drift
+        from loomlab.core.llm.quality.drift import DEFAULT_CTX, measure_drift
 
         model, view = self._model, self.sensitivity
         if model is None:
@@ -532,7 +535,7 @@ class MorphPanel(QWidget):
         """Write the language model shown, in its current formats, to ``path`` as GGUF in a job
         (cancellable; a failure or cancel leaves no file); :attr:`saved` follows. Layers in a Loom
         dtype GGUF has no type for are named in the status line and nothing is written."""
-        from loomlab.core.llm.gguf_export import export_gguf, export_refusal
+        from loomlab.core.llm.quality.gguf_export import export_gguf, export_refusal
 
         model = self._model
         refusal = export_refusal(model)  # reads names and dtypes only: no need for a job

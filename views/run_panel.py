@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.errors import LoomError
-from loomlab.core.llm.causal_lm import CausalLM
+from loomlab.core.llm.model.causal_lm import CausalLM
 from loomlab.core.network import VolumetricNetwork
 from loomlab.core.run_inputs import fit_input, golden_probe, input_spec, random_input, read_input_file
 from loomlab.core.train import LOSSES, OPTIMIZERS, TrainConfig, train

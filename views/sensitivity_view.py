@@ -1,8 +1,8 @@
 """Which layers of a language model are sensitive: each layer of a recipe morphed alone, ranked by
-the KL divergence it causes (core/llm/drift.py's ``measure_drift(..., per_layer=True)``, the numbers
+the KL divergence it causes (core/llm/quality/drift.py's ``measure_drift(..., per_layer=True)``, the numbers
 ``loomlab quant-report --per-layer`` prints).
 
-The view only draws a :class:`~loomlab.core.llm.drift.DriftReport`: a sortable table of its
+The view only draws a :class:`~loomlab.core.llm.quality.drift.DriftReport`: a sortable table of its
 layers (formatted as the command prints them) and a bar chart of KL mean per layer, most sensitive
 first. The Morph panel owns the measurement (a job in its queue, so it never races a morph of the
 same layers) and asks for one when :attr:`SensitivityView.measure_requested` fires; a row or a bar
@@ -141,7 +141,7 @@ class SensitivityView(QWidget):
         self.set_probe(self.probe, self.ctx)
 
     def show_report(self, report) -> None:
-        """Show a per-layer :class:`~loomlab.core.llm.drift.DriftReport`."""
+        """Show a per-layer :class:`~loomlab.core.llm.quality.drift.DriftReport`."""
         self.report = report
         self._names = [la.name for la in report.layers]
         s = report.stats

@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core import CallbackObserver, Layer, LayerEvent, LayerStats, VolumetricNetwork
 from loomlab.core.layer_names import LayerKey, LayerName, layer_name, model_parts
-from loomlab.core.llm.llm_layers import LLMGatedMLP
+from loomlab.core.llm.model.llm_layers import LLMGatedMLP
 from loomlab.core.network import BlueprintRow
 from loomlab.core.observe import LIVE_SAMPLE_HZ, check_rate
 

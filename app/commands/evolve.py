@@ -187,7 +187,7 @@ def cmd_evolve(args) -> int:
 def _save_best_recipe(run, path: str) -> None:
     """Print a quant-recipe run's best recipe in one line and save it where ``quant-report`` and
     ``quantize`` read it from."""
-    from loomlab.core.llm.recipe import save_recipe
+    from loomlab.core.llm.quality.recipe import save_recipe
 
     save_recipe(path, run.task.morphs(run.best))
     print(f"best recipe: {run.task.summary(run.best)}")

@@ -95,7 +95,7 @@ def _sampling(args) -> dict:
 
 def _response_format(args) -> dict | None:
     """``--json-schema`` / ``--regex`` as a response_format, checked before the model loads."""
-    from loomlab.core.llm.constrain import grammar_of
+    from loomlab.core.llm.generate.constrain import grammar_of
 
     if args.regex is not None:
         fmt = {"type": "regex", "pattern": args.regex}
@@ -112,7 +112,7 @@ def _response_format(args) -> dict | None:
 
 
 def _load(args):
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     return load_model(args.model, progress=progress_bar, backend=args.backend)
 
@@ -311,12 +311,12 @@ def cmd_bench(args) -> int:
 
     import numba
 
-    from loomlab.core.llm.quant import thread_chooser
+    from loomlab.core.llm.kernels.quant import thread_chooser
     from loomlab.core.procinfo import machine
 
     if args.tokens < 1 or args.repeat < 1:
         raise CliError("--tokens and --repeat must be >= 1")
-    from loomlab.core.llm.prefix_cache import PrefixCache
+    from loomlab.core.llm.generate.prefix_cache import PrefixCache
 
     with _load(args) as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt

@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def cmd_merge(args) -> int:
-    from loomlab.core.evolve.merge import merge_models
+    from loomlab.core.llm.quality.merge import merge_models
 
     if args.method == "task":
         if args.base is None:

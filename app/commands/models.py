@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def cmd_list(args) -> int:
-    from loomlab.core.llm.discovery import discover
+    from loomlab.core.llm.files.discovery import discover
 
     for folder in args.folders:
         if not os.path.exists(os.path.expanduser(folder)):
@@ -55,8 +55,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    from loomlab.core.llm import registry
-    from loomlab.core.llm.discovery import resolve
+    from loomlab.core.llm.files import registry
+    from loomlab.core.llm.files.discovery import resolve
 
     if args.alias not in registry.BUILTINS:
         local = resolve(args.alias)  # the one message for a name that means nothing
@@ -68,8 +68,8 @@ def cmd_fetch(args) -> int:
 
 def cmd_info(args) -> int:
     from loomlab.core.errors import ModelFormatError
-    from loomlab.core.llm.discovery import in_file, resolve
-    from loomlab.core.llm.model_info import describe
+    from loomlab.core.llm.files.discovery import in_file, resolve
+    from loomlab.core.llm.model.model_info import describe
     from loomlab.core.units import format_bytes
 
     path = resolve(args.model, progress=progress_bar)

@@ -1,10 +1,10 @@
 """``loomlab quant-report`` and ``loomlab quantize``: language models in other formats (no Qt).
 
 ``quant-report`` gives the numbers of llama.cpp's ``llama-perplexity --kl-divergence``
-(core/llm/drift.py): perplexity of the model as loaded and morphed, KL divergence statistics, RMS
+(core/llm/quality/drift.py): perplexity of the model as loaded and morphed, KL divergence statistics, RMS
 Δp and "same top p", and per layer on request (each layer morphed alone, ranked by KL).
 ``quantize`` morphs a model by a recipe and saves it as a GGUF file that llama.cpp runs
-(core/llm/gguf_export.py), as ``llama-quantize`` does.
+(core/llm/quality/gguf_export.py), as ``llama-quantize`` does.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def register(sub) -> None:
 
 
 def cmd_quant_report(args) -> int:
-    from loomlab.core.llm.drift import DEFAULT_CTX, measure_drift
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
+    from loomlab.core.llm.quality.drift import DEFAULT_CTX, measure_drift
 
     if args.top < 0:
         raise CliError(f"--top must be >= 0, got {args.top}")
@@ -71,9 +71,9 @@ def cmd_quant_report(args) -> int:
 
 def cmd_quantize(args) -> int:
     from loomlab.core.io.atomic import destination
-    from loomlab.core.llm.gguf_export import check_recipe_plan, export_gguf
-    from loomlab.core.llm.recipe import apply_recipe, fallback_summary, plan_recipe
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
+    from loomlab.core.llm.quality.gguf_export import check_recipe_plan, export_gguf
+    from loomlab.core.llm.quality.recipe import apply_recipe, fallback_summary, plan_recipe
 
     destination(args.output)  # a device, FIFO or folder is refused before the model loads
     with load_model(args.model, progress=progress_bar) as model:

@@ -34,7 +34,7 @@ def register(sub) -> None:
 def cmd_serve(args) -> int:
     from loomlab.app.serve import ConnectionLimits, Server
     from loomlab.app.serve.connections import default_max_connections
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be in 0..65535, got {args.port}")

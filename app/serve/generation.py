@@ -10,9 +10,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
-from loomlab.core.llm.batching import BatchEngine
-from loomlab.core.llm.sampling import SamplingParams
-from loomlab.core.llm.textmodel import TokenRecord
+from loomlab.core.llm.generate.batching import BatchEngine
+from loomlab.core.llm.generate.sampling import SamplingParams
+from loomlab.core.llm.generate.textmodel import TokenRecord
 
 from .replies import Choice
 

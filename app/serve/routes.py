@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from loomlab.core.errors import EngineProcessError, LoomConfigError, LoomError, LoomShapeError
-from loomlab.core.llm.batching import BatchEngine
-from loomlab.core.llm.chat_template import encode_chat
-from loomlab.core.llm.constrain import Constraint
-from loomlab.core.llm.textmodel import TextModel
+from loomlab.core.llm.generate.batching import BatchEngine
+from loomlab.core.llm.generate.constrain import Constraint
+from loomlab.core.llm.generate.textmodel import TextModel
+from loomlab.core.llm.text.chat_template import encode_chat
 
 from . import replies
 from .generation import Submission

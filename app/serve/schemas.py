@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.sampling import SamplingParams
+from loomlab.core.llm.generate.sampling import SamplingParams
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the engine
 MAX_PROMPTS = 16  # prompts of one text completion request (each times n is a sequence)

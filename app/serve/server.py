@@ -12,8 +12,8 @@ from collections.abc import Callable
 import uvicorn
 
 from loomlab.core.errors import LoomConfigError, LoomError
-from loomlab.core.llm.batching import BatchEngine
-from loomlab.core.llm.textmodel import TextModel
+from loomlab.core.llm.generate.batching import BatchEngine
+from loomlab.core.llm.generate.textmodel import TextModel
 
 from .connections import BoundedServer, ConnectionLimits, default_max_connections, protocol_class
 from .metrics import ServerMetrics

@@ -172,7 +172,7 @@ def stack_f64_parallel(x, w, layers, acts, out):
 
 # Below this many multiply-adds a call stays on the calling thread: waking numba's pool and
 # waiting at its barrier costs more than it saves, and a thread another process deschedules would
-# stall the whole call (see loomlab.core.llm.quant's notes on 2 shared cores). Measured on 2 cores:
+# stall the whole call (see loomlab.core.llm.kernels.quant's notes on 2 shared cores). Measured on 2 cores:
 # 1,000 members' 64->8 layer (0.5 M multiply-adds, 2 MB of weights) took 0.053 ms on one thread
 # and 0.020 ms on two.
 PARALLEL_MIN_MACS = 1 << 18

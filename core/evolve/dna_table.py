@@ -74,7 +74,7 @@ class DNAReport:
 # ----- what a thing is --------------------------------------------------------------------------
 def is_language_model(obj: Any) -> bool:
     """A loaded language model (a TextModel, or its CausalLM network)."""
-    from ..llm.causal_lm import CausalLM
+    from ..llm.model.causal_lm import CausalLM
 
     return isinstance(getattr(obj, "net", obj), CausalLM)
 
@@ -168,8 +168,8 @@ def model_report(a: Any, b: Any, *, width: int = DEFAULT_WIDTH, progress: Progre
 
 def _sign_model(model: Any, label: str, width: int, progress: Progress | None, cancel: Cancel) -> _Signed:
     if isinstance(model, str | os.PathLike):
-        from ..llm.discovery import resolve
-        from ..llm.loader import load_causal_lm
+        from ..llm.files.discovery import resolve
+        from ..llm.model.loader import load_causal_lm
 
         net = load_causal_lm(resolve(model, cancel=as_cancel_check(cancel)))
         try:

@@ -32,7 +32,7 @@ from ..dtypes import get_format, packed_nbytes
 from ..errors import LoomCancelled, LoomConfigError
 from ..io.bounded_read import parse_json_text
 from ..layer_names import layer_label
-from ..llm.llm_layers import MatrixStore, dense
+from ..llm.model.llm_layers import MatrixStore, dense
 from ..morph import weighted_cells
 from ..morph_probe import log_softmax
 from ..weights import WeightStore
@@ -75,7 +75,7 @@ class CacheInfo:
 
 
 class RecipeSpace:
-    """The recipes of ``model`` (a :class:`~loomlab.core.llm.textmodel.TextModel`) and their fitness.
+    """The recipes of ``model`` (a :class:`~loomlab.core.llm.generate.textmodel.TextModel`) and their fitness.
 
     Args:
         model: the language model, unmorphed (every weighted layer float32, i.e. as the file holds it).

@@ -119,7 +119,7 @@ class RecipeTask(Task):
     def space(self) -> RecipeSpace:
         """The model's recipe space, built on first use (loads the model, runs the probes)."""
         if self._space is None:
-            from ..llm.textmodel import load_model
+            from ..llm.generate.textmodel import load_model
 
             self.use_model(load_model(self.params["model"]))
         return self._space

@@ -44,7 +44,7 @@ from ..cancel import Cancel, as_cancel_check
 from ..enums import DTYPES, LAYER_TYPES, lookup
 from ..errors import LoomCancelled, LoomConfigError
 from ..layers.base import Layer
-from ..llm.llm_layers import Matrix, MatrixStore
+from ..llm.model.llm_layers import Matrix, MatrixStore
 from ..network import VolumetricNetwork
 from .dna import (
     DNA,
@@ -96,8 +96,8 @@ def compare_models(a, b, *, width: int = DEFAULT_WIDTH, progress: Progress | Non
             lambda _, done, total, stage=f"sketch {label}": progress(stage, done, total))
         if isinstance(model, str | os.PathLike):
             # here, not at the top: the loader brings numba's kernels, which signing a network never needs
-            from ..llm.discovery import resolve
-            from ..llm.loader import load_causal_lm
+            from ..llm.files.discovery import resolve
+            from ..llm.model.loader import load_causal_lm
 
             net = load_causal_lm(resolve(model, cancel=as_cancel_check(cancel)))
             try:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .textmodel import TextModel, load_model
+    from .generate.textmodel import TextModel, load_model
 
 __all__ = ["TextModel", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import textmodel
+        from .generate import textmodel
 
         return getattr(textmodel, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ store, with its metrics, when the stream ends for any reason. Readers in other t
 :attr:`Reply.records`, which only grows, so a window can draw a frame's worth of tokens at a time
 instead of handling one event per token.
 
-The session talks to the model only through :class:`~loomlab.core.llm.textmodel.TextModel`'s
+The session talks to the model only through :class:`~loomlab.core.llm.generate.textmodel.TextModel`'s
 public members: ``chat``/``generate``, ``context_length``, ``count_chat_tokens``, ``token_text``,
 ``metrics`` and ``name``.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import LoomError
-from ..llm.textmodel import Metrics, TextModel, TokenRecord
+from ..llm.generate.textmodel import Metrics, TextModel, TokenRecord
 from .store import Conversation, Message, Workspace, format_metrics
 
 NEW_TITLE = "New chat"

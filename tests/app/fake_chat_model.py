@@ -9,8 +9,8 @@ import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from loomlab.core.llm import textmodel
-from loomlab.core.llm.textmodel import Metrics, TokenRecord
+from loomlab.core.llm.generate import textmodel
+from loomlab.core.llm.generate.textmodel import Metrics, TokenRecord
 
 
 @dataclass

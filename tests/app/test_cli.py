@@ -133,7 +133,7 @@ def test_net_morph_report_covers_every_dtype(golden_net, capsys):
 
 
 def test_network_file_errors_name_the_file_and_say_what_it_is(golden_net, tmp_path, capsys):
-    from loomlab.core.llm import registry
+    from loomlab.core.llm.files import registry
 
     gguf = registry.fetch("smollm2-135m")
     assert main(["net", "info", str(gguf)]) == 2
@@ -246,7 +246,7 @@ def test_progress_on_a_terminal_redraws_one_line(monkeypatch, clock):
 def test_work_of_unknown_length_is_a_count_then_one_finished_line(monkeypatch, clock):
     """A first run's kernels: (stage, n, 0) while compiling, (stage, n, n) once ready."""
     from loomlab.app import cli
-    from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+    from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)

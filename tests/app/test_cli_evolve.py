@@ -23,8 +23,8 @@ from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io import load_network, save_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps, read_network
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.recipe import weighted_layers
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.quality.recipe import weighted_layers
 from loomlab.core.morph import morph_all
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from loomlab.app.cli import main
-from loomlab.core.llm.hf_files import open_hf
+from loomlab.core.llm.files.hf_files import open_hf
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-hf"
 

@@ -9,8 +9,8 @@ import pytest
 
 from loomlab.app.cli import main
 from loomlab.core.errors import ModelNotFoundError
-from loomlab.core.llm import registry
-from loomlab.core.llm.discovery import resolve
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.files.discovery import resolve
 
 
 def _gguf_header(tensors: int = 0, kvs: int = 0) -> bytes:
@@ -140,7 +140,7 @@ def _tiny_llama(folder, **changes):
 @pytest.mark.parametrize("key", SIZES)
 def test_models_info_refuses_a_size_of_the_wrong_type_as_loading_does(tmp_path, capsys, key, value):
     from loomlab.core.errors import ModelFormatError
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.model.loader import load_causal_lm
 
     folder = _tiny_llama(tmp_path, **{key: value})
     with pytest.raises(ModelFormatError) as loading:

@@ -1,5 +1,5 @@
 """``loomlab quant-report`` on SmolLM2-135M with a short probe and context (a few layers morphed, so
-each run takes seconds). Oracle: the engine's own measurement (core/llm/drift.py) of the same
+each run takes seconds). Oracle: the engine's own measurement (core/llm/quality/drift.py) of the same
 recipe, probe and context."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 import pytest
 
 from loomlab.app.cli import main
-from loomlab.core.llm.drift import default_probe, measure_drift
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.quality.drift import default_probe, measure_drift
 
 CTX = "128"
 RECIPE = {"blk.0.attn_q/k/v/output": "int8", "blk.0.ffn_gate/up/down": "int4", "output_norm": "int8"}
@@ -83,7 +83,7 @@ def test_json_per_layer_sorted_by_kl(files, capsys):
 
 def test_a_llama_cpp_preset_with_its_fallbacks(files, capsys):
     """Q4_K_M on SmolLM2 (rows of 576 weights): the plan's fallbacks are printed and in the JSON."""
-    from loomlab.core.llm.recipe import plan_recipe
+    from loomlab.core.llm.quality.recipe import plan_recipe
 
     argv = ["quant-report", "smollm2-135m", "--recipe", "Q4_K_M", "--probe", str(files / "probe.txt"),
             "--ctx", CTX]

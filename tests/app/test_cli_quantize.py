@@ -1,6 +1,6 @@
 """``loomlab quantize MODEL OUT.gguf --recipe R``: a recipe applied, then the model saved as GGUF.
 
-Oracles: the engine's own plan for the same recipe (core/llm/recipe.py: each tensor's type, which
+Oracles: the engine's own plan for the same recipe (core/llm/quality/recipe.py: each tensor's type, which
 gguf-py's reader must find in the file) and the in-memory morphed model's logits, which the
 written file must reproduce when loaded back."""
 
@@ -16,9 +16,11 @@ from gguf import GGUFReader
 
 from loomlab.app.cli import main
 from loomlab.core.errors import LoomCancelled
-from loomlab.core.llm import recipe, registry, textmodel
-from loomlab.core.llm.recipe import apply_recipe, plan_recipe
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate import textmodel
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.quality import recipe
+from loomlab.core.llm.quality.recipe import apply_recipe, plan_recipe
 
 RECIPE = {"blk.*.ffn_down": "Q8_0", "blk.0.attn_q/k/v/output": "Q4_0", "blk.1.attn_q/k/v/output": "float16"}
 PROMPT_IDS = np.array([[1, 504, 3458, 282, 4649, 314]])

@@ -12,7 +12,7 @@ import sys
 
 from PySide6.QtCore import Qt
 
-from loomlab.core.llm import quant
+from loomlab.core.llm.kernels import quant
 from loomlab.core.procinfo import release_memory, rss_bytes
 
 from ..core.goldens import forward_case

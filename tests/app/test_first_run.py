@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QApplication, QProgressDialog, QPushButton
 
 from loomlab.app.first_run import prepare_kernels
 from loomlab.core.errors import LoomCancelled
-from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 
 
 def dialogs() -> list[QProgressDialog]:

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QTabBar
 
 from loomlab.app.main_window import PANELS, STEP_PAUSE_MS, MainWindow
 from loomlab.core import load_network
-from loomlab.core.llm.tokenizer_process import TokenizerProcess
+from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
 from loomlab.core.morph import weighted_cells
 from loomlab.views.morph_panel import DTYPE, LAYER
 
@@ -144,7 +144,7 @@ def test_a_first_load_says_that_it_prepares_kernels_and_counts_them(window, qtbo
     import threading
 
     from loomlab.core.errors import LoomConfigError
-    from loomlab.core.llm.kernel_warmup import KERNELS_STAGE
+    from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 
     checked = threading.Event()
 

@@ -51,7 +51,7 @@ def test_demo_screenshots_of_the_dna_and_evolution_panels(tmp_path, qapp, panel)
 def test_screenshot_of_a_reply_from_a_loaded_model(tmp_path, qapp):
     # --model loads it (every panel takes it, one by one) before --prompt sends; the reply is
     # the model's greedy one (the chat panel's default preset), as the engine gives it
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     env = {**os.environ, "LOOMLAB_DATA": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     out = tmp_path / "chat.png"

@@ -28,8 +28,8 @@ from loomlab.app.cli import main
 from loomlab.app.serve import RequestLog, ServeError, Server, routes
 from loomlab.app.serve.connections import ConnectionLimits, ResourceWarnings
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.chat_template import encode_chat
-from loomlab.core.llm.constrain import Constraint
+from loomlab.core.llm.generate.constrain import Constraint
+from loomlab.core.llm.text.chat_template import encode_chat
 
 TIMEOUT = 300  # seconds: the shared 2-core machine can be slow, a hang still fails
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

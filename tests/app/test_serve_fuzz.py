@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from loomlab.app.serve.metrics import ServerMetrics
 from loomlab.app.serve.middleware import BodyDeadline, Guard
 from loomlab.app.serve.routes import Context, make_app
-from loomlab.core.llm.batching import BatchEngine
+from loomlab.core.llm.generate.batching import BatchEngine
 
 FUZZ = settings(max_examples=30, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -20,9 +20,9 @@ import json
 import time
 
 from loomlab.core.llm import load_model
-from loomlab.core.llm.batching import Batch, Request
-from loomlab.core.llm.prefix_cache import DEFAULT_BYTES, PrefixCache
-from loomlab.core.llm.sampling import SamplingParams
+from loomlab.core.llm.generate.batching import Batch, Request
+from loomlab.core.llm.generate.prefix_cache import DEFAULT_BYTES, PrefixCache
+from loomlab.core.llm.generate.sampling import SamplingParams
 from loomlab.core.procinfo import machine
 
 SEEDS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colours are",

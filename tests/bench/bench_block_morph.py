@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.block_morph import encode
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels.block_morph import encode
 from loomlab.core.morph import morph_all, morph_sublayer, weighted_cells
 from loomlab.core.procinfo import machine, release_memory, rss_bytes
 

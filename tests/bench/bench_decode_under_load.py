@@ -28,8 +28,8 @@ import time
 
 import numba
 
-from loomlab.core.llm import quant
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels import quant
 from loomlab.core.procinfo import machine
 
 PROMPT = ("The history of computing is a story of people and machines: from mechanical calculators "

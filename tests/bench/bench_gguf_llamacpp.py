@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loomlab.core.llm.drift import weighted_layers
-from loomlab.core.llm.gguf_export import export_gguf
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.quality.drift import weighted_layers
+from loomlab.core.llm.quality.gguf_export import export_gguf
 from loomlab.core.morph import morph_sublayer
 from loomlab.core.procinfo import machine
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from benchtools import best
 
 from loomlab.core.evolve.dna import compare_dna
-from loomlab.core.evolve.merge import merge_models
 from loomlab.core.evolve.sketch import DEFAULT_WIDTH, compare_models, sketch_dna
-from loomlab.core.llm.discovery import resolve
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files.discovery import resolve
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.quality.merge import merge_models
 from loomlab.core.morph import morph_all
 from loomlab.core.procinfo import machine, peak_rss_bytes
 

@@ -22,8 +22,9 @@ import numpy as np
 from benchtools import best
 from gguf import GGUFReader
 
-from loomlab.core.llm import quant, registry
-from loomlab.core.llm.quant import MATMUL_MIN_T, QuantMatrix
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels.quant import MATMUL_MIN_T, QuantMatrix
 from loomlab.core.procinfo import cpu_name
 
 

@@ -27,8 +27,10 @@ from benchtools import best
 from gguf import GGMLQuantizationType as GT
 from gguf import GGUFReader, quants
 
-from loomlab.core.llm import load_model, quant, registry
-from loomlab.core.llm.quant import QuantMatrix, single_threaded_blas
+from loomlab.core.llm import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels.quant import QuantMatrix, single_threaded_blas
 from loomlab.core.procinfo import cpu_name
 
 NEVER = 1 << 62

@@ -1,4 +1,4 @@
-"""Benchmark: decoding with 8-bit activations (core/llm/quant_int8.py) against the float kernels.
+"""Benchmark: decoding with 8-bit activations (core/llm/kernels/quant_int8.py) against the float kernels.
 
     python tests/bench/bench_quant_int8.py [--models smollm2-135m gemma3-270m] [--repeat 20]
         [--rounds 3] [--tokens 64] [--threads 2] [--skip-accuracy]
@@ -30,10 +30,10 @@ import numpy as np
 from benchtools import best
 from gguf import GGUFReader
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.quant import QuantMatrix, adaptive_threads
-from loomlab.core.llm.quant_int8 import int8_matvec, supports
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels.quant import QuantMatrix, adaptive_threads
+from loomlab.core.llm.kernels.quant_int8 import int8_matvec, supports
 from loomlab.core.procinfo import machine
 
 PROMPTS = [

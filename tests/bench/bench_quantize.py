@@ -23,9 +23,9 @@ from benchtools import best
 from gguf import GGMLQuantizationType as GT
 from gguf import GGUFReader, quants
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.quant import FORMATS
-from loomlab.core.llm.quantize import QUANTIZE_FORMATS, quantize
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels.quant import FORMATS
+from loomlab.core.llm.kernels.quantize import QUANTIZE_FORMATS, quantize
 from loomlab.core.procinfo import cpu_name
 
 

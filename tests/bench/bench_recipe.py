@@ -19,7 +19,7 @@ from benchtools import best
 
 from loomlab.core.evolve.gorand import GoRand
 from loomlab.core.evolve.recipe import RecipeSpace
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.procinfo import machine, peak_rss_bytes
 
 

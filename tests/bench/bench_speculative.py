@@ -18,8 +18,8 @@ import argparse
 import json
 
 from loomlab.core.llm import load_model
-from loomlab.core.llm.recipe import apply_recipe
-from loomlab.core.llm.speculative import DraftModel, PromptLookup
+from loomlab.core.llm.generate.speculative import DraftModel, PromptLookup
+from loomlab.core.llm.quality.recipe import apply_recipe
 from loomlab.core.procinfo import machine
 
 PARAGRAPH = ("The river Loom rises in the northern hills and runs for two hundred kilometres to the "

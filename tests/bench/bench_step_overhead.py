@@ -22,7 +22,9 @@ import json
 import time
 from contextlib import contextmanager
 
-from loomlab.core.llm import causal_lm, fused_decode, llm_layers, load_model, quant
+from loomlab.core.llm import load_model
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.model import causal_lm, fused_decode, llm_layers
 from loomlab.core.procinfo import machine
 
 

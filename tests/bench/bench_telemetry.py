@@ -19,7 +19,7 @@ import platform
 from PySide6.QtCore import QEventLoop
 from PySide6.QtWidgets import QApplication
 
-from loomlab.core.llm.textmodel import TextModel, load_model
+from loomlab.core.llm.generate.textmodel import TextModel, load_model
 from loomlab.core.procinfo import machine
 from loomlab.views.telemetry_panel import DEFAULT_RATE_HZ, DEFAULT_SAMPLE_HZ, TelemetryPanel
 from loomlab.views.workers import JobRunner

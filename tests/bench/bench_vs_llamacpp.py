@@ -20,9 +20,9 @@ import platform
 import subprocess
 import sys
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.prefix_cache import PrefixCache
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.prefix_cache import PrefixCache
+from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.procinfo import machine
 
 PROMPT = ("The history of computing is a story of people and machines: from mechanical calculators "

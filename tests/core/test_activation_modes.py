@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.quant_int8 import int8_enabled, int8_matvec
+from loomlab.core.llm.kernels.quant_int8 import int8_enabled, int8_matvec
 
 
 def _decode_logits(model, ids):

@@ -22,14 +22,14 @@ from loomlab.core import VolumetricNetwork
 from loomlab.core.errors import LoomConfigError, LoomShapeError, ModelFormatError
 from loomlab.core.layers.attention import MultiHeadAttention
 from loomlab.core.layers.base import make_layer
-from loomlab.core.llm import registry
-from loomlab.core.llm.gguf_file import open_gguf
-from loomlab.core.llm.hf_files import open_hf
-from loomlab.core.llm.layer_builders import attention_layer, mlp_layer
-from loomlab.core.llm.llm_layers import LLMHead, LLMRMSNorm, MatrixStore
-from loomlab.core.llm.loader import architecture, load_causal_lm
-from loomlab.core.llm.model_args import ModelArgs
-from loomlab.core.llm.rope import Rope, RopeConfig
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.files.gguf_file import open_gguf
+from loomlab.core.llm.files.hf_files import open_hf
+from loomlab.core.llm.model.layer_builders import attention_layer, mlp_layer
+from loomlab.core.llm.model.llm_layers import LLMHead, LLMRMSNorm, MatrixStore
+from loomlab.core.llm.model.loader import architecture, load_causal_lm
+from loomlab.core.llm.model.model_args import ModelArgs
+from loomlab.core.llm.model.rope import Rope, RopeConfig
 from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 

@@ -17,10 +17,12 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm import llm_layers, quant_int8_rows, registry
-from loomlab.core.llm.attention_kernel import attend
-from loomlab.core.llm.llm_layers import linear
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels import quant_int8_rows
+from loomlab.core.llm.kernels.attention_kernel import attend
+from loomlab.core.llm.model import llm_layers
+from loomlab.core.llm.model.llm_layers import linear
+from loomlab.core.llm.model.loader import load_causal_lm
 
 GOLDEN = Path(__file__).parents[1] / "data" / "llm" / "smollm2-135m-instruct-q4_1.json"
 
@@ -210,8 +212,8 @@ def test_appending_and_attending_for_a_batch_equals_each_sequence_alone(window):
     """append_and_attend (one call per layer and step for all sequences, float32 caches) against
     update_and_fetch + attend per sequence: the same cache contents and the same bits, for
     sequences at different offsets, one of them growing past its capacity."""
-    from loomlab.core.llm.attention_kernel import append_and_attend
-    from loomlab.core.llm.kv_cache import KVCache
+    from loomlab.core.llm.kernels.attention_kernel import append_and_attend
+    from loomlab.core.llm.model.kv_cache import KVCache
 
     rng = np.random.default_rng(7)
     B, T, H, Hkv, hd = 3, 2, 4, 2, 8

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.batching import Batch, BatchEngine, Request
-from loomlab.core.llm.prefix_cache import PrefixCache, common_prefix
-from loomlab.core.llm.sampling import SamplingParams
+from loomlab.core.llm.generate.batching import Batch, BatchEngine, Request
+from loomlab.core.llm.generate.prefix_cache import PrefixCache, common_prefix
+from loomlab.core.llm.generate.sampling import SamplingParams
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",
            "def fibonacci(n):", "The three primary colours are", "Water boils at",
@@ -334,7 +334,7 @@ def test_a_failing_prefill_fails_only_its_request(smollm2, monkeypatch):
 def test_a_failing_choice_fails_only_its_request(smollm2, monkeypatch):
     """A request's own choice raising (a constraint it cannot follow, say) mid-generation ends it
     with an "error" record carrying the exception; its neighbour in the batch goes on as alone."""
-    from loomlab.core.llm.textmodel import Decoding
+    from loomlab.core.llm.generate.textmodel import Decoding
 
     real = Decoding.choose
 

@@ -10,8 +10,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.block_morph import encode
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels.block_morph import encode
 from loomlab.core.morph import morph_all, morph_sublayer, weighted_cells
 
 
@@ -69,7 +69,7 @@ def test_a_format_whose_blocks_do_not_divide_the_rows_is_refused_before_anything
 def test_morphing_to_q8_0_drifts_little_as_llama_cpp_measures_it(smollm2):
     """Issue 14 §4: a Q8_0 morph of smollm2-135m: mean KL below 0.01 and the same top token in
     more than 95% of the positions, over the default probe text."""
-    from loomlab.core.llm.drift import measure_drift
+    from loomlab.core.llm.quality.drift import measure_drift
 
     report = measure_drift(smollm2, "Q8_0")
     stats = report.stats

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from loomlab.core.llm import model_info, registry
-from loomlab.core.llm.model_info import CHAT, COMPLETION, supports_chat
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.model import model_info
+from loomlab.core.llm.model.model_info import CHAT, COMPLETION, supports_chat
 
 
 @pytest.mark.parametrize(("alias", "mode", "template_in_file"), [

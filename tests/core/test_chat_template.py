@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 
 from loomlab.core.errors import LoomConfigError, ModelFormatError
-from loomlab.core.llm import chat_template
-from loomlab.core.llm.chat_template import ChatTemplate, ChatTemplateError, RenderLimits, encode_chat
+from loomlab.core.llm.text import chat_template
+from loomlab.core.llm.text.chat_template import ChatTemplate, ChatTemplateError, RenderLimits, encode_chat
 from tests.core.test_tokenizer import MODELS, gguf_metadata, gguf_tokenizer, golden
 
 CONVERSATION = [

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.constrain import Constraint
-from loomlab.core.llm.sampling import SamplingParams
+from loomlab.core.llm.generate.constrain import Constraint
+from loomlab.core.llm.generate.sampling import SamplingParams
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "student"],
           "properties": {"name": {"type": "string", "maxLength": 20},

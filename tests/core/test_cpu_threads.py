@@ -16,8 +16,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
-from loomlab.core.llm import quant
-from loomlab.core.llm.cpu_threads import (
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels.cpu_threads import (
     SLACK_CORES,
     CpuSample,
     ThreadChooser,
@@ -25,7 +25,7 @@ from loomlab.core.llm.cpu_threads import (
     read_busy_seconds,
     threads_for,
 )
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.quant import QuantMatrix
 from loomlab.core.procinfo import usable_cpus
 
 # user nice system idle iowait irq softirq steal guest guest_nice
@@ -255,7 +255,7 @@ def test_the_default_chooser_covers_numbas_pool():
 def test_generation_runs_with_the_chosen_count(fake_load):
     """TextModel holds adaptive_threads while it generates: between tokens the generating thread
     has the chooser's count, and its own count afterwards."""
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     top = numba.config.NUMBA_NUM_THREADS
     before = numba.get_num_threads()

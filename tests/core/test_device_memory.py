@@ -11,7 +11,7 @@ import pytest
 
 from loomlab.core.backend import NUMPY, Backend, DeviceMemory, backend_names, device_memory
 from loomlab.core.errors import LoomConfigError, ModelNotFoundError
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
 
 from .fake_cupy import GiB, MiB, cupy_like
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from loomlab.core.errors import LoomConfigError, ModelFormatError, ModelNotFoundError
-from loomlab.core.llm import discovery, registry
-from loomlab.core.llm.discovery import discover, resolve
-from loomlab.core.llm.gguf_file import open_gguf
+from loomlab.core.llm.files import discovery, registry
+from loomlab.core.llm.files.discovery import discover, resolve
+from loomlab.core.llm.files.gguf_file import open_gguf
 
 
 def _gguf(path, size=32):
@@ -196,7 +196,7 @@ def test_a_name_two_models_share_is_refused_naming_both(home):
 
 def test_load_model_goes_through_the_resolver_and_is_exported(home):
     from loomlab.core import llm
-    from loomlab.core.llm import textmodel
+    from loomlab.core.llm.generate import textmodel
 
     assert llm.load_model is textmodel.load_model and llm.TextModel is textmodel.TextModel
     with pytest.raises(ModelNotFoundError, match="no model 'no-such-model'"):

@@ -11,7 +11,7 @@ import numpy as np
 from loomlab.core import VolumetricNetwork, make_layer
 from loomlab.core.evolve.dna import compare_dna, extract_dna
 from loomlab.core.evolve.dna_table import model_report
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_sublayer
 
 TINY_LLAMA = Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-llama"

@@ -1,4 +1,4 @@
-"""Output drift as llama.cpp's ``llama-perplexity --kl-divergence`` reports it (core/llm/drift.py).
+"""Output drift as llama.cpp's ``llama-perplexity --kl-divergence`` reports it (core/llm/quality/drift.py).
 
 Oracles: the statistics against a brute-force numpy computation written out from llama.cpp's
 definitions (explicit log-softmax, KL sum, its percentile and median conventions, its ± formulas);
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
-from loomlab.core.llm.drift import (
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.quality.drift import (
     DriftAccumulator,
     default_probe,
     drift_stats,
@@ -25,7 +26,6 @@ from loomlab.core.llm.drift import (
     resolve_recipe,
     weighted_layers,
 )
-from loomlab.core.llm.textmodel import load_model
 from loomlab.core.morph import morph_sublayer
 
 CTX = 128  # 4 chunks of the short probe: 252 scored positions, ~4 s a measurement

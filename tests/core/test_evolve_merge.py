@@ -21,11 +21,12 @@ import pytest
 from safetensors.numpy import save_file
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
-from loomlab.core.evolve.merge import merge_models, schedule_value
 from loomlab.core.io.output_folder import MARKER
-from loomlab.core.llm import load_model, registry
-from loomlab.core.llm.hf_files import open_hf
-from loomlab.core.llm.loader import architecture, load_causal_lm
+from loomlab.core.llm import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.files.hf_files import open_hf
+from loomlab.core.llm.model.loader import architecture, load_causal_lm
+from loomlab.core.llm.quality.merge import merge_models, schedule_value
 
 from .test_architectures import TINY, llama_cpp_permute, reference, write_gguf
 
@@ -283,7 +284,7 @@ def test_an_input_or_a_folder_holding_one_is_refused_even_when_forced(tmp_path, 
 
 MERGER = """
 import sys, time
-from loomlab.core.evolve.merge import merge_models
+from loomlab.core.llm.quality.merge import merge_models
 
 def progress(stage, done, total):
     if done == 1:

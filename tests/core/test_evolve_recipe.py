@@ -19,8 +19,8 @@ from loomlab.core.evolve.recipe import (
     recipe_to_bytes,
     recipe_to_json,
 )
-from loomlab.core.llm import registry
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.morph import morph_sublayer, weighted_cells
 from loomlab.core.morph_probe import llm_probe
 

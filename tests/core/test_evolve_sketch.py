@@ -15,9 +15,9 @@ from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.dna import compare_dna, extract_dna
 from loomlab.core.evolve.sketch import DEFAULT_WIDTH, compare_models, sketch_dna, sketch_vector
 from loomlab.core.layers.base import make_layer
-from loomlab.core.llm import registry
-from loomlab.core.llm.llm_layers import dense
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.model.llm_layers import dense
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_all
 
 TOLERANCE = 0.02  # issue 12 §5: sketch cosine within 0.02 of the exact cosine

@@ -1,4 +1,4 @@
-"""The int8 mode's fused decode step (core/llm/fused_decode.py) against its oracle, the grid path:
+"""The int8 mode's fused decode step (core/llm/model/fused_decode.py) against its oracle, the grid path:
 every step's logits bit for bit, on the real SmolLM2 and on small llama-style decoders of every
 feature the step reads (block formats, biases, Q/K norms, sliding windows, RoPE layouts, tied or
 untied heads); and every case it must leave to the grid (observers, morphed or disabled layers,
@@ -22,14 +22,14 @@ import pytest
 
 from loomlab.core.activations import GELU, SILU, SQRT_2_OVER_PI, activate
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm import causal_lm, fused_decode
-from loomlab.core.llm.block_morph import encode
-from loomlab.core.llm.layer_builders import assemble_causal_lm, build_decoder, decoder_block, mlp_layer
-from loomlab.core.llm.llm_layers import LLMGatedMLP, LLMHead
-from loomlab.core.llm.mlp_kernel import gated
-from loomlab.core.llm.model_args import ModelArgs
-from loomlab.core.llm.quant_int8 import int8_activations
-from loomlab.core.llm.rope import RopeConfig
+from loomlab.core.llm.kernels.block_morph import encode
+from loomlab.core.llm.kernels.mlp_kernel import gated
+from loomlab.core.llm.kernels.quant_int8 import int8_activations
+from loomlab.core.llm.model import causal_lm, fused_decode
+from loomlab.core.llm.model.layer_builders import assemble_causal_lm, build_decoder, decoder_block, mlp_layer
+from loomlab.core.llm.model.llm_layers import LLMGatedMLP, LLMHead
+from loomlab.core.llm.model.model_args import ModelArgs
+from loomlab.core.llm.model.rope import RopeConfig
 from loomlab.core.morph import morph_layer, morph_sublayer
 from loomlab.core.observe import CallbackObserver
 
@@ -134,7 +134,7 @@ def test_smollm2_generation_is_the_grid_bit_for_bit(smollm2, spy, monkeypatch, n
 
 @pytest.fixture(scope="module")
 def gemma3():
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     with load_model("gemma3-270m") as model:
         yield model

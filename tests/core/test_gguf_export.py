@@ -15,10 +15,10 @@ from gguf import GGMLQuantizationType as GT
 from gguf import GGUFReader, LlamaFileType
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
-from loomlab.core.llm.gguf_export import export_gguf, export_refusal
-from loomlab.core.llm.gguf_file import open_gguf
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files.gguf_file import open_gguf
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.quality.gguf_export import export_gguf, export_refusal
 from loomlab.core.morph import morph_sublayer
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
@@ -27,7 +27,7 @@ CHANGED_KEYS = {"general.file_type", "general.quantized_by"}
 
 def weighted(net) -> dict[str, tuple[int, object]]:
     """Each weighted layer by its name (blk.0.attn_q/k/v/output ...): (cell, layer)."""
-    from loomlab.core.llm.drift import weighted_layers
+    from loomlab.core.llm.quality.drift import weighted_layers
 
     return {w.name: (w.cell, w.layer) for w in weighted_layers(net)}
 
@@ -128,7 +128,7 @@ def test_a_morphed_model_reopens_with_the_same_logits_and_its_new_encodings(smol
     gate = written["blk.2.ffn_gate.weight"]
     assert GT(gate.tensor_type) == GT.BF16
     assert np.array_equal(np.asarray(gate.data).view(np.uint16), (bf16_gate.view(np.uint32) >> 16))
-    from loomlab.core.llm.drift import weighted_layers
+    from loomlab.core.llm.quality.drift import weighted_layers
 
     # every other tensor is the file's, byte for byte (the table too: only the head left it)
     morphed = {t for w in weighted_layers(smollm2.net) if w.name in MIX for t in w.tensors}

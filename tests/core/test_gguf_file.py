@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
 from loomlab.core.errors import ModelFormatError
-from loomlab.core.llm import gguf_file, registry
-from loomlab.core.llm.gguf_file import open_gguf
+from loomlab.core.llm.files import gguf_file, registry
+from loomlab.core.llm.files.gguf_file import open_gguf
 
 from .bad_input import raises_quickly_and_small
 

@@ -15,8 +15,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from loomlab.core.errors import ModelFormatError
-from loomlab.core.llm import hf_files
-from loomlab.core.llm.hf_files import open_hf
+from loomlab.core.llm.files import hf_files
+from loomlab.core.llm.files.hf_files import open_hf
 
 from .bad_input import raises_quickly_and_small
 

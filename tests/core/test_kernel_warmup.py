@@ -7,7 +7,7 @@ import pytest
 from numba import njit
 
 from loomlab.core.errors import LoomCancelled
-from loomlab.core.llm.kernel_warmup import KERNELS_STAGE, compile_progress
+from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE, compile_progress
 
 
 def fresh_kernel(module: str):
@@ -47,7 +47,7 @@ def test_a_cancel_stops_before_the_next_kernel_and_the_listener_goes_away():
 
 def test_a_loaded_model_has_its_kernels_ready_and_its_step_count_untouched(smollm2):
     """load_model warmed the model's path: warming again compiles nothing and reports nothing."""
-    from loomlab.core.llm.kernel_warmup import warm_model
+    from loomlab.core.llm.kernels.kernel_warmup import warm_model
 
     seen, steps = [], smollm2.net.step_count
     assert warm_model(smollm2.net, lambda *a: seen.append(a)) == 0

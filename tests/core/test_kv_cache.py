@@ -11,10 +11,10 @@ import pytest
 
 from loomlab.core import VolumetricNetwork
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.kv_cache import CachedRun, KVCache
-from loomlab.core.llm.layer_builders import attention_layer
-from loomlab.core.llm.model_args import ModelArgs
-from loomlab.core.llm.rope import Rope, RopeConfig
+from loomlab.core.llm.model.kv_cache import CachedRun, KVCache
+from loomlab.core.llm.model.layer_builders import attention_layer
+from loomlab.core.llm.model.model_args import ModelArgs
+from loomlab.core.llm.model.rope import Rope, RopeConfig
 
 
 def test_kv_cache_appends_fetches_and_trims():

@@ -12,9 +12,9 @@ import pytest
 from loomlab.core import VolumetricNetwork, make_layer
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.layer_names import layer_label, layer_name
-from loomlab.core.llm import registry
-from loomlab.core.llm.gguf_file import open_gguf
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.files.gguf_file import open_gguf
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_sublayer
 
 MODELS = ("smollm2-135m", "gemma3-270m")

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.causal_lm import CausalLM
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.model.causal_lm import CausalLM
+from loomlab.core.llm.model.loader import load_causal_lm
 
 DATA = Path(__file__).parents[1] / "data"
 BUILTIN = {"smollm2-135m": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma3-270m-q4_k_m"}
@@ -80,7 +80,7 @@ def assert_same_continuation(tokens: list[int], reference: list[int], steps: lis
 MEMORY_PROBE = """
 import sys
 import numpy as np
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.model.loader import load_causal_lm
 
 def rss():
     with open("/proc/self/status") as f:

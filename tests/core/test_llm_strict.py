@@ -23,14 +23,14 @@ import pytest
 
 from loomlab.core.backend import NUMPY, get_backend, to_host
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.attention_kernel import attend
-from loomlab.core.llm.device_kernels import LLMKernels, kernels_for
-from loomlab.core.llm.kv_cache import KVCache
-from loomlab.core.llm.llm_layers import LLMAttention, Uploads
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.prefix_cache import PrefixCache
-from loomlab.core.llm.sampling import argmax_id
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.prefix_cache import PrefixCache
+from loomlab.core.llm.generate.sampling import argmax_id
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels.attention_kernel import attend
+from loomlab.core.llm.kernels.device_kernels import LLMKernels, kernels_for
+from loomlab.core.llm.model.kv_cache import KVCache
+from loomlab.core.llm.model.llm_layers import LLMAttention, Uploads
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_layer
 
 from .test_backend_strict_engine import TransferCounter

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loomlab.core.errors import LoomError
-from loomlab.core.llm import gguf_file
-from loomlab.core.llm.loader import ARCHITECTURES, load_causal_lm
-from loomlab.core.llm.model_info import describe
+from loomlab.core.llm.files import gguf_file
+from loomlab.core.llm.model.loader import ARCHITECTURES, load_causal_lm
+from loomlab.core.llm.model.model_info import describe
 
 TINY_LLAMA = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-llama"
 SECONDS = 2.0  # per input, describe and load together

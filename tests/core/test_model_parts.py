@@ -10,7 +10,7 @@ import numpy as np
 
 from loomlab.core import VolumetricNetwork, make_layer
 from loomlab.core.layer_names import Parts, layer_name, model_parts
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.model.loader import load_causal_lm
 
 TINY_LLAMA = Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-llama"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import LoomConfigError, VolumetricNetwork, make_layer
-from loomlab.core.llm.llm_layers import LLMEmbedding
+from loomlab.core.llm.model.llm_layers import LLMEmbedding
 from loomlab.core.morph import (
     dtype_sweep,
     layer_report,

@@ -8,9 +8,10 @@ import pytest
 from gguf import GGUFReader
 
 from loomlab.core import VolumetricNetwork, make_layer
-from loomlab.core.llm import model_info, registry
-from loomlab.core.llm.llm_layers import LLMEmbedding, LLMHead, LLMRMSNorm
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.model import model_info
+from loomlab.core.llm.model.llm_layers import LLMEmbedding, LLMHead, LLMRMSNorm
 from loomlab.core.morph import morph_sublayer
 
 VOCAB, D = 50, 8

@@ -1,9 +1,9 @@
-"""The compiled RMSNorm (core/llm/norm_kernel.py) against numpy's operations, bit for bit."""
+"""The compiled RMSNorm (core/llm/kernels/norm_kernel.py) against numpy's operations, bit for bit."""
 
 import numpy as np
 import pytest
 
-from loomlab.core.llm.llm_layers import rms_norm, rms_norm_xp
+from loomlab.core.llm.model.llm_layers import rms_norm, rms_norm_xp
 
 F32 = np.float32
 WIDTHS = [1, 2, 7, 8, 9, 15, 16, 17, 64, 100, 127, 128, 129, 136, 255, 256, 257, 576, 640, 1000, 1536, 2048]

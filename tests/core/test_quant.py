@@ -21,8 +21,9 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomShapeError, ModelFormatError
-from loomlab.core.llm import quant, registry
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels.quant import QuantMatrix
 
 QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q6_K]
 # gguf-py can quantize these; K-quants it only dequantizes, so their blocks are random bytes.

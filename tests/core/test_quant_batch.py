@@ -15,9 +15,10 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm import load_model, quant
-from loomlab.core.llm.llm_layers import linear
-from loomlab.core.llm.quant import QuantMatrix, float_matmul
+from loomlab.core.llm import load_model
+from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels.quant import QuantMatrix, float_matmul
+from loomlab.core.llm.model.llm_layers import linear
 
 from .test_quant import QUANTIZED, assert_product_close, random_blocks
 

@@ -26,16 +26,16 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm import quant_int8_rows
-from loomlab.core.llm.quant import ROW_CHUNK, QuantMatrix
-from loomlab.core.llm.quant_int8 import (
+from loomlab.core.llm.kernels import quant_int8_rows
+from loomlab.core.llm.kernels.quant import ROW_CHUNK, QuantMatrix
+from loomlab.core.llm.kernels.quant_int8 import (
     int8_activations,
     int8_enabled,
     int8_matmul,
     int8_matvec,
     quantize_activations,
 )
-from loomlab.core.llm.quant_int8_tiles import TILE, TILE_KINDS
+from loomlab.core.llm.kernels.quant_int8_tiles import TILE, TILE_KINDS
 
 from .test_quant import QUANTIZED, gemma3, random_blocks, smollm2  # noqa: F401 (fixtures)
 
@@ -290,7 +290,7 @@ VNNI_PROBE = """
 import re
 import numpy as np
 from gguf import GGMLQuantizationType as GT
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.quant import QuantMatrix
 from loomlab.core.llm import quant_int8
 m = QuantMatrix(np.zeros((1, 20), np.uint8), GT.Q4_1, (1, 32))
 quant_int8.int8_matvec(m, np.zeros(32, np.float32))
@@ -320,7 +320,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
 from loomlab.core.llm import quant_int8
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.quant import QuantMatrix
 from loomlab.core.llm import quant_int8_rows
 assert not quant_int8_rows.host_has_vnni()
 with np.load(sys.argv[1]) as f:
@@ -372,7 +372,7 @@ def test_fp16_round_is_the_float16_conversion():
     largest value, exact ties, both signs, zeros and the overflow edge at 65520."""
     from numba import njit
 
-    from loomlab.core.llm.quant_int8_rows import fp16_round
+    from loomlab.core.llm.kernels.quant_int8_rows import fp16_round
 
     rounded = njit(lambda v: fp16_round(v))
     rng = np.random.default_rng(3)
@@ -397,7 +397,7 @@ def test_parallel_chunks_are_whole_tiles():
 def test_products_of_several_matrices_equal_each_alone():
     """int8_products runs the rows of several matrices with one quantization of X per kind of
     activations, in one parallel loop: each result has the bits of that matrix's own call."""
-    from loomlab.core.llm.quant_int8 import int8_products
+    from loomlab.core.llm.kernels.quant_int8 import int8_products
 
     rng = np.random.default_rng(11)
     cols = 512

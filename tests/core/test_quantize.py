@@ -15,9 +15,9 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm import registry
-from loomlab.core.llm.quant import QuantMatrix
-from loomlab.core.llm.quantize import QUANTIZE_FORMATS, quantize, quantize_matrix
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.kernels.quant import QuantMatrix
+from loomlab.core.llm.kernels.quantize import QUANTIZE_FORMATS, quantize, quantize_matrix
 from tests.oracles import llamacpp
 
 from .test_quant import assert_product_close

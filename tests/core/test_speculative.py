@@ -11,8 +11,8 @@ import pytest
 
 from loomlab.core.errors import LoomConfigError
 from loomlab.core.llm import load_model
-from loomlab.core.llm.recipe import apply_recipe
-from loomlab.core.llm.speculative import DraftModel, PromptLookup
+from loomlab.core.llm.generate.speculative import DraftModel, PromptLookup
+from loomlab.core.llm.quality.recipe import apply_recipe
 
 PARAGRAPH = ("The river Loom rises in the northern hills and runs for two hundred kilometres to the "
              "sea. Its valley was settled by weavers in the twelfth century, who used the fast water "

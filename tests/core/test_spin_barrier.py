@@ -1,4 +1,4 @@
-"""The spinning barrier of core/llm/spin_barrier.py: its counters' layout, that threads meeting at
+"""The spinning barrier of core/llm/kernels/spin_barrier.py: its counters' layout, that threads meeting at
 it see each other's writes (the oracle: what the other thread wrote before the meeting), and that
 an abandoned region makes every meeting return False."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import get_thread_id, njit, prange
 
-from loomlab.core.llm.spin_barrier import PAD, abort, counters, meet
+from loomlab.core.llm.kernels.spin_barrier import PAD, abort, counters, meet
 
 ROUNDS = 2000
 

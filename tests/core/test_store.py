@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import pytest
 
 from loomlab.core.errors import LoomError
-from loomlab.core.llm.sampling import SamplingParams
+from loomlab.core.llm.generate.sampling import SamplingParams
 from loomlab.core.workspace.store import (
     FILENAME,
     SCHEMA_VERSION,

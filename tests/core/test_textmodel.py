@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.sampling import log_softmax
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.sampling import log_softmax
+from loomlab.core.llm.generate.textmodel import load_model
 
 GOLDEN = json.loads((Path(__file__).resolve().parent.parent / "data" / "llm" /
                      "smollm2-135m-instruct-q4_1.json").read_text())
@@ -112,7 +112,7 @@ def test_context_policies(model, monkeypatch):
     with pytest.raises(LoomShapeError, match="context length"):
         model.chat(long, max_tokens=20)
     reply = list(model.chat(long, max_tokens=20, context_policy="drop_oldest"))
-    from loomlab.core.llm.chat_template import encode_chat
+    from loomlab.core.llm.text.chat_template import encode_chat
 
     kept = encode_chat(model.tokenizer, model.template, long[1:])
     assert len(encode_chat(model.tokenizer, model.template, long)) + 20 > 80 >= len(kept) + 20
@@ -147,7 +147,7 @@ def test_info(model):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_top_k_is_a_stable_argsort_without_sorting_everything(seed):
-    from loomlab.core.llm.textmodel import top_k
+    from loomlab.core.llm.generate.textmodel import top_k
 
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 20, 1000).astype(np.float32)  # many ties, at the boundary too

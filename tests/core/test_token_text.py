@@ -3,7 +3,7 @@ for byte-level BPE spellings (GPT-2's byte table) and SentencePiece byte tokens 
 
 from __future__ import annotations
 
-from loomlab.core.llm.token_text import token_bytes, token_text
+from loomlab.core.llm.text.token_text import token_bytes, token_text
 
 
 class Vocabulary:

@@ -16,9 +16,9 @@ from tokenizers.models import BPE, WordLevel
 from tokenizers.pre_tokenizers import Metaspace, Whitespace
 
 from loomlab.core.errors import LoomConfigError, ModelFormatError
-from loomlab.core.llm import registry
-from loomlab.core.llm.gguf_file import open_gguf
-from loomlab.core.llm.tokenizer import GPT2_PRE_TOKENIZERS, Tokenizer
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.files.gguf_file import open_gguf
+from loomlab.core.llm.text.tokenizer import GPT2_PRE_TOKENIZERS, Tokenizer
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 GOLDEN = {"smollm2-135m": "smollm2-135m-instruct-q4_1.json", "gemma3-270m": "gemma3-270m-q4_k_m.json"}

@@ -12,9 +12,10 @@ import pytest
 
 from loomlab.core import pipe_messages
 from loomlab.core.errors import EngineProcessError, LoomConfigError, ModelFormatError
-from loomlab.core.llm import registry, tokenizer_process
-from loomlab.core.llm.textmodel import load_model
-from loomlab.core.llm.tokenizer_process import TokenizerProcess
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.text import tokenizer_process
+from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
 
 from .test_tokenizer import EXTRA_TEXTS, MODELS, cases, gguf_tokenizer, tiny_tokenizer_json
 

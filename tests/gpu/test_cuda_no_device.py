@@ -27,7 +27,8 @@ def test_importing_the_gpu_package_loads_no_cuda_target():
 
 
 @pytest.mark.parametrize("call", [
-    "from loomlab.gpu.quant_cuda import CudaQuantMatrix; from loomlab.core.llm.quant import QuantMatrix;"
+    "from loomlab.gpu.quant_cuda import CudaQuantMatrix;"
+    "from loomlab.core.llm.kernels.quant import QuantMatrix;"
     "CudaQuantMatrix(QuantMatrix(np.zeros((1, 32), np.float32), 0, (1, 32)))",
     "from loomlab.gpu.attention_cuda import attend; attend(np.zeros((1, 1, 4), np.float32),"
     "np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32), 0, None, 1.0)",

@@ -1,5 +1,5 @@
 """Decode attention on the GPU (gpu/attention_cuda.py) in numba's CUDA simulator, against the CPU
-kernel :func:`loomlab.core.llm.attention_kernel.attend`.
+kernel :func:`loomlab.core.llm.kernels.attention_kernel.attend`.
 
 Tolerance: the scores are the same float32 operations on both sides; the exponentials are each
 within 2 ulp of e**x on both (the CPU's polynomial, CUDA's ``expf``: 4 ulp apart at most), and
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm.attention_kernel import attend
+from loomlab.core.llm.kernels.attention_kernel import attend
 
 pytestmark = pytest.mark.cuda_simulator
 THREADS = 32  # the simulator runs every GPU thread as a Python thread: one warp per block

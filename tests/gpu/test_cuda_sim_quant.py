@@ -17,7 +17,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.quant import QuantMatrix
 
 from ..core.test_quant import QUANTIZED, random_blocks
 

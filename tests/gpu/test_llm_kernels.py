@@ -1,7 +1,7 @@
 """The language-model kernels of the cupy backend (gpu/llm_kernels.py) in numba's CUDA simulator,
 on a backend whose namespace is numpy: ``upload`` + ``linear`` against the CPU kernels
 (``QuantMatrix.matmul`` / ``matvec``) for every format, ``attend`` against
-:func:`loomlab.core.llm.attention_kernel.attend`, and a small model's decode steps through them
+:func:`loomlab.core.llm.kernels.attention_kernel.attend`, and a small model's decode steps through them
 against the numpy path. Tolerances are the kernel tests' (their module docstrings derive them):
 the same float32 operations summed in another order.
 """
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.backend import Backend
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm.attention_kernel import attend
-from loomlab.core.llm.quant import QuantMatrix
+from loomlab.core.llm.kernels.attention_kernel import attend
+from loomlab.core.llm.kernels.quant import QuantMatrix
 
 from ..core.test_quant import QUANTIZED
 from .test_cuda_sim_attention import CASES as ATTEND_CASES
@@ -158,8 +158,8 @@ def test_a_model_steps_through_the_kernels_as_the_numpy_path_does():
     magnitude), and the float32 matrix products by their summation order (test_llm_strict's
     RTOL); the logits agree within 1e-5 of their largest magnitude, far below one wrong key or
     head (which moves them by ~1e-2 of it here)."""
-    from loomlab.core.llm.loader import load_causal_lm
-    from loomlab.core.llm.sampling import argmax_id
+    from loomlab.core.llm.generate.sampling import argmax_id
+    from loomlab.core.llm.model.loader import load_causal_lm
     from loomlab.gpu.llm_kernels import CudaLLMKernels
 
     path = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-gemma3"

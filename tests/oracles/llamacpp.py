@@ -1,6 +1,6 @@
 """llama.cpp's reference quantizers (``quantize_row_*_ref`` in ``ggml/src/ggml-quants.c``),
 compiled from llama.cpp's own C and called through ctypes: the oracle for
-``loomlab.core.llm.quantize``.
+``loomlab.core.llm.kernels.quantize``.
 
 The C comes from PyPI: the sdist of ``llama-cpp-python`` (pinned in :data:`VERSION`) vendors
 llama.cpp. :func:`load` downloads it once with pip, compiles ``ggml-quants.c`` alone with gcc into

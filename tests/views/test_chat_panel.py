@@ -12,8 +12,8 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtWidgets import QApplication, QMessageBox, QStyle
 
-from loomlab.core.llm.chat_template import encode_chat
-from loomlab.core.llm.textmodel import load_model
+from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.text.chat_template import encode_chat
 from loomlab.core.workspace.chat import REGENERATE_SAMPLING, reply_summary
 from loomlab.core.workspace.store import Workspace
 from loomlab.views.chat_panel import COMPLETION_TAB, PRESETS, ChatPanel

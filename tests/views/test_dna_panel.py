@@ -18,10 +18,10 @@ from loomlab.core.evolve import NEATConfig, get_task, neat_mutate
 from loomlab.core.evolve.clone import clone_network
 from loomlab.core.evolve.dna import compare_dna
 from loomlab.core.evolve.dna_table import model_report
-from loomlab.core.evolve.merge import merge_models
 from loomlab.core.evolve.sketch import compare_models
 from loomlab.core.evolve.splicing import SpliceConfig, splice
 from loomlab.core.io.loom_json import dumps
+from loomlab.core.llm.quality.merge import merge_models
 from loomlab.core.morph import morph_layer
 from loomlab.views import dna_panel
 from loomlab.views.dna_panel import LAYER, OVERLAP, POSITION, DNAPanel
@@ -359,7 +359,7 @@ def test_bad_input_gives_one_message_and_no_crash(qtbot, panel, tmp_path):
 def test_smollm2_and_its_morphed_copy(qtbot, panel):
     """The loaded model and a copy with one MLP morphed to int8: every layer overlaps 1 but that
     MLP, which stays close (compared across dtypes); the cells are compare_models' numbers."""
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
     from loomlab.core.morph import morph_sublayer
 
     with load_model("smollm2-135m") as model, load_model("smollm2-135m") as copy:
@@ -379,7 +379,7 @@ def test_smollm2_and_its_morphed_copy(qtbot, panel):
 
 # ----- colours scaled to the data, labels that do not overprint -----------------------------------------
 def test_a_model_against_its_morphed_copy_colours_the_morphed_layer_apart(qtbot, panel):
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.model.loader import load_causal_lm
     from loomlab.core.morph import morph_sublayer
 
     a, b = load_causal_lm(TINY / "tiny-llama"), load_causal_lm(TINY / "tiny-llama")

@@ -277,8 +277,8 @@ class ByteTokenizer:
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from loomlab.core.llm.loader import load_causal_lm
-    from loomlab.core.llm.textmodel import TextModel
+    from loomlab.core.llm.generate.textmodel import TextModel
+    from loomlab.core.llm.model.loader import load_causal_lm
 
     return TextModel(load_causal_lm(TINY_LLAMA), ByteTokenizer(), None, name="tiny-llama")
 

@@ -79,8 +79,8 @@ def test_telemetry_labels_its_columns_and_colour_bar_and_hints_when_empty(qtbot,
 
 
 def test_a_language_models_heatmap_names_its_blocks_as_every_panel_does(qtbot, panels):
-    from loomlab.core.llm import registry
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.files import registry
+    from loomlab.core.llm.model.loader import load_causal_lm
 
     _, telemetry, _ = panels
     net = load_causal_lm(registry.fetch("smollm2-135m"))  # 273 rows: too many to name each

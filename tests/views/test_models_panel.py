@@ -17,10 +17,11 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton
 from loomlab.core import load_network, save_network
 from loomlab.core.errors import ModelFormatError
 from loomlab.core.layer_names import model_parts
-from loomlab.core.llm import discovery, model_info, registry
-from loomlab.core.llm.model_info import CHAT, COMPLETION
-from loomlab.core.llm.textmodel import TextModel, load_model
-from loomlab.core.llm.tokenizer_process import TokenizerProcess
+from loomlab.core.llm.files import discovery, registry
+from loomlab.core.llm.generate.textmodel import TextModel, load_model
+from loomlab.core.llm.model import model_info
+from loomlab.core.llm.model.model_info import CHAT, COMPLETION
+from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
 from loomlab.views import models_panel
 from loomlab.views.models_panel import COLUMNS, ModelsPanel, NetworkEntry
 from loomlab.views.workers import JobRunner

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from loomlab.app.cli import main as cli_main
 from loomlab.core import VolumetricNetwork, load_network, make_layer
 from loomlab.core.layer_names import layer_label
-from loomlab.core.llm import registry
+from loomlab.core.llm.files import registry
 from loomlab.core.morph import layer_report, morph_layer, probe_input, report, weighted_cells
 from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.views import morph_panel
@@ -235,7 +235,7 @@ def test_save_as_writes_a_loom_checkpoint_of_the_morphed_network(qtbot, panel, t
 
 # ----- a real language model ------------------------------------------------------------------------
 def test_morphing_one_mlp_of_smollm2_drifts_its_predictions_and_revert_undoes_it(qtbot, panel, tmp_path):
-    from loomlab.core.llm.textmodel import load_model
+    from loomlab.core.llm.generate.textmodel import load_model
 
     text = "The quick brown fox jumps over the lazy dog while the cat sleeps."
     with load_model("smollm2-135m") as model:

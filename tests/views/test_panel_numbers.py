@@ -12,8 +12,8 @@ from PySide6.QtCore import Qt
 
 from loomlab.core import VolumetricNetwork, make_layer
 from loomlab.core.layer_names import model_parts
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.textmodel import TextModel
+from loomlab.core.llm.generate.textmodel import TextModel
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import weighted_cells
 from loomlab.views.morph_panel import DTYPE, LAYER, MorphPanel
 from loomlab.views.topology_panel import TopologyPanel

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loomlab.core.evolve.live import KEEP_GENE, member_rows
-from loomlab.core.llm.loader import load_causal_lm
-from loomlab.core.llm.textmodel import TextModel
+from loomlab.core.llm.generate.textmodel import TextModel
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import weighted_cells
 from loomlab.views.morph_panel import AS_LOADED, DTYPE, LAYER, MorphPanel
 

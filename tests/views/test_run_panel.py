@@ -90,7 +90,7 @@ def test_setting_a_network_shows_what_it_reads_and_its_task(qtbot, panel):
 
 
 def test_a_language_model_is_refused(qtbot, panel):
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.model.loader import load_causal_lm
 
     lm = load_causal_lm(TINY_LLAMA)
     shown(qtbot, panel, mlp())

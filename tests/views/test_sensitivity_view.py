@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from loomlab.app.cli import main as cli_main
 from loomlab.core.errors import LoomConfigError
-from loomlab.core.llm.drift import (
+from loomlab.core.llm.quality.drift import (
     DriftReport,
     LayerDrift,
     default_probe,

@@ -323,8 +323,8 @@ def test_training_with_core_train_fills_the_backward_heatmap(qtbot, panel):
 # ----- names and layout --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm():
-    from loomlab.core.llm import registry
-    from loomlab.core.llm.loader import load_causal_lm
+    from loomlab.core.llm.files import registry
+    from loomlab.core.llm.model.loader import load_causal_lm
 
     net = load_causal_lm(registry.fetch("smollm2-135m"))
     yield net

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loomlab.core.llm import registry
-from loomlab.core.llm.loader import load_causal_lm
+from loomlab.core.llm.files import registry
+from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.views.topology_panel import FIT_MARGIN, PICK_MARGIN_PX, TopologyPanel
 
 from .test_topology_panel import small_net

@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor, QMouseEvent, QVector3D
 from PySide6.QtWidgets import QApplication
 
 from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
-from loomlab.core.llm.gguf_file import open_gguf
+from loomlab.core.llm.files.gguf_file import open_gguf
 from loomlab.core.morph import morph_sublayer
 from loomlab.views.topology_panel import (
     ACTIVITY_COLORMAP,

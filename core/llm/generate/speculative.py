@@ -1,0 +1,262 @@
+"""Speculative decoding for greedy generation: a drafter guesses the next few tokens, the target
+checks them all with one multi-token step and keeps the longest prefix equal to its own greedy
+choices, plus its own next token. :func:`run` is also the plain decode loop (no drafter: one
+token a step), so generation has one loop.
+
+Two drafters: :class:`PromptLookup` (n-gram copy from the prompt and output so far; no second
+model) and :class:`DraftModel` (a model sharing the vocabulary, e.g. a low-bit morph of the
+target, with its own KV cache kept in step with the accepted tokens). Only greedy decoding
+(temperature 0); logit penalties and a response_format constraint work, as each drafted position
+is processed (and masked) with the history it would have had; top-k/p and min-p do not change an
+argmax.
+
+The output equals plain greedy generation as long as the target's multi-token step picks the
+same argmax as its one-token steps; the two differ in the last float bits (about 3e-5 on
+SmolLM2's logits), which flips a choice only at a near tie.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...errors import LoomConfigError
+from .prefix_cache import common_prefix
+from .sampling import SamplingParams, argmax_id
+from .textmodel import Decoding, Metrics, TokenRecord
+
+if TYPE_CHECKING:
+    from .textmodel import TextModel
+
+
+class Drafter:
+    """Proposes up to ``k`` tokens that may follow ``history`` (prompt + output so far)."""
+
+    num_draft: int  # the most tokens proposed per target step
+
+    def session(self) -> AbstractContextManager:
+        """Held for one whole generation (a draft model's lock and thread settings)."""
+        return nullcontext()
+
+    def check(self, target: TextModel) -> None:
+        """Raise :class:`LoomConfigError` if this drafter cannot serve ``target``."""
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        raise NotImplementedError
+
+    def fork(self) -> Drafter:
+        """The drafter one sequence uses (its own track record, where the drafter keeps one)."""
+        return self
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """How the last proposal fared: ``accepted`` of its ``drafted`` tokens were kept."""
+
+
+class PromptLookup(Drafter):
+    """Find the last ``n`` tokens (``max_ngram`` down to ``min_ngram``) earlier in the history;
+    propose up to ``per_token * n`` of the tokens that followed their latest earlier occurrence.
+
+    A longer match predicts a longer copy: a reply that has begun copying a sentence of the
+    prompt matches 3 tokens and goes on for many more, while a 2-token match is often a common
+    pair and a 1-token match almost always is (SmolLM2-135M, 128-token chat reply: n = 3..1
+    drafted 393 tokens, 6 accepted, 0.31x plain speed). So 2-grams propose up to 4 tokens and
+    3-grams up to ``num_draft`` = 6; each row a step verifies costs about a fifth of a one-row
+    step in the int8 kernels (context ~156: 1 / 2 / 4 / 8 rows 3.5 / 4.2 / 5.9 / 9.3 ms), so a
+    rejected draft costs less than an accepted one gains. Measured with
+    ``tests/bench/bench_speculative.py --int8`` (2026-11-28, two runs): a question about a
+    paragraph 2.61-2.82x, its summary 1.66-1.69x, meeting notes' action items 1.35-1.44x, where
+    3-grams proposing 3 tokens gave 2.23-2.42 / 1.54 / 1.17-1.34x; chats 0.94-1.02x (0.97-1.02x).
+
+    In a reply that does not quote the prompt, the 2-gram drafts are rejected one after another
+    (measured: a story, 0 of 35 drafted tokens kept, 0.91x). So each sequence keeps a track
+    record per n-gram length (:meth:`fork`), and a length whose drafts were kept less than
+    ``MIN_KEPT`` of the time, once it has drafted ``TRIAL`` tokens, drafts no more in that
+    sequence: the story's 2-grams stop after their first proposal, the summaries' keep going."""
+
+    TRIAL = 4  # tokens an n-gram length drafts before its track record counts
+    MIN_KEPT = 0.25  # the share of them kept below which it stops drafting
+
+    def __init__(self, num_draft: int = 6, max_ngram: int = 3, min_ngram: int = 2, per_token: int = 2):
+        if not 1 <= min_ngram <= max_ngram:
+            raise LoomConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        _check_positive(num_draft, "num_draft")
+        _check_positive(per_token, "per_token")
+        self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
+        self.per_token = per_token
+        self._record: dict[int, tuple[int, int]] = {}  # n -> (tokens drafted, kept)
+        self._n = 0  # the n-gram length of the last proposal
+
+    def fork(self) -> PromptLookup:
+        fork = copy.copy(self)  # settings (TRIAL, MIN_KEPT set on the instance too), a fresh record
+        fork._record, fork._n = {}, 0
+        return fork
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            tried, kept = self._record.get(self._n, (0, 0))
+            self._record[self._n] = (tried + drafted, kept + accepted)
+
+    def _trusted(self, n: int) -> bool:
+        tried, kept = self._record.get(n, (0, 0))
+        return tried < self.TRIAL or kept >= self.MIN_KEPT * tried
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        h = np.asarray(history, np.int64)
+        # where a match can end: the earlier positions holding the last token (a scan per n-gram
+        # length with sliding windows took ~50 us a step, ~1.5% of a SmolLM2 step)
+        ends = np.flatnonzero(h[:-1] == h[-1])
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if h.size <= n or not self._trusted(n):
+                continue
+            hits = ends[ends >= n - 1]
+            for back in range(1, n):
+                hits = hits[h[hits - back] == h[-1 - back]]
+            if hits.size:
+                start, self._n = int(hits[-1]) + 1, n
+                return h[start:start + min(k, self.per_token * n)].tolist()
+        return []
+
+
+class DraftModel(Drafter):
+    """Greedy guesses of a second model with the target's vocabulary. Its KV cache holds a prefix
+    of the history; each proposal trims what the target rejected and feeds what it added."""
+
+    def __init__(self, model: TextModel, num_draft: int = 4):
+        _check_positive(num_draft, "num_draft")
+        self.model, self.num_draft = model, num_draft
+        self._cache = model.net.make_cache()
+        self._tokens: list[int] = []  # the tokens whose keys and values the cache holds
+
+    def session(self) -> AbstractContextManager:
+        return self.model.busy()
+
+    def check(self, target: TextModel) -> None:
+        if self.model.net is target.net:
+            raise LoomConfigError("the draft model must be a second loaded model (it keeps its own "
+                                  "KV cache), not the target itself")
+        if self.model.vocab_size != target.vocab_size:
+            raise LoomConfigError(f"the draft model's vocabulary ({self.model.vocab_size}) differs from "
+                                  f"the target's ({target.vocab_size})")
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        if k == 0:
+            return []
+        keep = common_prefix(self._tokens, history)
+        keep = min(keep, len(history) - 1)  # feed at least one token, to get logits
+        self._trim(len(self._tokens) - keep)
+        feed = list(history[keep:])
+        net = self.model.net
+        logits = net.step(np.array([feed]), [self._cache])[0, ...]
+        self._tokens += feed
+        out = [argmax_id(logits)]
+        while len(out) < k:
+            logits = net.step(np.array([[out[-1]]]), [self._cache])[0, ...]
+            self._tokens.append(out[-1])
+            out.append(argmax_id(logits))
+        return out
+
+    def _trim(self, n: int) -> None:
+        for c in self._cache:
+            c.trim(n)
+        del self._tokens[len(self._tokens) - n:]
+
+
+def drafter_for(spec, target: TextModel, params: SamplingParams) -> Drafter:
+    """The drafter ``spec`` names (``"prompt-lookup"``, a :class:`Drafter`, or a draft
+    :class:`TextModel`), after checking that speculation can serve ``params``."""
+    from .textmodel import TextModel
+
+    if params.temperature != 0:
+        raise LoomConfigError(f"speculative decoding is greedy only (temperature 0), got temperature "
+                              f"{params.temperature}")
+    if spec == "prompt-lookup":
+        drafter: Drafter = PromptLookup()
+    elif isinstance(spec, Drafter):
+        drafter = spec
+    elif isinstance(spec, TextModel):
+        drafter = DraftModel(spec)
+    else:
+        raise LoomConfigError(f"speculative must be 'prompt-lookup', a Drafter or a draft TextModel, "
+                              f"got {spec!r}")
+    drafter.check(target)
+    return drafter
+
+
+class Speculation:
+    """One sequence's speculative decoding: the drafter, and the draft its next target step
+    verifies. Shared by the one-sequence loop (:func:`run`) and the batch scheduler, which puts
+    several sequences' verify rows into one step."""
+
+    def __init__(self, drafter: Drafter | None, run: Decoding):
+        """``drafter`` None: plain decoding, one token a step (the batch treats every sequence
+        alike)."""
+        self.drafter, self.run = (None if drafter is None else drafter.fork()), run
+        self.draft: list[int] = []
+        self.kept = 0  # how many of the draft the last verification kept
+
+    def feed(self, token: int, limit: int | None = None) -> list[int]:
+        """The tokens the next target step takes: ``token`` (the last chosen, not yet in the
+        cache) and a fresh draft of at most ``limit`` tokens, none past the sequence's last
+        allowed token."""
+        run = self.run
+        if self.draft:
+            self.drafter.record(len(self.draft), self.kept)
+        k = 0 if self.drafter is None else min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
+        if limit is not None:
+            k = min(k, limit)
+        self.draft = self.drafter.propose(run.history, k) if k > 0 else []
+        run.metrics.drafted_tokens += len(self.draft)
+        return [token, *self.draft]
+
+    def verify(self, rows: np.ndarray, cancel: Callable[[], bool]) -> Iterator[TokenRecord]:
+        """The records of one step's ``rows`` (logits of the fed token and each drafted one): the
+        target's own choice at each position (penalties and a constraint applied as in plain
+        decoding), kept while it equals the draft; the first disagreement ends the step and the
+        rejected positions leave the cache."""
+        run, draft = self.run, self.draft
+        self.kept = 0
+        for j in range(rows.shape[0]):  # by index: a device array may refuse iteration
+            if cancel():
+                yield run.cancelled()
+                return
+            record = run.choose(rows[j, ...])  # greedy: the first maximum, as the plain loop picks
+            yield record
+            if record.finish_reason is not None:
+                return
+            if j < len(draft) and record.id == draft[j]:
+                run.metrics.accepted_tokens += 1
+                self.kept += 1
+                continue
+            # draft[j:] went into the cache after a token the target did not choose (none when
+            # there was no draft: plain decoding steps through here every token)
+            if j < len(draft):
+                for c in run.caches[0]:
+                    c.trim(len(draft) - j)
+            return
+
+
+def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
+        metrics: Metrics, drafter: Drafter | None) -> Iterator[TokenRecord]:
+    """The decode loop of ``generate`` / ``chat``: one token a step without a drafter; with one,
+    each step also verifies the drafted tokens (greedy)."""
+    run = Decoding(target, ids, params, metrics, prefix_cache=target.prefix_cache)
+    if params.max_tokens == 0:
+        return
+    spec = Speculation(drafter, run)
+    rows = run.prefill(ids)  # [1, vocab]: the prompt's last position decides the first token
+    while True:
+        for record in spec.verify(rows, cancel):  # always one record at least
+            yield record
+        if record.finish_reason is not None:
+            break
+        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0, ...]
+    run.end()
+
+
+def _check_positive(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LoomConfigError(f"{name} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,466 @@
+"""Float32 matrices encoded in GGUF's block formats, as llama.cpp's reference quantizer does.
+
+``quantize(W, "Q4_0")`` gives the bytes of ``W``'s blocks, one row of blocks per row of ``W``: what
+a :class:`~loomlab.core.llm.kernels.quant.QuantMatrix` takes (``quantize_matrix`` builds one). Formats:
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32 weights) and Q4_K, Q6_K (super-blocks of 256).
+
+Each encoder is a line-by-line port of ``quantize_row_*_ref`` in llama.cpp's
+``ggml/src/ggml-quants.c`` (with ``make_qkx2_quants``, ``make_qx_quants`` and ``nearest_int`` for
+the K-quants, in the paths those two call): every step in float32, in C's order of operations and
+without fused multiply-adds, float16 scales through ggml's own ``ggml_compute_fp32_to_fp16``
+(round to nearest even), ``nearest_int`` by its magic-number trick. The blocks are therefore
+byte-identical to gguf-py's ``quants.quantize`` for the five formats it implements and to
+llama.cpp's C for all seven (``tests/core/test_quantize.py`` compiles the C as its oracle).
+
+The kernels run over rows in parallel on numba's threads and release the GIL: SmolLM2-135M's
+134 M weights take seconds (``tests/bench/bench_quantize.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ...errors import LoomConfigError, LoomShapeError
+from .quant import FORMATS, KERNEL_OPTIONS, QuantMatrix
+
+F32 = np.float32
+QUANTIZE_FORMATS: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+_CODE = {name: i for i, name in enumerate(QUANTIZE_FORMATS)}
+_GROUP_MAX_EPS = F32(1e-15)
+
+
+
+def quantize(matrix: np.ndarray, fmt: str) -> np.ndarray:
+    """``matrix`` (float ``[rows, cols]``, converted to float32) encoded in format ``fmt``.
+
+    Returns:
+        uint8 ``[rows, cols // block_elems * block_bytes]``: each row's blocks in GGUF's layout.
+
+    Raises:
+        LoomConfigError: ``fmt`` is not one of :data:`QUANTIZE_FORMATS`, or ``matrix`` is not a
+            floating-point array or holds values that are not finite in float32.
+        LoomShapeError: ``matrix`` is not 2-D and non-empty, or its rows are not whole blocks.
+    """
+    W, spec = _checked(matrix, fmt)
+    out = np.empty((W.shape[0], W.shape[1] // spec.block_elems * spec.block_bytes), np.uint8)
+    _quantize_rows(W, _CODE[fmt], spec.block_elems, spec.block_bytes, out)
+    return out
+
+
+def quantize_matrix(matrix: np.ndarray, fmt: str, *, name: str = "tensor") -> QuantMatrix:
+    """A :class:`QuantMatrix` holding ``quantize(matrix, fmt)``."""
+    blocks = quantize(matrix, fmt)
+    return QuantMatrix(blocks, int(GT[fmt]), (blocks.shape[0], int(np.shape(matrix)[1])), name=name)
+
+
+def _checked(matrix, fmt):
+    """Every check before any work: the format, then the shape, then the values."""
+    if not isinstance(fmt, str) or fmt not in _CODE:
+        raise LoomConfigError(f"cannot quantize to {fmt!r}; formats: {', '.join(QUANTIZE_FORMATS)}")
+    spec = FORMATS[int(GT[fmt])]
+    if not isinstance(matrix, np.ndarray):
+        raise LoomConfigError(f"the matrix to quantize must be a numpy array, not {type(matrix).__name__}")
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise LoomShapeError(f"the matrix to quantize must be 2-D [rows, cols] and not empty; "
+                             f"got shape {matrix.shape}")
+    if matrix.shape[1] % spec.block_elems:
+        raise LoomShapeError(f"{fmt} needs rows of whole {spec.block_elems}-weight blocks; the matrix "
+                             f"{matrix.shape} has {matrix.shape[1]} columns")
+    if not np.issubdtype(matrix.dtype, np.floating):
+        raise LoomConfigError(f"the matrix to quantize must hold floats; got {matrix.dtype}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range: reported just below
+        W = np.ascontiguousarray(matrix, dtype=F32)
+    finite = np.isfinite(W).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise LoomConfigError(f"the matrix to quantize holds values that are not finite (as float32) "
+                              f"in {bad.size} rows, first row {bad[0]}")
+    return W, spec
+
+
+# ---------------------------------------------------------------------------------------------
+# Bits: float32 <-> its IEEE bits (as int64, zero-extended), and ggml's float16 conversions.
+
+
+@intrinsic
+def _bits(typingctx, f):
+    """The bits of float32 ``f`` as a non-negative int64 (C's memcpy to uint32)."""
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.bitcast(args[0], ir.IntType(32)), ir.IntType(64))
+    return types.int64(types.float32), codegen
+
+
+@intrinsic
+def from_bits(typingctx, i):
+    """The float32 whose bits are the low 32 bits of int64 ``i``."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(types.int64), codegen
+
+
+@njit(inline="always")
+def _fp16(f):
+    """ggml_compute_fp32_to_fp16: float32 ``f`` as float16 bits (round to nearest even)."""
+    base = (abs(f) * F32(2.0**112)) * F32(2.0**-110)
+    w = _bits(f)
+    shl1_w = (w + w) & 0xFFFFFFFF
+    sign = w & 0x80000000
+    bias = max(shl1_w & 0xFF000000, 0x71000000)
+    base = from_bits((bias >> 1) + 0x07800000) + base
+    bits = _bits(base)
+    nonsign = ((bits >> 13) & 0x7C00) + (bits & 0x0FFF)
+    return ((sign >> 16) | (0x7E00 if shl1_w > 0xFF000000 else nonsign)) & 0xFFFF
+
+
+@njit(inline="always")
+def _fp32(h):
+    """ggml_compute_fp16_to_fp32: float16 bits ``h`` as float32 (exact)."""
+    w = h << 16
+    sign = w & 0x80000000
+    two_w = (w + w) & 0xFFFFFFFF
+    normalized = from_bits((two_w >> 4) + (0xE0 << 23)) * F32(2.0**-112)
+    denormalized = from_bits((two_w >> 17) | (126 << 23)) - F32(0.5)
+    return from_bits(sign | (_bits(denormalized) if two_w < (1 << 27) else _bits(normalized)))
+
+
+@njit(inline="always")
+def _nearest_int(fval):
+    """ggml's nearest_int: round to nearest even through the float32 sum with 1.5 * 2**23."""
+    return (_bits(fval + F32(12582912.0)) & 0x007FFFFF) - 0x00400000
+
+
+@njit(inline="always")
+def _c_int(v):
+    """C's float -> int conversion as x86 does it (cvttss2si): truncation toward zero, and
+    INT_MIN for NaN, infinities and values out of int's range (undefined behaviour in C; a block
+    whose scale d is a float32 subnormal has an infinite 1 / d and meets it)."""
+    if abs(v) < F32(2147483648.0):
+        return np.int64(v)
+    return -2147483648
+
+
+@njit(inline="always")
+def _int8(n):
+    """C's (int8_t) of an int: its low byte, signed."""
+    return ((n & 0xFF) ^ 0x80) - 0x80
+
+
+@njit(inline="always")
+def _roundf(v):
+    """C's roundf: halves away from zero."""
+    if not abs(v) < F32(8388608.0):  # 2**23: already whole (or not finite)
+        return v
+    t = F32(np.int64(v))
+    r = v - t
+    if r >= F32(0.5):
+        return t + F32(1)
+    if r <= F32(-0.5):
+        return t - F32(1)
+    return t
+
+
+@njit(inline="always")
+def _put16(o, at, h):
+    o[at] = h & 0xFF
+    o[at + 1] = h >> 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks of 32: Q8_0 (roundf), Q4_0 / Q5_0 (scale from the signed absolute maximum, 2**(b-1)
+# levels each side) and Q4_1 / Q5_1 (scale and minimum, 2**b - 1 steps). ``L`` gets the quants;
+# _pack_32 writes them as nibbles at ``qs`` and, for 5 bits, the fifth bits at ``qh``.
+
+
+@njit
+def _q8_0_block(x, o):
+    amax = F32(0)
+    for j in range(32):
+        amax = max(amax, abs(x[j]))
+    d = amax / F32(127)
+    inv = F32(1) / d if d != 0 else F32(0)
+    _put16(o, 0, _fp16(d))
+    for j in range(32):
+        o[2 + j] = _c_int(_roundf(x[j] * inv)) & 0xFF
+
+
+@njit
+def _symmetric_block(x, o, half, L):
+    """Q4_0 (half 8) / Q5_0 (half 16): the f16 scale, and the quants in L."""
+    amax = F32(0)
+    vmax = F32(0)
+    for j in range(32):
+        if amax < abs(x[j]):
+            amax = abs(x[j])
+            vmax = x[j]
+    d = vmax / F32(-half)
+    inv = F32(1) / d if d != 0 else F32(0)
+    _put16(o, 0, _fp16(d))
+    top = 2 * half - 1
+    for j in range(32):
+        L[j] = min(top, _int8(_c_int(x[j] * inv + (F32(half) + F32(0.5)))))
+
+
+@njit
+def _affine_block(x, o, levels, L):
+    """Q4_1 (levels 15) / Q5_1 (levels 31): the f16 scale and f16 minimum, and the quants in L."""
+    vmin = F32(np.finfo(np.float32).max)
+    vmax = -vmin
+    for j in range(32):
+        if x[j] < vmin:
+            vmin = x[j]
+        if x[j] > vmax:
+            vmax = x[j]
+    d = (vmax - vmin) / F32(levels)
+    inv = F32(1) / d if d != 0 else F32(0)
+    _put16(o, 0, _fp16(d))
+    _put16(o, 2, _fp16(vmin))
+    for j in range(32):
+        L[j] = min(levels, _int8(_c_int((x[j] - vmin) * inv + F32(0.5))))  # Q5_1's C: no min, never > 31
+
+
+@njit
+def _pack_32(o, qs, qh, L):
+    """Nibbles of L[j] and L[j + 16] in byte qs + j; with qh >= 0 their fifth bits there."""
+    high = 0
+    for j in range(16):
+        o[qs + j] = (L[j] & 15) | ((L[j + 16] & 15) << 4)
+        high |= ((L[j] >> 4) & 1) << j
+        high |= ((L[j + 16] >> 4) & 1) << (j + 16)
+    if qh >= 0:
+        for k in range(4):
+            o[qh + k] = (high >> (8 * k)) & 0xFF
+
+
+# ---------------------------------------------------------------------------------------------
+# K-quants: make_qkx2_quants (use_mad false, as Q4_K calls it) and make_qx_quants (rmse_type 1,
+# no importance weights, as Q6_K calls it).
+
+
+@njit
+def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep):
+    """Returns (scale, -min); L[:n] gets the quants."""
+    vmin = x[0]
+    vmax = x[0]
+    sum_w = weights[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < vmin:
+            vmin = x[i]
+        if x[i] > vmax:
+            vmax = x[i]
+        w = weights[i]
+        sum_w += w
+        sum_x += w * x[i]
+    if vmin > 0:
+        vmin = F32(0)
+    if vmax == vmin:
+        L[:n] = 0
+        return F32(0), -vmin
+    iscale = F32(nmax) / (vmax - vmin)
+    scale = F32(1) / iscale
+    best_error = F32(0)
+    for i in range(n):
+        L[i] = max(0, min(nmax, _nearest_int(iscale * (x[i] - vmin))))
+        diff = scale * F32(L[i]) + vmin - x[i]
+        best_error += weights[i] * (diff * diff)
+    if nstep < 1:
+        return scale, -vmin
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * F32(step) + F32(nmax)) / (vmax - vmin)
+        sum_l = F32(0)
+        sum_l2 = F32(0)
+        sum_xl = F32(0)
+        for i in range(n):
+            lv = max(0, min(nmax, _nearest_int(iscale * (x[i] - vmin))))
+            Laux[i] = lv
+            w = weights[i]
+            lf = F32(lv)
+            sum_l += w * lf
+            sum_l2 += w * lf * lf
+            sum_xl += w * lf * x[i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > 0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > 0:
+                this_min = F32(0)
+                this_scale = sum_xl / sum_l2
+            cur_error = F32(0)
+            for i in range(n):
+                diff = this_scale * F32(Laux[i]) + this_min - x[i]
+                cur_error += weights[i] * (diff * diff)
+            if cur_error < best_error:
+                L[:n] = Laux[:n]
+                best_error = cur_error
+                scale = this_scale
+                vmin = this_min
+    return scale, -vmin
+
+
+@njit
+def _make_qx_quants(n, nmax, x, L):
+    """rmse_type 1 (weights x**2), no qw: returns the scale; L[:n] gets quants + nmax."""
+    vmax = F32(0)
+    amax = F32(0)
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            vmax = x[i]
+    if amax < _GROUP_MAX_EPS:
+        L[:n] = 0
+        return F32(0)
+    iscale = F32(-nmax) / vmax
+    sumlx = F32(0)
+    suml2 = F32(0)
+    for i in range(n):
+        lv = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        L[i] = lv + nmax
+        w = x[i] * x[i]
+        lf = F32(lv)
+        sumlx += w * x[i] * lf
+        suml2 += w * lf * lf
+    scale = sumlx / suml2 if suml2 != 0 else F32(0)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(F32(nmax) + F32(0.1) * F32(step)) / vmax
+        sumlx = F32(0)
+        suml2 = F32(0)
+        for i in range(n):
+            lf = F32(max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i]))))
+            w = x[i] * x[i]
+            sumlx += w * x[i] * lf
+            suml2 += w * lf * lf
+        if suml2 > 0 and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                L[i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@njit
+def _q4_k_block(x, o, L, Laux, weights, scales, mins):
+    """144 bytes: f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 of nibbles."""
+    max_scale = F32(0)
+    max_min = F32(0)
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        sum_x2 = F32(0)
+        for i in range(32):
+            sum_x2 += xs[i] * xs[i]
+        av_x = np.sqrt(sum_x2 / F32(32))
+        for i in range(32):
+            weights[i] = av_x + abs(xs[i])
+        scales[j], mins[j] = _make_qkx2_quants(32, 15, xs, weights, L[32 * j:], Laux,
+                                               F32(-1), F32(0.1), 20)
+        if scales[j] > max_scale:
+            max_scale = scales[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
+    inv_scale = F32(63) / max_scale if max_scale > 0 else F32(0)
+    inv_min = F32(63) / max_min if max_min > 0 else F32(0)
+    for j in range(8):
+        ls = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
+        lm = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
+        if j < 4:
+            o[4 + j] = ls
+            o[4 + j + 4] = lm
+        else:
+            o[4 + j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
+            o[4 + j - 4] |= (ls >> 4) << 6
+            o[4 + j] |= (lm >> 4) << 6
+    d16, dmin16 = _fp16(max_scale / F32(63)), _fp16(max_min / F32(63))
+    _put16(o, 0, d16)
+    _put16(o, 2, dmin16)
+    for j in range(8):  # get_scale_min_k4
+        if j < 4:
+            sc, m = o[4 + j] & 63, o[4 + j + 4] & 63
+        else:
+            sc = (o[4 + j + 4] & 0xF) | ((o[4 + j - 4] >> 6) << 4)
+            m = (o[4 + j + 4] >> 4) | ((o[4 + j] >> 6) << 4)
+        d = _fp32(d16) * F32(sc)
+        if d == 0:
+            continue
+        dm = _fp32(dmin16) * F32(m)
+        for i in range(32):
+            L[32 * j + i] = max(0, min(15, _nearest_int((x[32 * j + i] + dm) / d)))
+    for h in range(4):
+        for i in range(32):
+            o[16 + 32 * h + i] = L[64 * h + i] | (L[64 * h + 32 + i] << 4)
+
+
+@njit
+def _q6_k_block(x, o, L, scales):
+    """210 bytes: 128 of low nibbles, 64 of 2-bit high parts, 16 int8 scales, f16 d."""
+    max_scale = F32(0)
+    max_abs_scale = F32(0)
+    for ib in range(16):
+        scale = _make_qx_quants(16, 32, x[16 * ib:16 * ib + 16], L[16 * ib:])
+        scales[ib] = scale
+        if abs(scale) > max_abs_scale:
+            max_abs_scale = abs(scale)
+            max_scale = scale
+    if max_abs_scale < _GROUP_MAX_EPS:
+        o[:] = 0
+        return
+    iscale = F32(-128) / max_scale
+    d16 = _fp16(F32(1) / iscale)
+    _put16(o, 208, d16)
+    for ib in range(16):
+        o[192 + ib] = min(127, _nearest_int(iscale * scales[ib])) & 0xFF
+    for j in range(16):
+        d = _fp32(d16) * F32(np.int64(o[192 + j]) - (256 if o[192 + j] > 127 else 0))
+        if d == 0:
+            continue
+        for i in range(16):
+            L[16 * j + i] = max(-32, min(31, _nearest_int(x[16 * j + i] / d))) + 32
+    for half in range(2):
+        ql, qh, a = 64 * half, 128 + 32 * half, 128 * half
+        for i in range(32):
+            q1, q2, q3, q4 = L[a + i], L[a + i + 32], L[a + i + 64], L[a + i + 96]
+            o[ql + i] = (q1 & 0xF) | ((q3 & 0xF) << 4)
+            o[ql + i + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4)
+            o[qh + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(**KERNEL_OPTIONS)
+def _quantize_rows(W, code, belems, bbytes, out):
+    """Row r of W into row r of out, block by block; ``code`` indexes QUANTIZE_FORMATS."""
+    rows, nb = W.shape[0], W.shape[1] // belems
+    for r in prange(rows):
+        L = np.zeros(256, np.int64)
+        Laux = np.zeros(32, np.int64)
+        weights = np.zeros(32, F32)
+        scales = np.zeros(16, F32)
+        mins = np.zeros(8, F32)
+        for b in range(nb):
+            x = W[r, b * belems:(b + 1) * belems]
+            o = out[r, b * bbytes:(b + 1) * bbytes]
+            if code == 0:
+                _q8_0_block(x, o)
+            elif code == 1:  # Q4_0: d, nibbles
+                _symmetric_block(x, o, 8, L)
+                _pack_32(o, 2, -1, L)
+            elif code == 2:  # Q4_1: d, m, nibbles
+                _affine_block(x, o, 15, L)
+                _pack_32(o, 4, -1, L)
+            elif code == 3:  # Q5_0: d, fifth bits, nibbles
+                _symmetric_block(x, o, 16, L)
+                _pack_32(o, 6, 2, L)
+            elif code == 4:  # Q5_1: d, m, fifth bits, nibbles
+                _affine_block(x, o, 31, L)
+                _pack_32(o, 8, 4, L)
+            elif code == 5:
+                _q4_k_block(x, o, L, Laux, weights, scales, mins)
+            else:
+                _q6_k_block(x, o, L, scales)
