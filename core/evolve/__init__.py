@@ -3,7 +3,8 @@
 Loom-exact parts (same seed, same draws, same children as Loom): :mod:`.gorand` (Go's
 ``math/rand``), :mod:`.dna` (signatures and comparison), :mod:`.splicing`, :mod:`.neat` (config and
 mutation) and :mod:`.population`. Beyond Loom: runs with speciation, checkpoints and reporters,
-batched evaluation of many networks, a Dask evaluator, built-in tasks, LLM sketches and merges.
+batched evaluation of many networks, a Dask evaluator, built-in tasks, LLM sketches (merges of
+language models live in :mod:`loomlab.core.llm.quality.merge`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-# name -> module; imported on first use (merges and sketches bring in the LLM runtime and numba).
+# name -> module; imported on first use (sketches bring in the LLM runtime and numba).
 # No exported name may also be a module's name: importing that module sets the package attribute,
 # which then shadows the export (``splice`` lives in ``splicing`` for that reason).
 _EXPORTS = {
@@ -33,7 +34,6 @@ _EXPORTS = {
     "DaskEvaluator": "distributed", "ClusterError": "distributed",
     "NetworkStack": "batched", "forward_stacked": "batched",
     "sketch_dna": "sketch", "compare_models": "sketch",
-    "merge_models": "merge",
 }
 __all__ = sorted(_EXPORTS)
 

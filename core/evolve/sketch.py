@@ -22,7 +22,7 @@ width)`` for unit vectors of cosine ``c``, less once normalised; a layer of at m
 weights has no two weights in one bucket and its sketch cosine is exact. With the default width
 (65521) the sketch cosine of SmolLM2's layers lies within 0.007 of the exact one, for cosines
 near 0 (two different blocks), 0.7 (a layer and itself plus as much noise) and 1 (its int8
-morph); tests/core/test_evolve_sketch.py holds it to 0.02.
+morph); tests/core/evolve/test_sketch.py holds it to 0.02.
 
 Containers are signed as Loom signs them: their children's unit vectors joined and normalised
 again, so a transformer block's overlap is the mean of its norms', attention's and MLP's. The

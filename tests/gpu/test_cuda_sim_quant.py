@@ -3,7 +3,7 @@ kernels (``QuantMatrix.matvec`` / ``matmul``), for every format QuantMatrix hold
 
 Tolerance: both sides compute the same float32 weights (the GPU may fuse a weight's
 multiply-add, one more rounding) and float32 products, summed in different orders. Each is within
-gamma_n * sum|w||x| of the exact sum (gamma_n ~ n * 2^-24, as tests/core/test_quant.py's module
+gamma_n * sum|w||x| of the exact sum (gamma_n ~ n * 2^-24, as tests/core/llm/kernels/test_quant.py's module
 docstring says), so they differ by at most twice that: ``2 (n + 4) 2^-24 (|W| @ |x|)``, a few
 1e-5 of the row's magnitude here. One wrong weight (a nibble, a scale, an offset) moves a result
 by about |w x|, roughly 1/n of that magnitude: far outside the bound.
@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as GT
 from loomlab.core.errors import LoomConfigError, LoomShapeError
 from loomlab.core.llm.kernels.quant import QuantMatrix
 
-from ..core.test_quant import QUANTIZED, random_blocks
+from ..core.llm.kernels.test_quant import QUANTIZED, random_blocks
 
 pytestmark = pytest.mark.cuda_simulator
 THREADS = 32  # the simulator runs every GPU thread as a Python thread: one warp per block

@@ -20,7 +20,7 @@ from loomlab.core.errors import LoomShapeError
 from loomlab.core.llm.kernels.attention_kernel import attend
 from loomlab.core.llm.kernels.quant import QuantMatrix
 
-from ..core.test_quant import QUANTIZED
+from ..core.llm.kernels.test_quant import QUANTIZED
 from .test_cuda_sim_attention import CASES as ATTEND_CASES
 from .test_cuda_sim_attention import inputs, magnitude
 from .test_cuda_sim_quant import assert_matches_cpu, matrix

@@ -57,7 +57,7 @@ def panel(qtbot, runner):
 
 @pytest.fixture(scope="module")
 def probe():
-    return "\n\n".join(default_probe().split("\n\n")[:5])  # >= 512 tokens, as tests/core/test_drift.py
+    return "\n\n".join(default_probe().split("\n\n")[:5])  # >= 512 tokens, as test_drift.py
 
 
 def combos(panel) -> dict[str, str]:

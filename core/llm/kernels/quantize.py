@@ -10,7 +10,7 @@ the K-quants, in the paths those two call): every step in float32, in C's order 
 without fused multiply-adds, float16 scales through ggml's own ``ggml_compute_fp32_to_fp16``
 (round to nearest even), ``nearest_int`` by its magic-number trick. The blocks are therefore
 byte-identical to gguf-py's ``quants.quantize`` for the five formats it implements and to
-llama.cpp's C for all seven (``tests/core/test_quantize.py`` compiles the C as its oracle).
+llama.cpp's C for all seven (``tests/core/llm/kernels/test_quantize.py`` compiles the C as its oracle).
 
 The kernels run over rows in parallel on numba's threads and release the GIL: SmolLM2-135M's
 134 M weights take seconds (``tests/bench/bench_quantize.py``).

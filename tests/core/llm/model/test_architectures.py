@@ -33,7 +33,7 @@ from loomlab.core.llm.model.rope import Rope, RopeConfig
 from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
-TINY = Path(__file__).parents[1] / "data" / "tiny-hf"
+TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 

@@ -22,9 +22,9 @@ from loomlab.core.io.loom_json import dumps, load_json, network_to_dict, read_ne
 from loomlab.core.layers.base import layer_class, make_layer
 from loomlab.core.network import VolumetricNetwork
 
-from .dna_goldens import loom_result
+from ..dna_goldens import loom_result
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "evolve-goldens-seed1.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data" / "evolve-goldens-seed1.json").read_text())
 OUR_KEYS = ("is_remote_link", "target_z", "target_y", "target_x", "target_l")  # Loom drops these on save
 
 

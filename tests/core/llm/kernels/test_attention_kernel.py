@@ -24,7 +24,7 @@ from loomlab.core.llm.model import llm_layers
 from loomlab.core.llm.model.llm_layers import linear
 from loomlab.core.llm.model.loader import load_causal_lm
 
-GOLDEN = Path(__file__).parents[1] / "data" / "llm" / "smollm2-135m-instruct-q4_1.json"
+GOLDEN = Path(__file__).resolve().parents[3] / "data" / "llm" / "smollm2-135m-instruct-q4_1.json"
 
 
 def _halves_to_floats(f16c: bool, monkeypatch):

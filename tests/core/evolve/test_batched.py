@@ -8,7 +8,7 @@ import pytest
 from loomlab.core import CallbackObserver, LoomConfigError, LoomError, LoomShapeError, make_layer
 from loomlab.core.evolve.batched import NetworkStack, forward_many, forward_stacked, group_key
 
-from .mutants import mlp, mutate
+from ..mutants import mlp, mutate
 
 
 def assert_same_as_forward(nets, x, outs):

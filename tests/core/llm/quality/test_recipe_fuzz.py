@@ -18,7 +18,7 @@ from loomlab.core.llm.kernels.block_morph import BLOCK_FORMATS
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.llm.quality.recipe import RecipePlan, plan_recipe, weighted_layers
 
-from .test_architectures import write_gguf
+from ..model.test_architectures import write_gguf
 
 SECONDS = 2.0  # per recipe, on a loaded CI machine; a tiny model plans in milliseconds
 FUZZ = settings(max_examples=80, deadline=None,

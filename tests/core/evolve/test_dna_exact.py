@@ -14,7 +14,7 @@ from loomlab.core.evolve.dna_table import model_report
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_sublayer
 
-TINY_LLAMA = Path(__file__).resolve().parent.parent / "data" / "tiny-hf" / "tiny-llama"
+TINY_LLAMA = Path(__file__).resolve().parents[2] / "data" / "tiny-hf" / "tiny-llama"
 
 
 def dense_net(seed: int) -> VolumetricNetwork:

@@ -18,9 +18,9 @@ from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm.files import hf_files
 from loomlab.core.llm.files.hf_files import open_hf
 
-from .bad_input import raises_quickly_and_small
+from ...bad_input import raises_quickly_and_small
 
-TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-hf"
+TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
 DTYPE_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
 
 

@@ -28,7 +28,7 @@ from loomlab.core.llm.files.hf_files import open_hf
 from loomlab.core.llm.model.loader import architecture, load_causal_lm
 from loomlab.core.llm.quality.merge import merge_models, schedule_value
 
-from .test_architectures import TINY, llama_cpp_permute, reference, write_gguf
+from ..model.test_architectures import TINY, llama_cpp_permute, reference, write_gguf
 
 
 def tensors(folder: Path) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from loomlab.core.errors import LoomConfigError, LoomShapeError
 from loomlab.core.llm.generate.sampling import log_softmax
 from loomlab.core.llm.generate.textmodel import load_model
 
-GOLDEN = json.loads((Path(__file__).resolve().parent.parent / "data" / "llm" /
+GOLDEN = json.loads((Path(__file__).resolve().parents[3] / "data" / "llm" /
                      "smollm2-135m-instruct-q4_1.json").read_text())
 
 

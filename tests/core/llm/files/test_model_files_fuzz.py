@@ -28,7 +28,7 @@ from loomlab.core.llm.files import gguf_file
 from loomlab.core.llm.model.loader import ARCHITECTURES, load_causal_lm
 from loomlab.core.llm.model.model_info import describe
 
-TINY_LLAMA = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-llama"
+TINY_LLAMA = Path(__file__).resolve().parents[3] / "data" / "tiny-hf" / "tiny-llama"
 SECONDS = 2.0  # per input, describe and load together
 PEAK_BYTES = 64 * 2**20  # the tiny models take under 2 MB
 FUZZ = settings(deadline=None, derandomize=True,

@@ -21,7 +21,7 @@ from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.tasks import XorTask, get_task
 from loomlab.core.io.checkpoint import checkpoint_bytes
 
-from .test_evolve_evaluators import population
+from .test_evaluators import population
 
 dd = pytest.importorskip("distributed")
 

@@ -20,7 +20,7 @@ from loomlab.core.llm.files import registry
 from loomlab.core.llm.files.gguf_file import open_gguf
 from loomlab.core.llm.text.tokenizer import GPT2_PRE_TOKENIZERS, Tokenizer
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 GOLDEN = {"smollm2-135m": "smollm2-135m-instruct-q4_1.json", "gemma3-270m": "gemma3-270m-q4_k_m.json"}
 MODELS = sorted(GOLDEN)
 

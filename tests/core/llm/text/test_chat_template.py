@@ -11,7 +11,7 @@ import pytest
 from loomlab.core.errors import LoomConfigError, ModelFormatError
 from loomlab.core.llm.text import chat_template
 from loomlab.core.llm.text.chat_template import ChatTemplate, ChatTemplateError, RenderLimits, encode_chat
-from tests.core.test_tokenizer import MODELS, gguf_metadata, gguf_tokenizer, golden
+from tests.core.llm.text.test_tokenizer import MODELS, gguf_metadata, gguf_tokenizer, golden
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},

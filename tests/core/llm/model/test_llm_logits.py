@@ -20,7 +20,7 @@ from loomlab.core.llm.files import registry
 from loomlab.core.llm.model.causal_lm import CausalLM
 from loomlab.core.llm.model.loader import load_causal_lm
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 BUILTIN = {"smollm2-135m": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma3-270m-q4_k_m"}
 TIE_MARGIN = 0.05  # the reference's top-2 logit gap under which a different greedy pick is a tie
 

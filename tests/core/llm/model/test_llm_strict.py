@@ -33,12 +33,12 @@ from loomlab.core.llm.model.llm_layers import LLMAttention, Uploads
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import morph_layer
 
-from .test_backend_strict_engine import TransferCounter
+from ...test_backend_strict_engine import TransferCounter
 
 pytest.importorskip("array_api_strict", reason="the strict backend needs array-api-strict (dev extra)")
 
 STRICT = ["strict", "strict-no-float64"]
-TINY = Path(__file__).parents[1] / "data" / "tiny-hf"
+TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
 CHECKPOINTS = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"]
 RTOL = 1e-5  # of the largest logit (module docstring)
 U = 2.0**-24  # float32's unit roundoff

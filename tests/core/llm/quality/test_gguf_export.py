@@ -289,7 +289,7 @@ def test_the_models_own_file_and_a_folder_model_are_refused(smollm2, tmp_path):
     assert source.stat().st_mtime_ns == before
     from pathlib import Path
 
-    folder = Path(__file__).parents[1] / "data" / "tiny-hf" / "tiny-llama"
+    folder = Path(__file__).resolve().parents[3] / "data" / "tiny-hf" / "tiny-llama"
     net = load_causal_lm(folder)
     try:
         with pytest.raises(LoomConfigError, match="only a model loaded from a GGUF file"):

@@ -22,12 +22,12 @@ from loomlab.core.evolve.dna import compare_dna, extract_dna
 from loomlab.core.io import load_network
 from loomlab.core.train import TrainConfig, train
 
-from .dna_goldens import loom_result
-from .test_backend_strict_engine import TransferCounter, _batches, _mlp
+from ..dna_goldens import loom_result
+from ..test_backend_strict_engine import TransferCounter, _batches, _mlp
 
 pytest.importorskip("array_api_strict", reason="the strict backend needs array-api-strict (dev extra)")
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "evolve-goldens-seed1.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data" / "evolve-goldens-seed1.json").read_text())
 STRICT = ["strict", "strict-no-float64"]
 
 

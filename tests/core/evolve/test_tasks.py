@@ -9,7 +9,7 @@ import pytest
 from loomlab.core import LoomConfigError, VolumetricNetwork, make_layer
 from loomlab.core.evolve.tasks import TASKS, get_task
 
-from .mutants import mutate
+from ..mutants import mutate
 
 
 def chain(*layers, precision="loom"):

@@ -16,7 +16,7 @@ from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm.files import gguf_file, registry
 from loomlab.core.llm.files.gguf_file import open_gguf
 
-from .bad_input import raises_quickly_and_small
+from ...bad_input import raises_quickly_and_small
 
 # ---------------------------------------------------------------- real files, against gguf-py
 
