@@ -29,7 +29,9 @@ _EXPORTS = {
     "export_gguf": "quality.gguf_export",
     "merge_models": "quality.merge",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["BatchEngine", "TextModel", "export_gguf", "load_model", "merge_models", "morph_planned",
+           "plan_recipe", "resolve_recipe"]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
