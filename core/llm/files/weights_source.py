@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ModelFormatError
-from ..model.llm_layers import Matrix
+from ..kernels.quant import Matrix
 
 # GGUF tensor names -> transformers names. Block tensors map by stem through a table each
 # architecture gives (``ffn_norm`` is llama's post_attention_layernorm, gemma3's pre_feedforward_layernorm).

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numba
 import numpy as np
@@ -616,6 +616,9 @@ def _tile_buffer(n: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
 
 
 class QuantMatrix:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -53,12 +52,11 @@ from ..kernels.block_morph import (
 from ..kernels.device_kernels import LLMKernels
 from ..kernels.mlp_kernel import GATED_ACTIVATIONS, gated
 from ..kernels.norm_kernel import rms_norm_rows
-from ..kernels.quant import float_matmul
+from ..kernels.quant import Matrix, float_matmul
 from ..kernels.quant_int8 import int8_enabled, int8_product, int8_products, supports
 from .kv_cache import CachedRun
 from .rope import Rope
 
-Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
 # What one matrix can be encoded in by MatrixStore.morph_parts: the block formats, and F16 for a
 # matrix whose rows are not whole blocks of 32 (llama.cpp's last fallback, see .recipe).
 PART_FORMATS = (*BLOCK_FORMATS, "F16")
