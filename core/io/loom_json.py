@@ -41,9 +41,11 @@ MAX_CELLS = MAX_LAYERS
 # ~50 keys per layer stays under it.
 MAX_JSON_VALUES = 1 << 22
 MAX_INT = (1 << 31) - 1
-# Weights of one network: at most 1 GiB of float32 master, and never more than the machine can
-# work with (see max_parameters).
-MAX_PARAMETERS = 1 << 28
+# Weights of one network, and never more than the machine can work with (see max_parameters):
+# reading a network at this cap stays under 1 GB, on its costliest path too (1-bit native weights
+# unpacked and dequantized, ~10 bytes a weight: 0.73 GB peak RSS for `loomlab net info` of one
+# 8192x8192 binary Dense layer).
+MAX_PARAMETERS = 1 << 26
 # What one weight may cost while a network is worked on: its float32 master, its widest native
 # copy (float64 and int64 morphs take 8 bytes) and a float32 compute copy.
 BYTES_PER_PARAMETER = 16

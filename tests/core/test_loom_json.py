@@ -337,6 +337,44 @@ def test_weights_beyond_what_the_machine_holds_are_refused_before_allocating(sch
     assert err.path == "$.layers[0]" and "over 4,194,304 parameters" in str(err)
 
 
+def _binary_layer(n_in: int, n_out: int) -> dict:
+    """A Dense layer with native 1-bit weights: the most weights per byte of file, and the
+    costliest to read per weight (unpacked, then dequantized to the float32 master)."""
+    import base64
+
+    from loomlab.core import dtypes
+
+    blob = bytes(dtypes.packed_nbytes(n_in * n_out, "binary"))
+    return {"type": "Dense", "input_height": n_in, "output_height": n_out, "dtype": "binary",
+            "native": True, "scale": 0.01, "weights": base64.b64encode(blob).decode()}
+
+
+@pytest.mark.parametrize("schema", ["build", "persistence"])
+def test_a_network_just_over_the_parameter_cap_is_refused_before_allocating(schema, monkeypatch):
+    from .bad_input import raises_quickly_and_small
+
+    monkeypatch.setattr(loom_json, "physical_memory_bytes", lambda: 1 << 40)  # the cap, not memory, binds
+    assert loom_json.max_parameters() == loom_json.MAX_PARAMETERS == 8192 * 8192
+    layer = {"type": "Dense", "input_height": 8192, "output_height": 8193}
+    if schema == "persistence":
+        layer = _binary_layer(8192, 8193)
+    data = _one_layer(layer).encode()
+    # the bound holds the file's 11 MB of base64 text twice, not the 268 MB float32 master
+    err = raises_quickly_and_small(lambda: load_network(data), LoomFormatError, seconds=2,
+                                   peak_bytes=2 * len(data) + (16 << 20))
+    assert err.path == "$.layers[0]" and "over 67,108,864 parameters" in str(err)
+
+
+def test_a_network_at_the_parameter_cap_is_read_within_1_gb():
+    """The costliest reading path, measured on 2 Mi weights and scaled to the cap, leaves 100 MB of
+    the 1 GB for the interpreter and its modules (reading is linear in the weights)."""
+    n = 2048 * 1024
+    data = _one_layer(_binary_layer(2048, 1024)).encode()
+    with traced() as used:
+        load_network(data)
+    assert used.peak / n * loom_json.MAX_PARAMETERS < 900e6, used.peak / n
+
+
 def test_a_grid_larger_than_the_layer_cap_is_refused_before_reading_layers():
     doc = {"depth": 1, "rows": 1, "cols": 1, "layers_per_cell": loom_json.MAX_CELLS + 1, "layers": []}
     with pytest.raises(LoomFormatError, match="cells exceeds") as err:
