@@ -131,10 +131,10 @@ def cmd_splice(args) -> int:
 
 # ----- evolve ----------------------------------------------------------------------------------
 def cmd_evolve(args) -> int:
-    from loomlab.core.evolve.evaluators import make_evaluator
     from loomlab.core.evolve.reporters import ConsoleReporter
     from loomlab.core.evolve.run import Evolution
     from loomlab.core.evolve.run_config import read_plan
+    from loomlab.core.evolve.schedulers import make_evaluator
     from loomlab.core.workspace.evolution_runs import EvolutionRuns
     from loomlab.core.workspace.store import Workspace, default_path
 

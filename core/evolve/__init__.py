@@ -30,7 +30,7 @@ _EXPORTS = {
     "GenerationStats": "reporters",
     "Task": "tasks", "TASKS": "tasks", "get_task": "tasks",
     "forward_many": "batched",
-    "Evaluator": "evaluators", "InProcessEvaluator": "evaluators", "make_evaluator": "evaluators",
+    "Evaluator": "evaluators", "InProcessEvaluator": "evaluators", "make_evaluator": "schedulers",
     "DaskEvaluator": "distributed", "ClusterError": "distributed",
     "NetworkStack": "batched", "forward_stacked": "batched",
     "sketch_dna": "sketch", "compare_models": "sketch",

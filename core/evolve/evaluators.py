@@ -8,7 +8,8 @@ and a seeded run repeats exactly on any of them.
 Every evaluator takes ``progress(done, total)`` (members evaluated so far) and ``cancel`` (see
 :mod:`loomlab.core.cancel`); a cancelled evaluation raises :class:`LoomCancelled` and returns no
 partial list, so a run drops that generation whole. Evaluators hold resources (a cluster, a
-connection): close them, or use them as context managers.
+connection): close them, or use them as context managers. :func:`.schedulers.make_evaluator` makes
+the one a scheduler's name asks for.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ..cancel import Cancel, as_cancel_check
-from ..errors import LoomCancelled, LoomConfigError, LoomError
+from ..errors import LoomCancelled, LoomError
 from ..network import VolumetricNetwork
 from .tasks import Task
 
@@ -93,25 +94,3 @@ def checked_fitness(values: Sequence[float], n_members: int, task_name: str) -> 
     if len(values) != n_members:
         raise LoomError(f"task {task_name!r} returned {len(values)} fitness values for {n_members} members")
     return [float(v) for v in values]
-
-
-def make_evaluator(scheduler: str | None = None, **options) -> Evaluator:
-    """The evaluator for ``scheduler``.
-
-    ``None`` or ``"inprocess"``: this process (:class:`InProcessEvaluator`, takes no options).
-    ``"local"``: a Dask ``LocalCluster`` on loopback started for this evaluator; an address such
-    as ``"tcp://host:8786"``: an existing Dask scheduler. Both take the options of
-    :class:`loomlab.core.evolve.distributed.DaskEvaluator` and need the ``cluster`` extra
-    (``pip install 'loomlab[cluster]'``).
-    """
-    if scheduler is None or scheduler == "inprocess":
-        if options:
-            raise LoomConfigError(f"the in-process evaluator takes no options, "
-                                  f"got {', '.join(sorted(options))}")
-        return InProcessEvaluator()
-    if not isinstance(scheduler, str) or not scheduler.strip():
-        raise LoomConfigError(f"scheduler must be None, 'inprocess', 'local' or a Dask scheduler address "
-                              f"such as 'tcp://host:8786', got {scheduler!r}")
-    from .distributed import DaskEvaluator
-
-    return DaskEvaluator(scheduler, **options)

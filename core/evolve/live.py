@@ -22,9 +22,10 @@ from typing import Any
 
 from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
-from .evaluators import Evaluator, make_evaluator
+from .evaluators import Evaluator
 from .reporters import GenerationStats, Reporter
 from .run import Evolution, RunResult
+from .schedulers import make_evaluator
 
 MAX_TABLE_ROWS = 500  # the population table lists the fittest members up to this many
 PROGRESS_INTERVAL_S = 0.033  # progress events a sink receives while a generation is evaluated

@@ -20,17 +20,26 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import LoomConfigError
 from .genome import Genome, NetworkGenome
 from .gorand import GoRand
+from .species import SpeciesSet
 from .stagnation import Stagnation
 
-if TYPE_CHECKING:
-    from .speciation import Speciation, SpeciationConfig
+
+class ReproductionSettings(Protocol):
+    """What :meth:`SpeciesReproduction.from_config` reads: its own settings and its default
+    stagnation's (a run's :class:`~.speciation.SpeciationConfig` holds them, with speciation's)."""
+
+    elitism: int
+    survival_threshold: float
+    min_species_size: int
+    max_stagnation: int
+    species_elitism: int
 
 
 class Reproduction(ABC):
@@ -41,7 +50,7 @@ class Reproduction(ABC):
 
     @abstractmethod
     def reproduce(self, members: list[Any], fitness: list[float], generation: int, rng: GoRand,
-                  genome: Genome, species: Speciation | None) -> list[Any]:
+                  genome: Genome, species: SpeciesSet | None) -> list[Any]:
         """The next generation, ``len(members)`` members. ``fitness`` has one finite value per
         member (higher is better); ``species`` is the run's speciation, grouped for this
         generation (None in a run without speciation)."""
@@ -108,11 +117,11 @@ class SpeciesReproduction(Reproduction):
         self.stagnation = stagnation if stagnation is not None else Stagnation()
 
     @classmethod
-    def from_config(cls, config: SpeciationConfig,
+    def from_config(cls, config: ReproductionSettings,
                     stagnation: Stagnation | None = None) -> SpeciesReproduction:
-        """The reproduction a :class:`~.speciation.SpeciationConfig` describes (its elitism,
-        survival threshold and minimum species size; stagnation from its max_stagnation and
-        species_elitism unless given)."""
+        """The reproduction ``config`` (such as a :class:`~.speciation.SpeciationConfig`)
+        describes: its elitism, survival threshold and minimum species size; stagnation from its
+        max_stagnation and species_elitism unless given."""
         if stagnation is None:
             stagnation = Stagnation(config.max_stagnation, config.species_elitism)
         return cls(config.elitism, config.survival_threshold, config.min_species_size, stagnation)
@@ -169,7 +178,7 @@ def spawn_amounts(shares: list[float], total: int, min_size: int) -> list[int]:
     return [int(a) + floor_each for a in amounts]
 
 
-def reproduction_from_dict(d: dict | None, speciation: SpeciationConfig | None) -> Reproduction:
+def reproduction_from_dict(d: dict | None, speciation: ReproductionSettings | None) -> Reproduction:
     """The built-in reproduction a checkpoint recorded (``d`` from :meth:`Reproduction.to_dict`).
     A run stored before reproduction was recorded (``d`` None) bred Loom's way without
     speciation, and by species as its ``speciation`` config says with it. Raises

@@ -136,7 +136,7 @@ def read_plan(path: str | os.PathLike) -> RunPlan:
 
 
 def check_scheduler(scheduler: Any) -> str | None:
-    """``scheduler`` as :func:`.evaluators.make_evaluator` takes it: None / "inprocess", "local",
+    """``scheduler`` as :func:`.schedulers.make_evaluator` takes it: None / "inprocess", "local",
     or a Dask scheduler address (``tcp://host:port`` and the like)."""
     if scheduler is None or scheduler in (IN_PROCESS, "local"):
         return scheduler

@@ -5,7 +5,8 @@ are then used for is other components' work: :class:`~.reproduction.SpeciesRepro
 each species offspring in proportion to its mean fitness (fitness sharing: a big species does not
 crowd out a new one) and breeds within it, and :class:`~.stagnation.Stagnation` removes species
 that stopped improving. :class:`SpeciationConfig` holds the settings of all three, as one
-section of a run's configuration.
+section of a run's configuration; each component checks its own, and the config asks them when
+it is made (those two know nothing of speciation: what a species is lives in :mod:`.species`).
 
 Genome distance of networks A and B (grid positions aligned, as DNA does)::
 
@@ -37,16 +38,15 @@ keeps ``compatibility_threshold`` fixed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..errors import LoomConfigError
-from ..io.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from ..network import VolumetricNetwork
 from .dna import DNA, LayerSignature, cosine_similarity, extract_dna
 from .reproduction import SpeciesReproduction
+from .species import Species
 from .values import check_number
 
 THRESHOLD_FLOOR = 0.01  # the lowest the adapted compatibility threshold goes
@@ -83,31 +83,10 @@ class SpeciationConfig:
             raise LoomConfigError(f"speciation target_species must be an integer >= 0, got {v!r}")
         if self.threshold_step >= 1:
             raise LoomConfigError(f"speciation threshold_step must lie in [0, 1), got {self.threshold_step}")
-        SpeciesReproduction.from_config(self)  # checks the reproduction and stagnation settings
+        SpeciesReproduction.from_config(self)  # reproduction and stagnation check their own settings
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class Species:
-    id: int
-    representative: VolumetricNetwork
-    members: list[int]  # indices into the current members
-    created: int
-    last_improved: int
-    best_fitness: float = -math.inf
-
-    def to_state(self) -> dict:
-        return {"id": self.id, "representative": checkpoint_bytes(self.representative).hex(),
-                "members": self.members, "created": self.created, "last_improved": self.last_improved,
-                "best_fitness": None if math.isinf(self.best_fitness) else self.best_fitness}
-
-    @classmethod
-    def from_state(cls, d: dict) -> Species:
-        best = d["best_fitness"]
-        return cls(d["id"], checkpoint_from_bytes(bytes.fromhex(d["representative"])), list(d["members"]),
-                   d["created"], d["last_improved"], -math.inf if best is None else best)
 
 
 def genome_distance(a: VolumetricNetwork, b: VolumetricNetwork, config: SpeciationConfig,

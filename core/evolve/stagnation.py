@@ -3,7 +3,7 @@
 neat-python's ``DefaultStagnation`` as a component of a run: a species whose best fitness has
 not risen for ``max_stagnation`` generations is removed, except the ``species_elitism`` species
 with the best fitness ever (so a run never loses every species). A species' record (its best
-fitness and the generation it last improved) lives on the :class:`~.speciation.Species` itself,
+fitness and the generation it last improved) lives on the :class:`~.species.Species` itself,
 so a checkpoint of the species is a checkpoint of stagnation too.
 
 Reproduction asks stagnation once a generation (:meth:`Stagnation.update`), before it shares
@@ -13,12 +13,8 @@ neat-python's reproduction does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..errors import LoomConfigError
-
-if TYPE_CHECKING:  # the species' type only; speciation imports nothing from here
-    from .speciation import Species
+from .species import Species
 
 
 class Stagnation:

@@ -13,7 +13,8 @@ from loomlab.core.errors import LoomConfigError
 from loomlab.core.evolve import LoomReproduction, Reproduction, SpeciesReproduction, Stagnation
 from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.run import Evolution
-from loomlab.core.evolve.speciation import SpeciationConfig, Species
+from loomlab.core.evolve.speciation import SpeciationConfig
+from loomlab.core.evolve.species import Species
 from loomlab.core.evolve.tasks import get_task
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.workspace.store import Workspace

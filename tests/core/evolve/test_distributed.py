@@ -14,9 +14,10 @@ import pytest
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.distributed import ClusterError, DaskEvaluator
-from loomlab.core.evolve.evaluators import InProcessEvaluator, make_evaluator
+from loomlab.core.evolve.evaluators import InProcessEvaluator
 from loomlab.core.evolve.neat import NEATConfig
 from loomlab.core.evolve.run import Evolution
+from loomlab.core.evolve.schedulers import make_evaluator
 from loomlab.core.evolve.speciation import SpeciationConfig
 from loomlab.core.evolve.tasks import XorTask, get_task
 from loomlab.core.io.checkpoint import checkpoint_bytes

@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from loomlab.core.errors import LoomCancelled, LoomConfigError, LoomError
-from loomlab.core.evolve.evaluators import Evaluator, InProcessEvaluator, make_evaluator
+from loomlab.core.evolve.evaluators import Evaluator, InProcessEvaluator
 from loomlab.core.evolve.neat import NEATConfig, neat_mutate
+from loomlab.core.evolve.schedulers import make_evaluator
 from loomlab.core.evolve.tasks import XorTask, get_task
 
 
