@@ -33,6 +33,7 @@ from ..errors import LoomCancelled, LoomConfigError
 from ..io.bounded_read import parse_json_text
 from ..layer_names import layer_label
 from ..llm.model.llm_layers import MatrixStore, dense
+from ..llm.quality.recipe import recipe_from_value
 from ..morph import weighted_cells
 from ..morph_probe import log_softmax
 from ..weights import WeightStore
@@ -342,13 +343,6 @@ def recipe_to_json(recipe: Sequence[str]) -> str:
 def recipe_from_json(text: str | bytes) -> Recipe:
     """The recipe :func:`recipe_to_json` wrote (check it with :meth:`RecipeSpace.validate`)."""
     return recipe_from_value(parse_json_text(text, "a stored recipe"))
-
-
-def recipe_from_value(value) -> Recipe:
-    """A recipe from parsed JSON: a list of dtype names, else one :class:`LoomConfigError`."""
-    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
-        raise LoomConfigError("a stored recipe is a JSON array of dtype names")
-    return tuple(value)
 
 
 def recipe_to_bytes(recipe: Sequence[str]) -> bytes:

@@ -312,13 +312,19 @@ def _read_recipe_file(path: Path) -> Any:
     text = read_small_text(path, "the recipe file", RECIPE_FILE_LIMIT)
     value = parse_json_text(text, what)
     if isinstance(value, list):
-        from ...evolve.recipe import recipe_from_value  # the evolution's own recipe format (a list)
-
         return list(recipe_from_value(value))
     if not isinstance(value, dict):
         raise LoomConfigError(f"{what} holds a JSON object {{layer: format}} or a list of "
                               f"formats, one per weighted layer; got {type(value).__name__}")
     return value
+
+
+def recipe_from_value(value: Any) -> tuple[str, ...]:
+    """A recipe written as a list, one dtype name per weighted layer (how an evolution of recipes
+    stores its members), from parsed JSON; anything else is one :class:`LoomConfigError`."""
+    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+        raise LoomConfigError("a stored recipe is a JSON array of dtype names")
+    return tuple(value)
 
 
 def _rule_value(key: Any, value: Any) -> tuple[str, bool]:
