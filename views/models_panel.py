@@ -168,8 +168,7 @@ class ModelsPanel(QWidget):
 
         # The details scroll on their own, so a short dock squeezes neither them nor the preview
         # below, and the buttons always show.
-        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
-        scroll.setWidget(self._details_box)
+        scroll = _WholeRows(self._details_box, self._form)
         inspect = QWidget()
         col = QVBoxLayout(inspect)
         col.setContentsMargins(0, 0, 0, 0)
@@ -680,6 +679,53 @@ class ModelsPanel(QWidget):
         self.preview_view.setHtml(f'<p style="line-height:150%;">{" ".join(chips)}</p>')
         text = self.preview_edit.text()
         self.preview_count.setText(f"{len(ids)} tokens · {len(text)} characters · {model.name}")
+
+
+class _WholeRows(QScrollArea):
+    """A frameless scroll area over a form that shows whole rows only: what it shows ends above
+    the row its bottom edge would cut, until that row is scrolled to. Cut just below its letters,
+    a row misreads (the quant type "Q4_1" read "Q4 1")."""
+
+    def __init__(self, content: QWidget, form: QFormLayout):
+        super().__init__(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self._form = form
+        self.setWidget(content)  # QScrollArea filters the content's events (eventFilter below)
+        self.verticalScrollBar().valueChanged.connect(self._trim)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+        handled = super().eventFilter(watched, event)
+        if watched is self.widget() and event.type() in (QEvent.Type.LayoutRequest, QEvent.Type.Resize):
+            if event.type() == QEvent.Type.LayoutRequest:
+                watched.layout().activate()  # rows placed now, so the trim sees where they are
+            self._trim()
+        return handled
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._trim()
+
+    def _trim(self) -> None:
+        """End the shown part at the top of the row the scroll area's full height would cut
+        (measured without the trim, so trimming never feeds back into itself)."""
+        bottom = self.height() - 2 * self.frameWidth()
+        if self.horizontalScrollBar().isVisible():
+            bottom -= self.horizontalScrollBar().height()
+        offset = self.widget().y()  # <= 0 once scrolled
+        cut = [top + offset for top, end in self._rows() if 0 < top + offset < bottom < end + offset]
+        margin = bottom - cut[0] if cut else 0
+        if self.viewportMargins().bottom() != margin:
+            self.setViewportMargins(0, 0, 0, margin)
+
+    def _rows(self) -> list[tuple[int, int]]:
+        """Top and bottom (exclusive) of each form row, in the content's coordinates."""
+        rows = []
+        for i in range(self._form.rowCount()):
+            rects = [item.widget().geometry() for role in (QFormLayout.ItemRole.LabelRole,
+                                                           QFormLayout.ItemRole.FieldRole)
+                     if (item := self._form.itemAt(i, role)) is not None and item.widget() is not None]
+            if rects:
+                rows.append((min(r.top() for r in rects), max(r.bottom() + 1 for r in rects)))
+        return rows
 
 
 # ----- formatting ------------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton
+from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QPushButton, QScrollArea
 
 from loomlab.core import load_network, save_network
 from loomlab.core.errors import ModelFormatError
@@ -360,3 +360,38 @@ def test_legible_in_the_dark_theme(make_panel, qtbot, qapp, tmp_path):
     # back in the light theme (Qt posts the palette change), errors are the light theme's red
     light = models_panel.ERROR_ON_LIGHT
     qtbot.waitUntil(lambda: error.palette().color(QPalette.ColorRole.WindowText) == light, timeout=2000)
+
+
+def test_the_details_show_whole_rows_at_any_height(make_panel, qtbot, smollm_path):
+    """The details scroll, and the edge of what they show falls between two rows: a row cut just
+    below its letters read "Q4 1" for the file's "Q4_1" quant type."""
+    panel = make_panel([])
+    _select(qtbot, panel, SMOLLM)
+    texts = set(panel.details().values())
+    labels = [label for label in panel.findChildren(QLabel) if label.text() in texts]
+    quant = next(label for label in labels if label.text() == panel.details()["Quant types"])
+    scroll = next(area for area in panel.findChildren(QScrollArea) if area.widget().isAncestorOf(quant))
+    names = [scroll.widget().layout().labelForField(label) for label in labels]
+    viewport = scroll.viewport()
+    seen = set()
+    for height in range(440, 1100, 2):  # a column dock's heights: the details' edge crosses every row
+        panel.resize(320, height)
+        QApplication.processEvents()
+        for label in [*labels, *names]:
+            where = QRect(label.mapTo(viewport, QPoint(0, 0)), label.size())
+            cut = where.intersects(viewport.rect()) and not viewport.rect().contains(where)
+            assert not cut, f"{label.text()!r} cut at {where.getRect()} by {viewport.rect().getRect()} " \
+                            f"(panel height {height})"
+        seen.add(viewport.rect().contains(QRect(quant.mapTo(viewport, QPoint(0, 0)), quant.size())))
+    assert seen == {False, True}  # the quant types were below the edge, then shown
+    panel.resize(317, 479)  # the Models dock of a 1280x800 window: scrolled, no row is cut at the bottom
+    bar = scroll.verticalScrollBar()
+    for value in range(bar.maximum() + 1):
+        bar.setValue(value)
+        QApplication.processEvents()
+        for label in [*labels, *names]:
+            where = QRect(label.mapTo(viewport, QPoint(0, 0)), label.size())
+            assert where.top() < 0 or not where.intersects(viewport.rect()) or viewport.rect().contains(where)
+    last = labels[-1]  # the path, whole at the end of the range
+    assert bar.value() == bar.maximum() and last.text() == panel.details()["Path"]
+    assert viewport.rect().contains(QRect(last.mapTo(viewport, QPoint(0, 0)), last.size()))
