@@ -69,7 +69,8 @@ from PySide6.QtWidgets import (
 
 from loomlab.core.errors import LoomError
 from loomlab.core.io.atomic import write_atomic
-from loomlab.core.llm.generate.textmodel import TextModel, TokenRecord
+from loomlab.core.llm.generate.decoding import TokenRecord
+from loomlab.core.llm.generate.textmodel import TextModel
 from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_summary
 from loomlab.core.workspace.markdown import CODE, CODE_BLOCK, HEADING, markup
 from loomlab.core.workspace.store import Message, Workspace

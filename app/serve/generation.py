@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
 from loomlab.core.llm.generate.batching import BatchEngine
+from loomlab.core.llm.generate.decoding import TokenRecord
 from loomlab.core.llm.generate.sampling import SamplingParams
-from loomlab.core.llm.generate.textmodel import TokenRecord
 
 from .replies import Choice
 

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from loomlab.core.llm.generate.textmodel import Metrics, TokenRecord
+from loomlab.core.llm.generate.decoding import Metrics, TokenRecord
 
 # the engine's finish reasons in OpenAI's words; "context" (context full) is a length limit too
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",

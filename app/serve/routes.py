@@ -199,7 +199,7 @@ async def check_constraint(ctx: Context, gen: Generation) -> None:
         return
 
     def first_mask(model: TextModel) -> None:
-        constraint = Constraint.for_model(model, fmt)
+        constraint = Constraint.for_tokenizer(model.tokenizer, model.vocab_size, model.net.source, fmt)
         if constraint is not None:
             constraint.mask(np.zeros(model.vocab_size, np.float32))
 

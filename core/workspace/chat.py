@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import LoomError
-from ..llm.generate.textmodel import Metrics, TextModel, TokenRecord
+from ..llm.generate.decoding import Metrics, TokenRecord
+from ..llm.generate.textmodel import TextModel
 from .store import Conversation, Message, Workspace, format_metrics
 
 NEW_TITLE = "New chat"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from loomlab.core.llm.generate import textmodel
-from loomlab.core.llm.generate.textmodel import Metrics, TokenRecord
+from loomlab.core.llm.generate.decoding import Metrics, TokenRecord
 
 
 @dataclass

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from loomlab.core.errors import LoomError
-from loomlab.core.llm.generate.textmodel import TokenRecord, load_model
+from loomlab.core.llm.generate.decoding import TokenRecord
+from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.workspace.chat import REGENERATE_SAMPLING, ChatBusyError, ChatSession, reply_summary
 from loomlab.core.workspace.store import Workspace
 
@@ -174,7 +175,7 @@ class _FailingModel:
         return tokens()
 
     def metrics(self):
-        from loomlab.core.llm.generate.textmodel import Metrics
+        from loomlab.core.llm.generate.decoding import Metrics
         return Metrics(generated_tokens=2)
 
 

@@ -1,2 +1,2 @@
-"""Generating text: sampling, constrained output, the prefix cache, speculative decoding,
-continuous batching, and ``TextModel``, the facade a program, the GUI and the server use."""
+"""Generating text: sampling, constrained output, the prefix cache, the decode loop, speculative
+decoding, continuous batching, and ``TextModel``, the facade a program, the GUI and the server use."""

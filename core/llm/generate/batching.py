@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import LoomConfigError
+from .decoding import Decoding, Drafter, Metrics, Model, Speculation, TokenRecord
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
-from .speculative import Drafter, DraftModel, Speculation, drafter_for
-from .textmodel import Decoding, Metrics, TextModel, TokenRecord
+from .speculative import DraftModel, drafter_for
 
 _ids = itertools.count(1)
 
@@ -113,7 +113,7 @@ class Batch:
     :meth:`add` and :meth:`step` (:class:`BatchEngine` is the thread-safe front), holding the
     model (``model.busy()``) while it steps."""
 
-    def __init__(self, model: TextModel, max_batch: int = 8, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: Model, max_batch: int = 8, prefix_cache: PrefixCache | None = None):
         """``prefix_cache``: where prompts find earlier sequences' KV (the model's own when None);
         pass ``PrefixCache(0)`` for none."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -133,10 +133,10 @@ class Batch:
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt as a list of ids, or the typed error a generation of it would raise."""
-        ids = self.model._prompt_ids(list(prompt_ids))
+        ids = self.model.prompt_ids(list(prompt_ids))
         if params.max_tokens < 1:
             raise LoomConfigError("max_tokens must be >= 1 for a generation request")
-        self.model._check_fits(ids, params)
+        self.model.check_fits(ids, params)
         return ids
 
     def drafter(self, speculative, params: SamplingParams) -> Drafter | None:
@@ -145,7 +145,7 @@ class Batch:
         is refused: it keeps one sequence's KV cache, and a batch holds many."""
         if speculative is None:
             return None
-        if isinstance(speculative, TextModel | DraftModel):
+        if isinstance(speculative, Model | DraftModel):
             raise LoomConfigError("a draft model drafts for one sequence at a time; batched requests "
                                   "speculate with 'prompt-lookup'")
         return drafter_for(speculative, self.model, params)
@@ -250,7 +250,7 @@ class BatchEngine:
     there is work, so the model stays usable (``generate``) between bursts; while someone else
     holds it, requests wait in the queue."""
 
-    def __init__(self, model: TextModel, *, max_batch: int = 8, prefix_cache_mb: float | None = None,
+    def __init__(self, model: Model, *, max_batch: int = 8, prefix_cache_mb: float | None = None,
                  speculate_greedy: str | None = None):
         """``prefix_cache_mb``: a prefix cache of its own of that size (0: none); None shares the
         model's (``model.prefix_cache``). ``speculate_greedy`` ("prompt-lookup" or None): the
@@ -297,7 +297,7 @@ class BatchEngine:
             self._cv.notify()
         return request
 
-    def run(self, fn: Callable[[TextModel], object]) -> Future:
+    def run(self, fn: Callable[[Model], object]) -> Future:
         """Run ``fn(model)`` on the engine's thread between two steps (embeddings, say)."""
         future: Future = Future()
         with self._cv:

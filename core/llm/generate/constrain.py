@@ -27,24 +27,21 @@ import threading
 import weakref
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.numpy
 import numpy as np
 
 from ...errors import LoomConfigError
+from ..files.weights_source import WeightSource
 from ..text.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from .textmodel import TextModel
+from ..text.tokenizer_process import TokenizerProcess
 
 FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
 
 # compact JSON: with llguidance's default (any whitespace between items) small models were free to
 # pad with newlines until max_tokens; a schema's own "x-guidance" options still override this
 _JSON_OPTIONS = {"whitespace_flexible": False}
-
 
 def grammar_of(response_format: Mapping | None) -> str | None:
     """The llguidance grammar ``response_format`` asks for (None: unconstrained), validated:
@@ -107,12 +104,15 @@ class Constraint:
         self._bits = llguidance.numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
 
     @classmethod
-    def for_model(cls, model: TextModel, response_format: Mapping | None) -> Constraint | None:
-        """A fresh constraint for one generation on ``model`` (None when unconstrained)."""
+    def for_tokenizer(cls, tokenizer: Tokenizer | TokenizerProcess, vocab_size: int,
+                      source: WeightSource | None, response_format: Mapping | None) -> Constraint | None:
+        """A fresh constraint for one generation by a model with this ``tokenizer`` and
+        ``vocab_size`` (None when unconstrained). ``source``, the model's files, rebuilds the
+        tokenizer here when it runs in a child process."""
         grammar = grammar_of(response_format)
         if grammar is None:
             return None
-        return cls(_llg_tokenizer(model), grammar, model.vocab_size)
+        return cls(_llg_tokenizer(tokenizer, vocab_size, source), grammar, vocab_size)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with every token the constraint forbids at this step set to -inf (a new
@@ -134,28 +134,30 @@ class Constraint:
             raise LoomConfigError(f"response_format rejected token {token}: {self._matcher.get_error()}")
 
 
-# Building llguidance's view of a vocabulary takes 0.2-1 s, so each model keeps one (dropped with it).
+# Building llguidance's view of a vocabulary takes 0.2-1 s, so each tokenizer keeps one per
+# vocabulary size (dropped with it).
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _tokenizers_lock = threading.Lock()
 
 
-def _llg_tokenizer(model: TextModel) -> llguidance.LLTokenizer:
+def _llg_tokenizer(tokenizer: Tokenizer | TokenizerProcess, vocab_size: int,
+                   source: WeightSource | None) -> llguidance.LLTokenizer:
     with _tokenizers_lock:
-        found = _tokenizers.get(model)
+        built = _tokenizers.setdefault(tokenizer, {})
+        found = built.get(vocab_size)
         if found is None:
-            eos = sorted(model.tokenizer.eos_ids)
-            found = _tokenizers[model] = llguidance.LLTokenizer(
-                _tokenizer_json(model), n_vocab=model.vocab_size, eos_token=eos or None)
+            eos = sorted(tokenizer.eos_ids)
+            found = built[vocab_size] = llguidance.LLTokenizer(
+                _tokenizer_json(tokenizer, source), n_vocab=vocab_size, eos_token=eos or None)
         return found
 
 
-def _tokenizer_json(model: TextModel) -> str:
-    """The model's tokenizer as tokenizer.json text. A tokenizer running in a child process
-    (the GUI's) cannot hand over its HF object, so the same one is built here from the model's
-    own files, as the child built it."""
-    if isinstance(model.tokenizer, Tokenizer):
-        return model.tokenizer.to_json()
-    source = model.net.source
+def _tokenizer_json(tokenizer: Tokenizer | TokenizerProcess, source: WeightSource | None) -> str:
+    """The tokenizer as tokenizer.json text. A tokenizer running in a child process (the GUI's)
+    cannot hand over its HF object, so the same one is built here from the model's own files
+    (``source``), as the child built it."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer.to_json()
     if source is None:
         raise LoomConfigError("response_format needs the model's tokenizer, and this model has no source "
                               "files to build it from")

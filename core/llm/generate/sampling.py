@@ -161,7 +161,7 @@ def device_logprobs(logits, token: int, k: int) -> tuple[float, list[tuple[int, 
     """The log-probability of ``token`` and the ``k`` most likely tokens with theirs, reduced on
     the device of the row ``logits``, in one transfer of ``2k + 1`` numbers (``token``'s, the k
     values, the k ids). Alternatives come largest first, ties by index, non-finite ones left out,
-    as :func:`log_softmax_terms` and :func:`~.textmodel.top_k` give them on the host; float64
+    as :func:`log_softmax_terms` and :func:`~.decoding.top_k` give them on the host; float64
     where the device has it (ids below 2**24 are exact in float32 too)."""
     xp = array_module(logits)
     wide = widest_float(xp, logits.device)

@@ -1,7 +1,7 @@
 """Speculative decoding for greedy generation: a drafter guesses the next few tokens, the target
 checks them all with one multi-token step and keeps the longest prefix equal to its own greedy
-choices, plus its own next token. :func:`run` is also the plain decode loop (no drafter: one
-token a step), so generation has one loop.
+choices, plus its own next token. The checking is the decode loop's
+(:mod:`.decoding`: one loop for plain and speculative decoding); this module holds the drafters.
 
 Two drafters: :class:`PromptLookup` (n-gram copy from the prompt and output so far; no second
 model) and :class:`DraftModel` (a model sharing the vocabulary, e.g. a low-bit morph of the
@@ -18,42 +18,15 @@ SmolLM2's logits), which flips a choice only at a near tie.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 
 from ...errors import LoomConfigError
+from .decoding import Drafter, Model
 from .prefix_cache import common_prefix
 from .sampling import SamplingParams, argmax_id
-from .textmodel import Decoding, Metrics, TokenRecord
-
-if TYPE_CHECKING:
-    from .textmodel import TextModel
-
-
-class Drafter:
-    """Proposes up to ``k`` tokens that may follow ``history`` (prompt + output so far)."""
-
-    num_draft: int  # the most tokens proposed per target step
-
-    def session(self) -> AbstractContextManager:
-        """Held for one whole generation (a draft model's lock and thread settings)."""
-        return nullcontext()
-
-    def check(self, target: TextModel) -> None:
-        """Raise :class:`LoomConfigError` if this drafter cannot serve ``target``."""
-
-    def propose(self, history: Sequence[int], k: int) -> list[int]:
-        raise NotImplementedError
-
-    def fork(self) -> Drafter:
-        """The drafter one sequence uses (its own track record, where the drafter keeps one)."""
-        return self
-
-    def record(self, drafted: int, accepted: int) -> None:
-        """How the last proposal fared: ``accepted`` of its ``drafted`` tokens were kept."""
 
 
 class PromptLookup(Drafter):
@@ -125,7 +98,7 @@ class DraftModel(Drafter):
     """Greedy guesses of a second model with the target's vocabulary. Its KV cache holds a prefix
     of the history; each proposal trims what the target rejected and feeds what it added."""
 
-    def __init__(self, model: TextModel, num_draft: int = 4):
+    def __init__(self, model: Model, num_draft: int = 4):
         _check_positive(num_draft, "num_draft")
         self.model, self.num_draft = model, num_draft
         self._cache = model.net.make_cache()
@@ -134,7 +107,7 @@ class DraftModel(Drafter):
     def session(self) -> AbstractContextManager:
         return self.model.busy()
 
-    def check(self, target: TextModel) -> None:
+    def check(self, target: Model) -> None:
         if self.model.net is target.net:
             raise LoomConfigError("the draft model must be a second loaded model (it keeps its own "
                                   "KV cache), not the target itself")
@@ -165,11 +138,9 @@ class DraftModel(Drafter):
         del self._tokens[len(self._tokens) - n:]
 
 
-def drafter_for(spec, target: TextModel, params: SamplingParams) -> Drafter:
-    """The drafter ``spec`` names (``"prompt-lookup"``, a :class:`Drafter`, or a draft
-    :class:`TextModel`), after checking that speculation can serve ``params``."""
-    from .textmodel import TextModel
-
+def drafter_for(spec, target: Model, params: SamplingParams) -> Drafter:
+    """The drafter ``spec`` names (``"prompt-lookup"``, a :class:`Drafter`, or a draft model, a
+    second ``TextModel``), after checking that speculation can serve ``params``."""
     if params.temperature != 0:
         raise LoomConfigError(f"speculative decoding is greedy only (temperature 0), got temperature "
                               f"{params.temperature}")
@@ -177,84 +148,13 @@ def drafter_for(spec, target: TextModel, params: SamplingParams) -> Drafter:
         drafter: Drafter = PromptLookup()
     elif isinstance(spec, Drafter):
         drafter = spec
-    elif isinstance(spec, TextModel):
+    elif isinstance(spec, Model):
         drafter = DraftModel(spec)
     else:
         raise LoomConfigError(f"speculative must be 'prompt-lookup', a Drafter or a draft TextModel, "
                               f"got {spec!r}")
     drafter.check(target)
     return drafter
-
-
-class Speculation:
-    """One sequence's speculative decoding: the drafter, and the draft its next target step
-    verifies. Shared by the one-sequence loop (:func:`run`) and the batch scheduler, which puts
-    several sequences' verify rows into one step."""
-
-    def __init__(self, drafter: Drafter | None, run: Decoding):
-        """``drafter`` None: plain decoding, one token a step (the batch treats every sequence
-        alike)."""
-        self.drafter, self.run = (None if drafter is None else drafter.fork()), run
-        self.draft: list[int] = []
-        self.kept = 0  # how many of the draft the last verification kept
-
-    def feed(self, token: int, limit: int | None = None) -> list[int]:
-        """The tokens the next target step takes: ``token`` (the last chosen, not yet in the
-        cache) and a fresh draft of at most ``limit`` tokens, none past the sequence's last
-        allowed token."""
-        run = self.run
-        if self.draft:
-            self.drafter.record(len(self.draft), self.kept)
-        k = 0 if self.drafter is None else min(self.drafter.num_draft, run.params.max_tokens - run.index - 1)
-        if limit is not None:
-            k = min(k, limit)
-        self.draft = self.drafter.propose(run.history, k) if k > 0 else []
-        run.metrics.drafted_tokens += len(self.draft)
-        return [token, *self.draft]
-
-    def verify(self, rows: np.ndarray, cancel: Callable[[], bool]) -> Iterator[TokenRecord]:
-        """The records of one step's ``rows`` (logits of the fed token and each drafted one): the
-        target's own choice at each position (penalties and a constraint applied as in plain
-        decoding), kept while it equals the draft; the first disagreement ends the step and the
-        rejected positions leave the cache."""
-        run, draft = self.run, self.draft
-        self.kept = 0
-        for j in range(rows.shape[0]):  # by index: a device array may refuse iteration
-            if cancel():
-                yield run.cancelled()
-                return
-            record = run.choose(rows[j, ...])  # greedy: the first maximum, as the plain loop picks
-            yield record
-            if record.finish_reason is not None:
-                return
-            if j < len(draft) and record.id == draft[j]:
-                run.metrics.accepted_tokens += 1
-                self.kept += 1
-                continue
-            # draft[j:] went into the cache after a token the target did not choose (none when
-            # there was no draft: plain decoding steps through here every token)
-            if j < len(draft):
-                for c in run.caches[0]:
-                    c.trim(len(draft) - j)
-            return
-
-
-def run(target: TextModel, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
-        metrics: Metrics, drafter: Drafter | None) -> Iterator[TokenRecord]:
-    """The decode loop of ``generate`` / ``chat``: one token a step without a drafter; with one,
-    each step also verifies the drafted tokens (greedy)."""
-    run = Decoding(target, ids, params, metrics, prefix_cache=target.prefix_cache)
-    if params.max_tokens == 0:
-        return
-    spec = Speculation(drafter, run)
-    rows = run.prefill(ids)  # [1, vocab]: the prompt's last position decides the first token
-    while True:
-        for record in spec.verify(rows, cancel):  # always one record at least
-            yield record
-        if record.finish_reason is not None:
-            break
-        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0, ...]
-    run.end()
 
 
 def _check_positive(value: int, name: str) -> None:

@@ -2,9 +2,11 @@
 
 A :class:`TextModel` couples a :class:`~loomlab.core.llm.model.causal_lm.CausalLM` grid network
 with its tokenizer and chat template. ``generate`` and ``chat`` stream one
-:class:`TokenRecord` per token (text delta, id, logprob and top alternatives on request,
-finish reason on the last one); a cancel flag stops generation within one token; every
-parameter is validated before any work (:class:`~loomlab.core.llm.generate.sampling.SamplingParams`).
+:class:`~loomlab.core.llm.generate.decoding.TokenRecord` per token (text delta, id, logprob and
+top alternatives on request, finish reason on the last one); a cancel flag stops generation within
+one token; every parameter is validated before any work
+(:class:`~loomlab.core.llm.generate.sampling.SamplingParams`). It is the facade over the
+generation floor: the decode loop (:mod:`.decoding`), speculative decoding and batching.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...backend import Backend, DeviceMemory, array_module, device_memory, get_backend, to_host
+from ...backend import Backend, array_module, device_memory, get_backend, to_host
 from ...cancel import Cancel, as_cancel_check
 from ...errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ...procinfo import peak_rss_bytes
@@ -32,57 +34,14 @@ from ..model.loader import load_causal_lm
 from ..text.chat_template import ChatTemplate, encode_chat
 from ..text.tokenizer import Tokenizer
 from ..text.tokenizer_process import TokenizerProcess
-from .constrain import Constraint
+from .batching import Batch, Request
+from .decoding import Drafter, Metrics, TokenRecord, decode
 from .prefix_cache import DEFAULT_BYTES, PrefixCache
-from .sampling import SamplingParams, argmax_id, device_logprobs, log_softmax_terms
+from .sampling import SamplingParams
+from .speculative import drafter_for
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
 ACTIVATION_MODES = ("float32", "int8")
-
-
-@dataclass(frozen=True)
-class TokenRecord:
-    """One generated token. ``finish_reason`` is set on the last record only: ``"eos"``,
-    ``"stop"`` (a stop string), ``"length"`` (max_tokens), ``"context"`` (context full) or
-    ``"cancelled"``."""
-
-    index: int
-    id: int
-    text: str  # the text this token adds (may be "" while a multi-byte character or stop is pending)
-    logprob: float | None = None
-    top: list[tuple[int, str, float]] | None = None  # (id, token's text as read, logprob), best first
-    finish_reason: str | None = None
-
-
-@dataclass
-class Metrics:
-    """Figures of the last generate/chat/classify call."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    time_to_first_token_s: float = 0.0
-    peak_rss_bytes: int = 0
-    dropped_turns: int = 0  # chat turns removed by the "drop_oldest" context policy
-    drafted_tokens: int = 0  # speculative decoding: tokens a drafter proposed
-    accepted_tokens: int = 0  # ... and how many of them the target kept
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
-    device_memory: DeviceMemory | None = None  # read by metrics(); None on numpy
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        # the first token comes out of the prefill; the others each cost one decode step
-        steps = max(self.generated_tokens - 1, 0)
-        return steps / self.decode_s if self.decode_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -197,13 +156,13 @@ class TextModel:
 
         ``speculative`` turns on speculative decoding (greedy only, the same tokens as without):
         ``"prompt-lookup"``, a draft :class:`TextModel` sharing the vocabulary, or a
-        :class:`~loomlab.core.llm.generate.speculative.Drafter`; other settings raise LoomConfigError.
+        :class:`~loomlab.core.llm.generate.decoding.Drafter`; other settings raise LoomConfigError.
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
         drafter = self._drafter(speculative, params)
-        ids = self._prompt_ids(prompt)
-        self._check_fits(ids, params)
+        ids = self.prompt_ids(prompt)
+        self.check_fits(ids, params)
         return self._stream(ids, params, as_cancel_check(cancel), Metrics(prompt_tokens=len(ids)),
                             drafter)
 
@@ -229,7 +188,7 @@ class TextModel:
                 break
             del messages[oldest]
             dropped += 1
-        self._check_fits(ids, params)
+        self.check_fits(ids, params)
         return self._stream(ids, params, as_cancel_check(cancel),
                             Metrics(prompt_tokens=len(ids), dropped_turns=dropped), drafter)
 
@@ -238,11 +197,9 @@ class TextModel:
         """Complete several prompts decoded together (one matmul per layer over the active
         sequences, see :mod:`.batching`); returns the generated texts. Each text is what
         :meth:`generate` gives for its prompt alone."""
-        from .batching import Batch, Request  # it builds on this module's Decoding
-
         params = SamplingParams(**_tuple_stop(sampling))
         batch = Batch(self, max_batch)
-        requests = [Request(batch.check(self._prompt_ids(p), params), params) for p in prompts]
+        requests = [Request(batch.check(self.prompt_ids(p), params), params) for p in prompts]
         metrics = Metrics(prompt_tokens=sum(len(r.prompt_ids) for r in requests))
         t0 = time.perf_counter()
         with self.busy():
@@ -260,11 +217,11 @@ class TextModel:
                  return_logits: bool = True) -> list[ClassifyResult]:
         """Next-token prediction at the end of each prompt; prompts of equal length share one
         batched prefill."""
-        all_ids = [self._prompt_ids(p) for p in prompts]
+        all_ids = [self.prompt_ids(p) for p in prompts]
         results: list[ClassifyResult | None] = [None] * len(all_ids)
         by_length: dict[int, list[int]] = {}
         for i, ids in enumerate(all_ids):
-            self._check_fits(ids, SamplingParams(max_tokens=0))
+            self.check_fits(ids, SamplingParams(max_tokens=0))
             by_length.setdefault(len(ids), []).append(i)
         t0 = time.perf_counter()
         with self.busy():
@@ -284,14 +241,16 @@ class TextModel:
         out = np.zeros((len(texts), self.net.args.hidden_size), np.float32)
         with self.busy():
             for i, text in enumerate(texts):
-                ids = self._prompt_ids(text)
-                self._check_fits(ids, SamplingParams(max_tokens=0))
+                ids = self.prompt_ids(text)
+                self.check_fits(ids, SamplingParams(max_tokens=0))
                 hidden = self.net.hidden_states(np.array([ids]))  # on a device: its mean comes over
                 out[i] = to_host(array_module(hidden).mean(hidden[0, ...], axis=0))
         return out
 
-    # ----- internals -----------------------------------------------------------------------
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+    # ----- checks a generation runs first (the batch scheduler's too) ------------------------
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """``prompt`` as token ids: text encoded (with the model's BOS when it wants one), ids
+        checked against the vocabulary; :class:`LoomConfigError` for bad ids or an empty prompt."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
@@ -304,29 +263,23 @@ class TextModel:
             raise LoomConfigError("the prompt is empty")
         return ids
 
-    def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
+    def check_fits(self, ids: list[int], params: SamplingParams) -> None:
+        """:class:`LoomShapeError` unless the prompt ``ids`` and ``params.max_tokens`` fit the context."""
         ctx = self.context_length
         if len(ids) + params.max_tokens > ctx:
             raise LoomShapeError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} exceeds the "
                                  f"context length {ctx} (use context_policy='drop_oldest' in chat, or fewer "
                                  f"tokens)")
 
-    def _drafter(self, speculative, params: SamplingParams):
-        if speculative is None:
-            return None
-        # imported here: the speculative loop reuses this module's records and helpers
-        from .speculative import drafter_for
-
-        return drafter_for(speculative, self, params)
+    # ----- internals -----------------------------------------------------------------------
+    def _drafter(self, speculative, params: SamplingParams) -> Drafter | None:
+        return None if speculative is None else drafter_for(speculative, self, params)
 
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
-                metrics: Metrics, drafter=None) -> Iterator[TokenRecord]:
-        # imported here: the decode loop builds on this module's Decoding and records
-        from .speculative import run
-
+                metrics: Metrics, drafter: Drafter | None = None) -> Iterator[TokenRecord]:
         with self.busy(), drafter.session() if drafter is not None else nullcontext():
             self._metrics = metrics
-            yield from run(self, ids, params, cancel, metrics, drafter)
+            yield from decode(self, ids, params, cancel, metrics, drafter)
 
     @contextmanager
     def busy(self, *, nestable: bool = False):
@@ -354,157 +307,6 @@ class TextModel:
         finally:
             self._nestable_by = None
             self._lock.release()
-
-
-class Decoding:
-    """What one generation keeps, for the decode loop (:func:`.speculative.run`, plain or
-    speculative) and the batch scheduler alike: the KV cache, the stop filter and detokenizer, the
-    token history, and the metrics' clocks; :meth:`record` turns a chosen token into its
-    :class:`TokenRecord`."""
-
-    def __init__(self, model: TextModel, ids: list[int], params: SamplingParams, metrics: Metrics, *,
-                 prefix_cache: PrefixCache | None = None):
-        self.net, self.tok, self.token_text = model.net, model.tokenizer, model.token_text
-        self.params, self.metrics = params, metrics
-        self.sampler, self.processor = params.sampler(), params.processor()
-        self.constraint = Constraint.for_model(model, params.response_format)
-        # a device row is chosen from on the device when nothing but its argmax is needed
-        self.greedy = params.temperature == 0 and not params.penalized and self.constraint is None
-        self.rng = np.random.default_rng(params.seed)
-        # a constraint allows end of text only once its format is complete: a stop, not an eos
-        self.eos_finish = "eos" if self.constraint is None else "stop"
-        # the KV of the longest prompt prefix ``prefix_cache`` holds (a copy; the cache gets this
-        # sequence's at :meth:`end`), else fresh caches: no step ever runs past the last allowed
-        # token, so this is the most they hold
-        self.prefix_cache = prefix_cache
-        hit = prefix_cache.lookup(ids) if prefix_cache is not None else None
-        caches, self.cached = hit if hit is not None else (None, 0)
-        self.caches = [caches if caches is not None else model.net.make_cache(len(ids) + params.max_tokens)]
-        self.text = _StopFilter(params.stop)
-        self.decoder = self.tok.decode_stream(skip_special_tokens=True)
-        self.history = list(ids)
-        self.index = 0  # of the next record
-        self.start = self.decode_start = time.perf_counter()
-
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        """The prompt's step (its positions the prefix cache did not hold): the logits of its last
-        position, ``[1, vocab]`` (on the model's device)."""
-        logits = self.net.step(np.array([ids[self.cached:]]), self.caches)
-        self.metrics.cached_tokens = self.cached
-        self.metrics.prefill_s = time.perf_counter() - self.start
-        self.decode_start = time.perf_counter()
-        return logits
-
-    def choose(self, logits: np.ndarray) -> TokenRecord:
-        """The next token from one position's ``logits``: penalties, the constraint's mask (before
-        logprobs too: they are the masked distribution's), the sampler; returns its record.
-
-        A row on a device: greedy choice without penalties or a constraint is the argmax there
-        (one transfer of the id, and of the logprobs asked for); anything else brings the row to
-        the host once and goes on as there."""
-        if not isinstance(logits, np.ndarray):
-            if self.greedy:
-                token = argmax_id(logits)
-                return self.record(logits, token)
-            logits = to_host(logits)
-        processed = self.processor(logits, self.history)
-        if self.constraint is not None:
-            processed = self.constraint.mask(processed)
-        token = self.sampler(processed, self.rng)
-        if self.constraint is not None:
-            self.constraint.consume(token)
-        return self.record(processed, token)
-
-    def record(self, processed: np.ndarray, token: int) -> TokenRecord:
-        """``token``, chosen from the ``processed`` logits, as the next record."""
-        index, metrics = self.index, self.metrics
-        self.history.append(token)
-        metrics.generated_tokens += 1
-        if index == 0:
-            metrics.time_to_first_token_s = time.perf_counter() - self.start
-        logprob, top = _logprobs(processed, token, self.params.logprobs, self.token_text)
-        last = index == self.params.max_tokens - 1
-        delta, finish = _token_delta(self.tok, self.text, self.decoder, token, last)
-        completed = finish == "length" and self.constraint is not None and self.constraint.complete
-        if finish == "eos" or completed:
-            finish = self.eos_finish  # a format the last allowed token completed was not cut
-        self.index += 1
-        return TokenRecord(index, token, delta, logprob, top, finish)
-
-    def cancelled(self) -> TokenRecord:
-        return TokenRecord(self.index, -1, self.text.flush(), finish_reason="cancelled")
-
-    def end(self) -> None:
-        self.metrics.decode_s = time.perf_counter() - self.decode_start
-        self.metrics.peak_rss_bytes = peak_rss_bytes()
-        if self.prefix_cache is not None:
-            # positions below the last chosen token's hold the history's tokens (a speculative
-            # step that ended on a finish may also hold a rejected draft token at and past it)
-            n = min(self.caches[0][0].offset, len(self.history) - 1)
-            self.prefix_cache.store(self.history[:n], self.caches[0])
-
-
-class _StopFilter:
-    """Holds back text that could be the start of a stop string; cuts at the first stop."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = list(stops)
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.pending = ""
-
-    def push(self, delta: str) -> tuple[str, bool]:
-        self.pending += delta
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.pending = self.pending[:cut], ""
-            return out, True
-        safe = len(self.pending) - self.hold if self.stops else len(self.pending)
-        out, self.pending = self.pending[:max(safe, 0)], self.pending[max(safe, 0):]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-def _token_delta(tok, text: _StopFilter, decoder, token: int, last: bool) -> tuple[str, str | None]:
-    """The text ``token`` adds and the finish reason it brings: ``"eos"``, ``"stop"`` (a stop
-    string) or, on the ``last`` allowed token, ``"length"`` (which flushes what was held)."""
-    if token in tok.eos_ids:
-        return text.flush(), "eos"
-    delta, stopped = text.push(decoder.push(token))
-    if stopped:
-        return delta, "stop"
-    if last:
-        return delta + text.push(decoder.flush())[0] + text.flush(), "length"
-    return delta, None
-
-
-def _logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]):
-    if k == 0:
-        return None, None
-    if not isinstance(logits, np.ndarray):  # a device row: reduced there, one transfer
-        logprob, top = device_logprobs(logits, token, k)
-        return logprob, [(i, token_text(i), lp) for i, lp in top]
-    m, log_total = log_softmax_terms(logits)
-
-    def logprob(i) -> float:
-        return (float(logits[i]) - m) - log_total
-
-    # the logits' order is their log-probabilities' (one shift), so their top k are the same;
-    # tokens a constraint forbids (-inf) are no alternatives (and -Infinity is not JSON)
-    return logprob(token), [(int(i), token_text(int(i)), logprob(i)) for i in top_k(logits, k)
-                            if np.isfinite(logits[i])]
-
-
-def top_k(values: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the ``k`` largest values, largest first, ties by index: what a stable
-    ``argsort(-values)[:k]`` gives, without sorting the vocabulary (3 ms per token for 49k
-    entries, 0.06 ms this way)."""
-    k = min(k, values.size)
-    kth = np.partition(values, values.size - k)[values.size - k]
-    candidates = np.flatnonzero(values >= kth)  # every tie at the boundary too
-    return candidates[np.lexsort((candidates, -values[candidates]))][:k]
 
 
 def _tuple_stop(sampling: dict) -> dict:

@@ -334,7 +334,7 @@ def test_a_failing_prefill_fails_only_its_request(smollm2, monkeypatch):
 def test_a_failing_choice_fails_only_its_request(smollm2, monkeypatch):
     """A request's own choice raising (a constraint it cannot follow, say) mid-generation ends it
     with an "error" record carrying the exception; its neighbour in the batch goes on as alone."""
-    from loomlab.core.llm.generate.textmodel import Decoding
+    from loomlab.core.llm.generate.decoding import Decoding
 
     real = Decoding.choose
 

@@ -118,7 +118,7 @@ def test_mask_cost_per_token(smollm2):
 
     list(smollm2.generate(prompt, max_tokens=2, response_format=fmt))  # builds the tokenizer adapter
     base, constrained = per_step(), per_step(response_format=fmt)
-    c = Constraint.for_model(smollm2, fmt)
+    c = Constraint.for_tokenizer(smollm2.tokenizer, smollm2.vocab_size, smollm2.net.source, fmt)
     logits = np.zeros(smollm2.vocab_size, np.float32)
     start = time.perf_counter()
     for _ in range(64):

@@ -85,12 +85,12 @@ def test_log_softmax_terms_give_log_softmax_bit_for_bit(size, dtype):
 
 
 def test_generated_logprobs_are_the_log_softmax_of_the_processed_logits():
-    from loomlab.core.llm.generate.textmodel import _logprobs
+    from loomlab.core.llm.generate.decoding import token_logprobs
 
     z = (np.random.default_rng(5).standard_normal(5000) * 4).astype(np.float32)
     z[[10, 20]] = z.max()  # a tie at the top: the lower index first, as a stable sort gives
     lp = log_softmax(z)
-    token_lp, top = _logprobs(z, 7, 5, str)
+    token_lp, top = token_logprobs(z, 7, 5, str)
     assert token_lp == float(lp[7])
     order = np.argsort(-lp, kind="stable")[:5]
     assert top == [(int(i), str(int(i)), float(lp[i])) for i in order]

@@ -147,7 +147,7 @@ def test_info(model):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_top_k_is_a_stable_argsort_without_sorting_everything(seed):
-    from loomlab.core.llm.generate.textmodel import top_k
+    from loomlab.core.llm.generate.decoding import top_k
 
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 20, 1000).astype(np.float32)  # many ties, at the boundary too
