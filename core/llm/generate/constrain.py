@@ -18,6 +18,9 @@ A constrained generation ends ``"stop"`` once its output is a whole match, EOS o
 ``"length"`` when max_tokens cut it before: that output does not match. llguidance puts no bound
 of its own on the length of a number or a string, so a schema without ``maximum``/``maxLength``
 lets a model write digits until max_tokens.
+
+A regex whose lexer would grow past :data:`LEXER_FUEL` (``(a{100}){100}{100}``, say) is refused
+with :class:`LoomConfigError` at the first token it is asked to follow.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
 # compact JSON: with llguidance's default (any whitespace between items) small models were free to
 # pad with newlines until max_tokens; a schema's own "x-guidance" options still override this
 _JSON_OPTIONS = {"whitespace_flexible": False}
+
+# The work llguidance's lexer may spend building a constraint's regular expressions before the
+# first token. Its default, 1,000,000, let (a{100}){100}{100} compute a first mask for ~4 s before
+# refusing a token; at this much the refusal comes in ~0.05 s, and a 10,000-character regex,
+# (a{100}){100}, still fits (as do JSON schemas with formats, patterns and long enums).
+LEXER_FUEL = 50_000
+_LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=LEXER_FUEL)
+
 
 def grammar_of(response_format: Mapping | None) -> str | None:
     """The llguidance grammar ``response_format`` asks for (None: unconstrained), validated:
@@ -97,7 +108,7 @@ class Constraint:
     the token chosen from them."""
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, vocab_size: int):
-        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=_LIMITS)
         if self._matcher.is_error():
             raise LoomConfigError(f"response_format is invalid: {self._matcher.get_error()}")
         self._vocab_size = vocab_size

@@ -103,6 +103,33 @@ def test_bad_formats_raise_before_any_work(smollm2, fmt, words):
     assert smollm2.metrics() is before
 
 
+def _first_token(model, pattern: str) -> tuple[Constraint, int]:
+    """A regex constraint on ``model`` after its first mask, and the first token that mask allows."""
+    fmt = {"type": "regex", "pattern": pattern}
+    c = Constraint.for_tokenizer(model.tokenizer, model.vocab_size, model.net.source, fmt)
+    return c, int(np.argmax(c.mask(np.zeros(model.vocab_size, np.float32))))
+
+
+@pytest.mark.parametrize("pattern", ["(a{100}){100}{100}", "(a{100}){500}"])
+def test_a_regex_past_the_lexer_fuel_is_refused_at_its_first_token(smollm2, pattern):
+    """Both need more lexer fuel than LEXER_FUEL. With llguidance's default (1,000,000) the first
+    spent ~4 s on its first mask before its token was refused, and the second (50,000
+    characters) was followed; now both are refused at the first token, with the typed error the
+    server answers with a 400."""
+    c, token = _first_token(smollm2, pattern)
+    with pytest.raises(LoomConfigError, match="response_format rejected token"):
+        c.consume(token)
+    with pytest.raises(LoomConfigError, match="response_format rejected token"):
+        list(smollm2.generate("a", response_format={"type": "regex", "pattern": pattern}, max_tokens=4))
+
+
+def test_a_long_regex_within_the_lexer_fuel_is_followed(smollm2):
+    c, token = _first_token(smollm2, "(a{100}){100}")  # 10,000 characters
+    for _ in range(3):
+        c.consume(token)
+        token = int(np.argmax(c.mask(np.zeros(smollm2.vocab_size, np.float32))))
+
+
 def test_mask_cost_per_token(smollm2):
     """Reported, not asserted: the time a constraint adds per decode step over 64 tokens."""
     prompt = "Once upon a time, in a list of facts about cats,"
