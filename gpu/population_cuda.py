@@ -1,7 +1,7 @@
 """A population of small MLPs evaluated at once on an NVIDIA GPU: the numba-CUDA twin of
-:func:`loomlab.core.evolve.batched_kernel.forward` (same arguments, same result).
+:func:`loomlab.core.evolve.search.batched_kernel.forward` (same arguments, same result).
 
-:mod:`loomlab.core.evolve.batched` packs a group of same-shaped Dense networks as ``w[N, total]``
+:mod:`loomlab.core.evolve.search.batched` packs a group of same-shaped Dense networks as ``w[N, total]``
 (member n's layer j ``[out, in]`` at offset ``layers[j, 2]``) with activation ids ``acts[N, L]``.
 Here one thread block runs one member's whole chain: its rows of activations stay in shared
 memory between layers (no ``[N, B, out]`` array in device memory between them), each thread
@@ -34,7 +34,7 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 
 def _activation(acc):
     """A device function ``f(act, v)``: Loom activation ``act`` of ``v`` in the dtype ``acc``, with
-    :func:`loomlab.core.evolve.batched_kernel._activate`'s operations."""
+    :func:`loomlab.core.evolve.search.batched_kernel._activate`'s operations."""
     zero, one = acc(0), acc(1)
 
     def activate(act, v):

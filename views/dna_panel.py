@@ -3,7 +3,7 @@
 Two pickers name the pair: a Loom network (``.json`` / ``.loom``), a language model (a GGUF file,
 an HF folder or a model's name), or an object the window hands over with :meth:`DNAPanel.set_pair`
 or :meth:`DNAPanel.add_choice` (the loaded model and its morphed copy, the Models panel's items).
-Compare runs in a job (:mod:`loomlab.core.evolve.dna_table`: ``compare_dna`` for networks, the
+Compare runs in a job (:mod:`loomlab.core.evolve.llm.dna_table`: ``compare_dna`` for networks, the
 count sketches for language models, progress per layer) and shows the overall overlap, a per-layer
 heatmap (grid cells x layer slots; blocks x sub-layers for a language model), a table of overlaps
 that sorts numbers as numbers, and the logic shifts (also announced by
@@ -50,9 +50,9 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core import VolumetricNetwork, load_network
-from loomlab.core.evolve.dna_table import DNAReport, kind_of, model_path, model_report, network_report
-from loomlab.core.evolve.splicing import MODES as SPLICE_MODES
-from loomlab.core.evolve.splicing import SpliceConfig, splice
+from loomlab.core.evolve.genetics.splicing import MODES as SPLICE_MODES
+from loomlab.core.evolve.genetics.splicing import SpliceConfig, splice
+from loomlab.core.evolve.llm.dna_table import DNAReport, kind_of, model_path, model_report, network_report
 from loomlab.core.llm.quality.merge import METHODS as MERGE_METHODS
 from loomlab.core.llm.quality.merge import merge_models
 

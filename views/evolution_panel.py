@@ -1,14 +1,14 @@
 """The Evolution panel: set up an evolution run, start, pause, stop and resume it, and watch it.
 
 The form is turned into the same nested settings a ``loomlab evolve`` TOML file holds and built
-by :func:`loomlab.core.evolve.run_config.plan_from_dict`, so a run started here and one started
+by :func:`loomlab.core.evolve.search.run_config.plan_from_dict`, so a run started here and one started
 from the command line with the same settings and seed give the same history. The form is
 validated as it is typed: an invalid value shows why and disables Start.
 
-A run is an :class:`~loomlab.core.evolve.run.Evolution` in a child process
-(:mod:`loomlab.core.evolve.run_process`; a quant-recipe run, which morphs the loaded model, on a
-job's thread instead). Its :class:`~loomlab.core.evolve.live.LiveReporter` sends live events, which
-the job hands a :class:`~loomlab.core.evolve.live.LiveBuffer` (every generation's statistics, the
+A run is an :class:`~loomlab.core.evolve.search.run.Evolution` in a child process
+(:mod:`loomlab.core.evolve.search.run_process`; a quant-recipe run, which morphs the loaded model, on a
+job's thread instead). Its :class:`~loomlab.core.evolve.search.live.LiveReporter` sends live events, which
+the job hands a :class:`~loomlab.core.evolve.search.live.LiveBuffer` (every generation's statistics, the
 latest population table, the latest best member); a QTimer on the GUI thread drains the buffer a
 few times a second and redraws once per tick, however many generations went by. Pause stops
 the run after the current generation's checkpoint; Stop stops it at once (the generation being
@@ -47,7 +47,8 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.errors import LoomConfigError, LoomError
-from loomlab.core.evolve.live import (
+from loomlab.core.evolve.genetics.neat import NEATConfig
+from loomlab.core.evolve.search.live import (
     KEEP_GENE,
     Event,
     LiveBuffer,
@@ -57,12 +58,11 @@ from loomlab.core.evolve.live import (
     RunStarted,
     run_live,
 )
-from loomlab.core.evolve.neat import NEATConfig
-from loomlab.core.evolve.reporters import GenerationStats
-from loomlab.core.evolve.run import Evolution, RunResult
-from loomlab.core.evolve.run_config import RunPlan, model_source, plan_from_dict
-from loomlab.core.evolve.run_process import run_in_child
-from loomlab.core.evolve.tasks import TASKS
+from loomlab.core.evolve.search.reporters import GenerationStats
+from loomlab.core.evolve.search.run import Evolution, RunResult
+from loomlab.core.evolve.search.run_config import RunPlan, model_source, plan_from_dict
+from loomlab.core.evolve.search.run_process import run_in_child
+from loomlab.core.evolve.search.tasks import TASKS
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
 from loomlab.core.network import VolumetricNetwork
@@ -400,7 +400,7 @@ class EvolutionPanel(QWidget):
     def start(self) -> None:
         """Start the run the form describes, in a job (checkpointed into the workspace, if any).
 
-        A network task runs in a child process (:mod:`loomlab.core.evolve.run_process`: its
+        A network task runs in a child process (:mod:`loomlab.core.evolve.search.run_process`: its
         pure-Python loop would hold this process's GIL and stall the window); the quant-recipe task
         runs on the job's thread, beside the loaded model it morphs (its work is in numpy and
         numba, which let the GIL go)."""

@@ -775,7 +775,7 @@ class TopologyPanel(QWidget):
 
     def show_logic_shifts(self, shifts) -> int:
         """Draw an arrow for each logic shift ``(source_pos, target_pos, overlap)`` (positions as
-        ``"z,y,x,l"`` or tuples; :class:`~loomlab.core.evolve.dna.LogicShift` objects too): an arc
+        ``"z,y,x,l"`` or tuples; :class:`~loomlab.core.evolve.genetics.dna.LogicShift` objects too): an arc
         over the grid from the source layer to the target. Positions this network lacks are
         skipped; ``[]`` clears them (as does :meth:`set_network`). Returns how many were drawn."""
         self.shift_arrows = []

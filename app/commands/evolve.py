@@ -64,7 +64,7 @@ def register(sub) -> None:
 
 # ----- dna / splice --------------------------------------------------------------------------
 def cmd_dna(args) -> int:
-    from loomlab.core.evolve.dna_table import kind_of
+    from loomlab.core.evolve.llm.dna_table import kind_of
 
     kinds = kind_of(args.a), kind_of(args.b)
     if kinds[0] != kinds[1]:
@@ -77,7 +77,7 @@ _KIND_TEXT = {"network": "network", "model": "language model"}
 
 
 def _dna_of_networks(args) -> int:
-    from loomlab.core.evolve.dna import compare_dna, dtype_mismatches
+    from loomlab.core.evolve.genetics.dna import compare_dna, dtype_mismatches
 
     a, b = load_net(args.a), load_net(args.b)
     result = compare_dna(a, b, across_dtypes=args.across_dtypes)
@@ -100,8 +100,8 @@ def _dna_of_networks(args) -> int:
 
 
 def _dna_of_models(args) -> int:
-    """The DNA panel's comparison (:func:`loomlab.core.evolve.dna_table.model_report`)."""
-    from loomlab.core.evolve.dna_table import model_report
+    """The DNA panel's comparison (:func:`loomlab.core.evolve.llm.dna_table.model_report`)."""
+    from loomlab.core.evolve.llm.dna_table import model_report
 
     report = model_report(args.a, args.b, progress=progress_bar)
     if args.json:
@@ -118,7 +118,7 @@ def _print_overlaps(overall: float, rows: list[tuple[str, str]], heading: str) -
 
 
 def cmd_splice(args) -> int:
-    from loomlab.core.evolve.splicing import SpliceConfig, splice
+    from loomlab.core.evolve.genetics.splicing import SpliceConfig, splice
     from loomlab.core.io import save_network
 
     config = SpliceConfig(mode=args.mode, blend_alpha=args.alpha, split_ratio=args.split,
@@ -131,10 +131,10 @@ def cmd_splice(args) -> int:
 
 # ----- evolve ----------------------------------------------------------------------------------
 def cmd_evolve(args) -> int:
-    from loomlab.core.evolve.reporters import ConsoleReporter
-    from loomlab.core.evolve.run import Evolution
-    from loomlab.core.evolve.run_config import read_plan
-    from loomlab.core.evolve.schedulers import make_evaluator
+    from loomlab.core.evolve.search.reporters import ConsoleReporter
+    from loomlab.core.evolve.search.run import Evolution
+    from loomlab.core.evolve.search.run_config import read_plan
+    from loomlab.core.evolve.search.schedulers import make_evaluator
     from loomlab.core.workspace.evolution_runs import EvolutionRuns
     from loomlab.core.workspace.store import Workspace, default_path
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from loomlab.app.cli import main
-from loomlab.core.evolve.dna import compare_dna
-from loomlab.core.evolve.dna_table import model_report
-from loomlab.core.evolve.recipe import recipe_from_bytes
-from loomlab.core.evolve.reporters import ConsoleReporter
-from loomlab.core.evolve.run import Evolution
-from loomlab.core.evolve.speciation import SpeciationConfig
-from loomlab.core.evolve.splicing import SpliceConfig, splice
-from loomlab.core.evolve.tasks import get_task
+from loomlab.core.evolve.genetics.dna import compare_dna
+from loomlab.core.evolve.genetics.splicing import SpliceConfig, splice
+from loomlab.core.evolve.llm.dna_table import model_report
+from loomlab.core.evolve.llm.recipe_genome import recipe_from_bytes
+from loomlab.core.evolve.search.reporters import ConsoleReporter
+from loomlab.core.evolve.search.run import Evolution
+from loomlab.core.evolve.search.speciation import SpeciationConfig
+from loomlab.core.evolve.search.tasks import get_task
 from loomlab.core.io import load_network, save_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps, read_network

@@ -24,7 +24,7 @@ import numpy as np
 from benchtools import best
 
 from loomlab.core import VolumetricNetwork, make_layer
-from loomlab.core.evolve.batched import NetworkStack, forward_many
+from loomlab.core.evolve.search.batched import NetworkStack, forward_many
 from loomlab.core.procinfo import machine
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from benchtools import best
 
-from loomlab.core.evolve.dna import compare_dna
-from loomlab.core.evolve.sketch import DEFAULT_WIDTH, compare_models, sketch_dna
+from loomlab.core.evolve.genetics.dna import compare_dna
+from loomlab.core.evolve.llm.sketch import DEFAULT_WIDTH, compare_models, sketch_dna
 from loomlab.core.llm.files.discovery import resolve
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.llm.quality.merge import merge_models

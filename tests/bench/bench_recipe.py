@@ -17,8 +17,8 @@ import time
 
 from benchtools import best
 
-from loomlab.core.evolve.gorand import GoRand
-from loomlab.core.evolve.recipe import RecipeSpace
+from loomlab.core.evolve.genetics.gorand import GoRand
+from loomlab.core.evolve.llm.recipe_genome import RecipeSpace
 from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.procinfo import machine, peak_rss_bytes
 

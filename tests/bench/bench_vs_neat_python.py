@@ -30,10 +30,10 @@ from pathlib import Path
 
 from benchtools import best
 
-from loomlab.core.evolve.batched import group_key
-from loomlab.core.evolve.neat import NEATConfig
-from loomlab.core.evolve.population import NEATPopulation
-from loomlab.core.evolve.tasks import get_task
+from loomlab.core.evolve.genetics.neat import NEATConfig
+from loomlab.core.evolve.search.batched import group_key
+from loomlab.core.evolve.search.population import NEATPopulation
+from loomlab.core.evolve.search.tasks import get_task
 from loomlab.core.procinfo import machine
 
 VENV = Path.home() / ".cache" / "loomlab" / "bench-neat-python" / "venv"

@@ -8,7 +8,7 @@ For each seed (the NEAT config's seed, which seeds the whole run) an ``Evolution
 member is solved or ``--generations`` have been evaluated. Configurations:
 
 * ``loom``: Loom's population (``speciation=None``), elitist truncation as Loom does it.
-* ``speciated``: ``SpeciationConfig()`` (the defaults of :mod:`loomlab.core.evolve.speciation`).
+* ``speciated``: ``SpeciationConfig()`` (the defaults of :mod:`loomlab.core.evolve.search.speciation`).
 
 ``--neat`` picks the NEAT mutation settings: ``loom`` is Loom's ``DefaultNEATConfig`` for the
 genome's width (what ``Evolution`` uses when given no config), ``task`` is the task's recommended
@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 
-from loomlab.core.evolve.neat import NEATConfig
-from loomlab.core.evolve.run import Evolution, genome_width
-from loomlab.core.evolve.speciation import SpeciationConfig
-from loomlab.core.evolve.tasks import get_task
+from loomlab.core.evolve.genetics.neat import NEATConfig
+from loomlab.core.evolve.search.run import Evolution, genome_width
+from loomlab.core.evolve.search.speciation import SpeciationConfig
+from loomlab.core.evolve.search.tasks import get_task
 from loomlab.core.procinfo import machine
 
 

@@ -340,7 +340,7 @@ def _population(backend, n=60):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_batched_population_on_strict_equals_numpy(backend, rows):
     from loomlab.core.errors import LoomError
-    from loomlab.core.evolve.batched import as_numpy, forward_many, forward_stacked
+    from loomlab.core.evolve.search.batched import as_numpy, forward_many, forward_stacked
 
     x = np.random.default_rng(3).standard_normal((rows, 4)).astype(np.float32)
     host, device = _population("numpy"), _population(backend)
@@ -361,7 +361,7 @@ def test_batched_population_on_strict_equals_numpy(backend, rows):
 
 @pytest.mark.parametrize("backend", STRICT)
 def test_task_fitness_of_a_population_on_strict_equals_numpy(backend, monkeypatch):
-    from loomlab.core.evolve.tasks import get_task
+    from loomlab.core.evolve.search.tasks import get_task
 
     task = get_task("xor", precision="fast")
     seed = task.seed_network()

@@ -1,7 +1,7 @@
 """The population kernel (gpu/population_cuda.py) in numba's CUDA simulator, against the numpy
-path of :mod:`loomlab.core.evolve.batched` (a stacked ``matmul`` per layer, then each member's
+path of :mod:`loomlab.core.evolve.search.batched` (a stacked ``matmul`` per layer, then each member's
 :func:`~loomlab.core.activations.activate`) and against the CPU kernel it mirrors
-(:func:`loomlab.core.evolve.batched_kernel.forward`).
+(:func:`loomlab.core.evolve.search.batched_kernel.forward`).
 
 Tolerance: rtol 2e-5 with atol 2e-6. Each layer's dot products (at most 40 terms here) are
 float32 sums in different orders, at most 2 * 40 * 2^-24 (5e-6) of ``sum |w x|`` apart, and each
@@ -18,7 +18,7 @@ import pytest
 
 from loomlab.core.activations import GELU, LEAKY_RELU, LINEAR, RELU, RELU2, SIGMOID, SILU, TANH, activate
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.evolve import batched_kernel
+from loomlab.core.evolve.search import batched_kernel
 
 pytestmark = pytest.mark.cuda_simulator
 THREADS = 32  # the simulator runs every GPU thread as a Python thread: one warp per block

@@ -15,11 +15,11 @@ from safetensors.numpy import load_file, save_file
 
 from loomlab.core import VolumetricNetwork, make_layer, save_network
 from loomlab.core.evolve import NEATConfig, get_task, neat_mutate
-from loomlab.core.evolve.clone import clone_network
-from loomlab.core.evolve.dna import compare_dna
-from loomlab.core.evolve.dna_table import model_report
-from loomlab.core.evolve.sketch import compare_models
-from loomlab.core.evolve.splicing import SpliceConfig, splice
+from loomlab.core.evolve.genetics.clone import clone_network
+from loomlab.core.evolve.genetics.dna import compare_dna
+from loomlab.core.evolve.genetics.splicing import SpliceConfig, splice
+from loomlab.core.evolve.llm.dna_table import model_report
+from loomlab.core.evolve.llm.sketch import compare_models
 from loomlab.core.io.loom_json import dumps
 from loomlab.core.llm.quality.merge import merge_models
 from loomlab.core.morph import morph_layer

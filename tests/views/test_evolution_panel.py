@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from loomlab.app.cli import main
-from loomlab.core.evolve.live import KEEP_GENE, member_rows
-from loomlab.core.evolve.run import Evolution
-from loomlab.core.evolve.run_config import plan_from_dict
-from loomlab.core.evolve.speciation import SpeciationConfig
-from loomlab.core.evolve.tasks import get_task
+from loomlab.core.evolve.search.live import KEEP_GENE, member_rows
+from loomlab.core.evolve.search.run import Evolution
+from loomlab.core.evolve.search.run_config import plan_from_dict
+from loomlab.core.evolve.search.speciation import SpeciationConfig
+from loomlab.core.evolve.search.tasks import get_task
 from loomlab.core.io import load_network
 from loomlab.core.io.checkpoint import checkpoint_bytes
 from loomlab.core.io.loom_json import dumps

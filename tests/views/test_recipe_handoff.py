@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loomlab.core.evolve.live import KEEP_GENE, member_rows
+from loomlab.core.evolve.search.live import KEEP_GENE, member_rows
 from loomlab.core.llm.generate.textmodel import TextModel
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.morph import weighted_cells

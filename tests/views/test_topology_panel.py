@@ -511,7 +511,7 @@ def test_legible_in_the_dark_theme(qtbot, qapp):
 
 # ----- logic-shift arrows (the DNA panel's) -------------------------------------------------------------
 def test_logic_shift_arrows_join_the_grid_positions_given_and_clear_with_a_new_network(qtbot):
-    from loomlab.core.evolve.dna import LogicShift
+    from loomlab.core.evolve.genetics.dna import LogicShift
 
     panel = make_panel(qtbot, small_net())
     topo = panel.topology

@@ -80,7 +80,7 @@ def test_morphing_to_q8_0_drifts_little_as_llama_cpp_measures_it(smollm2):
 def test_a_morphed_loaded_model_is_not_merged_from_its_file(smollm2):
     """A merge reads the models' files: for a loaded model that is morphed it would silently drop
     the morph, so it is refused with the reason until the model is reverted."""
-    from loomlab.core.evolve.dna_table import model_path
+    from loomlab.core.evolve.llm.dna_table import model_path
 
     assert model_path(smollm2) == str(smollm2.net.source.path)
     index, layer = weighted_cells(smollm2.net)[6]  # blk.1's attention (a norm's vector stays F32)
