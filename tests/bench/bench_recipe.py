@@ -1,4 +1,4 @@
-"""Benchmark: evaluating quantization recipes of a language model (core.evolve.recipe).
+"""Benchmark: evaluating quantization recipes of a language model (core.evolve.llm.recipe_genome).
 
     python tests/bench/bench_recipe.py [--model smollm2-135m] [--mutants 8] [--repeat 3]
 

@@ -1,4 +1,4 @@
-"""LLM DNA sketches (core.evolve.sketch) against exact cosines of the same weights.
+"""LLM DNA sketches (core.evolve.llm.sketch) against exact cosines of the same weights.
 
 Oracle: the cosine of the dequantized weights themselves, in float64, for SmolLM2's real layers
 (a layer against its int8 morph, against itself plus as much noise, against another block);
