@@ -35,14 +35,11 @@ class PromptLookup(Drafter):
 
     A longer match predicts a longer copy: a reply that has begun copying a sentence of the
     prompt matches 3 tokens and goes on for many more, while a 2-token match is often a common
-    pair and a 1-token match almost always is (SmolLM2-135M, 128-token chat reply: n = 3..1
-    drafted 393 tokens, 6 accepted, 0.31x plain speed). So 2-grams propose up to 4 tokens and
-    3-grams up to ``num_draft`` = 6; each row a step verifies costs about a fifth of a one-row
-    step in the int8 kernels (context ~156: 1 / 2 / 4 / 8 rows 3.5 / 4.2 / 5.9 / 9.3 ms), so a
-    rejected draft costs less than an accepted one gains. Measured with
-    ``tests/bench/bench_speculative.py --int8`` (2026-11-28, two runs): a question about a
-    paragraph 2.61-2.82x, its summary 1.66-1.69x, meeting notes' action items 1.35-1.44x, where
-    3-grams proposing 3 tokens gave 2.23-2.42 / 1.54 / 1.17-1.34x; chats 0.94-1.02x (0.97-1.02x).
+    pair and a 1-token match almost always is (drafting from 1-grams made a SmolLM2 chat reply
+    slower than plain decoding). So 2-grams propose up to 4 tokens and 3-grams up to
+    ``num_draft`` = 6: each row a step verifies costs a fraction of a one-row step, so a rejected
+    draft costs less than an accepted one gains. What each kind of prompt gains is measured by
+    ``tests/bench/bench_speculative.py`` (docs/performance.md, "speculative decoding").
 
     In a reply that does not quote the prompt, the 2-gram drafts are rejected one after another
     (measured: a story, 0 of 35 drafted tokens kept, 0.91x). So each sequence keeps a track
