@@ -6,7 +6,7 @@ without the simulator, is run once more, whole, in a child ``pytest`` with the v
 of its tests here then passes or fails as it did there (its failure text shown), and a test the
 child skipped or never ran fails here: a skip in the simulator is not a pass. Run with
 ``NUMBA_ENABLE_CUDASIM=1`` already set, the marked tests simply run in this process (that is how
-coverage of ``gpu/`` is measured, see the README).
+coverage of ``gpu/`` is measured, see docs/gpu.md).
 """
 
 from __future__ import annotations
