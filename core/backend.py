@@ -22,16 +22,35 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .errors import LoomConfigError
 
-if TYPE_CHECKING:  # the kernels' module builds on this one
-    from .llm.kernels.device_kernels import LLMKernels
-
 ENTRY_POINT_GROUP = "loomlab.backends"
+
+
+@runtime_checkable
+class DeviceKernels(Protocol):
+    """What a language model needs from a device beyond the array API: its matrices uploaded
+    once, then multiplied, and attention. Described here, where a backend names its own
+    (``Backend.llm_kernels``), so that backends never import the language models; the array-API
+    fallback and base class is :class:`loomlab.core.llm.kernels.device_kernels.LLMKernels`."""
+
+    backend: Backend
+    xp: ModuleType
+
+    def upload(self, m) -> object:
+        """A layer matrix (a QuantMatrix, or a float32 numpy array ``[out, in]``) made
+        device-resident."""
+
+    def linear(self, x, m):
+        """``x [T, in]`` on the device times the uploaded matrix ``m`` transposed: ``[T, out]``."""
+
+    def attend(self, q, keys, values, start: int, window: int | None, scale: float):
+        """Causal attention of ``q [T, H, hd]`` at positions ``start..`` over ``keys`` / ``values``
+        ``[Hkv, S, hd]`` on the device: ``[T, H * hd]``."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +58,9 @@ class Backend:
     name: str
     xp: ModuleType  # the array namespace: numpy, cupy or a device-bound array_api_strict
     device: object = None  # where its arrays live; None: the namespace's default device
-    # the language-model kernels' class (loomlab.core.llm.kernels.device_kernels.LLMKernels or a subclass)
-    # called with this backend; None: the array-API fallback, LLMKernels itself
-    llm_kernels: Callable[[Backend], LLMKernels] | None = None
+    # makes this backend's language-model kernels (called with the backend; CuPy's names a subclass
+    # of loomlab.core.llm.kernels.device_kernels.LLMKernels); None: the array-API fallback
+    llm_kernels: Callable[[Backend], DeviceKernels] | None = None
 
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)

@@ -6,6 +6,8 @@ interpreter has imported, and the registry's answers with a stand-in plugin in p
 
 from __future__ import annotations
 
+import ast
+import inspect
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import backend
-from loomlab.core.backend import NUMPY, Backend, get_backend, register_backend
+from loomlab.core.backend import NUMPY, Backend, DeviceKernels, get_backend, register_backend
 from loomlab.core.errors import LoomConfigError
 
 
@@ -68,3 +70,15 @@ def test_a_plugin_that_fails_to_import_is_reported_as_such(registry, monkeypatch
                         lambda group, name=None: [BrokenEntryPoint()] if name in (None, "broken") else [])
     with pytest.raises(LoomConfigError, match="'no_such_plugin_module' failed to import"):
         get_backend("broken")
+
+
+def test_backends_describe_the_language_model_kernels_without_importing_them():
+    """``Backend.llm_kernels`` makes a :class:`DeviceKernels`, which the language models' array-API
+    fallback is; the backends' module imports nothing of the language models (its source says)."""
+    from loomlab.core.llm.kernels.device_kernels import kernels_for
+
+    assert isinstance(kernels_for(NUMPY), DeviceKernels)
+    tree = ast.parse(inspect.getsource(backend))
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+    assert not [name for name in imported if "llm" in name.split(".")]

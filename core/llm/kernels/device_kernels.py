@@ -1,4 +1,5 @@
-"""What the language-model path needs from a device beyond the array API (issue 16).
+"""What the language-model path needs from a device beyond the array API
+(:class:`~loomlab.core.backend.DeviceKernels`), and the array-API fallback.
 
 A language model on a device backend (``load_model(..., backend="strict")``, CuPy) uploads every
 layer's matrices once, through :meth:`LLMKernels.upload`, and multiplies them and attends with
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import Backend
+from ...backend import Backend, DeviceKernels
 
 
 class LLMKernels:
-    """What the language-model path needs from a device beyond the array API. This base class
-    is the array-API fallback (strict, and any backend without its own kernels)."""
+    """:class:`~loomlab.core.backend.DeviceKernels` by the array API: the fallback (strict, and
+    any backend without its own kernels) and the base class of a backend's own."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -67,7 +68,7 @@ class LLMKernels:
         return xp.reshape(xp.permute_dims(xp.reshape(out, (H, T, hd)), (1, 0, 2)), (T, H * hd))
 
 
-def kernels_for(backend: Backend) -> LLMKernels:
+def kernels_for(backend: Backend) -> DeviceKernels:
     """The backend's own language-model kernels, or the array-API fallback."""
     make = backend.llm_kernels if backend.llm_kernels is not None else LLMKernels
     return make(backend)
