@@ -65,11 +65,11 @@ def warm_up() -> None:
     costs nothing here: modules, classes and the app's singletons live as long as the process.
     """
     import loomlab.core.llm.generate.textmodel  # noqa: F401 - imported now rather than by the first load
-    from loomlab.core.llm.kernels import quant
+    from loomlab.core.llm.kernels import kernel_warmup
 
     from .first_run import prepare_kernels
 
-    prepare_kernels(quant.warm_up)  # on a new install they compile first: a dialog says so
+    prepare_kernels(kernel_warmup.warm_up)  # on a new install they compile first: a dialog says so
     sys.setswitchinterval(0.001)
     gc.collect()  # so that only live objects are frozen
     gc.freeze()

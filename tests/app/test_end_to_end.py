@@ -12,7 +12,7 @@ import sys
 
 from PySide6.QtCore import Qt
 
-from loomlab.core.llm.kernels import quant
+from loomlab.core.llm.kernels import kernel_warmup
 from loomlab.core.procinfo import release_memory, rss_bytes
 
 from ..core.goldens import forward_case
@@ -43,7 +43,7 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
 
     win = make_window(qtbot, tmp_path)
     chat = win.panels["chat"]
-    quant.warm_up()  # the JIT's code and compiler are the process's, not the model's
+    kernel_warmup.warm_up()  # the JIT's code and compiler are the process's, not the model's
     release_memory()
     before = rss_bytes()
     win.open_model("smollm2-135m")

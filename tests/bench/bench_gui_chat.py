@@ -70,7 +70,7 @@ def window_rate(window: MainWindow, tokens: int) -> tuple[float, int]:
 
 def engine_rate(model, tokens: int) -> tuple[float, int]:
     """``model.chat`` on a thread of its own, as the window generates (the GUI thread must not
-    start an OpenMP pool of its own: see ``quant.warm_up``), the window idle meanwhile."""
+    start an OpenMP pool of its own: see ``kernel_warmup.warm_up``), the window idle meanwhile."""
     out = []
 
     def run() -> None:

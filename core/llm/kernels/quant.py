@@ -17,12 +17,9 @@ reassociation), so equal operations give equal bits. Three kernels share that ar
   * 2 <= T < 65: ``_block_matmul``: each pair of weight rows dequantized once into a small
     buffer, then dotted with every row of X (reads the weights once for all rows).
   * T >= 65: row tiles dequantized on one thread, BLAS ``X @ tile.T``. Not row-invariant (BLAS
-    blocks by shape), but 1.5-3x faster than the batch kernel from T = 64 on: BLAS uses FMA and
-    AVX-512, which the invariant kernels give up (an FMA rounds differently).
-Measured (``tests/bench/bench_quant_batch.py``, 2-core Xeon, shared): per matmul, the batch kernel
-beats the fused kernel per row from T = 2-3 and the tiled path up to T = 16-32; a SmolLM2 decode
-step of 8 sequences took 69 ms, 4.1 single-sequence steps (before: 124 ms, 7.3); from 32
-sequences the tiled path was faster (226 vs 185 ms), the price of invariance up to T = 64.
+    blocks by shape), but 1.5-3x faster than the batch kernel from T = 64 on
+    (``python tests/bench/bench_quant_batch.py``): BLAS uses FMA and AVX-512, which the invariant
+    kernels give up (an FMA rounds differently).
 
 Kernel shape: numba leaves the SLP vectorizer off, so a float reduction never vectorizes. Each
 (output row, row of X) therefore keeps one float32 accumulator per position inside a chunk
@@ -32,13 +29,13 @@ LLVM's loop vectorizer turns them into straight SIMD code, and two weight rows s
 
 Threads: the kernels run on numba's OpenMP pool. Inside :func:`adaptive_threads` (held by a
 generating model) they use as many threads as the CPUs other processes leave free
-(``cpu_threads``), re-chosen while they run; elsewhere, numba's count as the caller set it. Each
-kernel ends at a barrier, so a thread that another process deschedules stalls it for a whole
-time slice: with one busy competitor on 2 cores, decode fell from ~45 to 0.8-10 tokens/s on 2
-threads. The tiled path dequantizes on the calling thread only and multiplies with BLAS, which
+(:mod:`.cpu_threads`), re-chosen while they run; elsewhere, numba's count as the caller set it.
+Each kernel ends at a barrier, so a thread that another process deschedules stalls it for a whole
+time slice. The tiled path dequantizes on the calling thread only and multiplies with BLAS, which
 the model limits to one thread (:func:`single_threaded_blas`): OpenBLAS's workers keep spinning
-after each call, and alternating its pool with numba's call after call made SmolLM2's 37-token
-prefill take 6 s instead of 0.1 s.
+after each call, and alternating its pool with numba's call after call starves numba's threads.
+
+The measurements behind these choices are in docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -55,12 +52,11 @@ from numba import njit, prange
 from ...errors import LoomShapeError, ModelFormatError
 from .cpu_threads import ThreadChooser
 from .kernel_hints import prefetch_row, wide_vectors
-from .kernel_warmup import compile_progress
 
 F32 = np.float32
 ROW_CHUNK = 16  # rows per parallel work item (even: a row pair never straddles two items)
 TILE_BYTES = 1 << 20  # prefill dequantizes this much of the matrix at a time (stays in L2)
-FUSED_MAX_T = 1  # up to this many rows of X, the fused decode kernel per row (measured, module doc)
+FUSED_MAX_T = 1  # up to this many rows of X, the fused kernel per row (from 2, the batch kernel is faster)
 MATMUL_MIN_T = 65  # from this many rows on, dequantize + BLAS: faster, but not row-invariant
 
 # nogil: a GUI thread (or any other) keeps running while a worker thread multiplies
@@ -222,9 +218,7 @@ def _pair_dots(w, ra, rb, wo, x, n, L, P, lanes):
     Each operand is one array (two rows of one buffer, two lane rows of one array): with five
     separate ones, LLVM gave up on the alias checks and left the loops scalar (3x slower). The P
     branch stays outside the loops for the same reason, and every index is wrapped in ``_u``
-    whole (``_u(i) + L`` mixes unsigned and signed and turned the loads into gathers). A variant
-    with two rows of X per pass as well (four chains) measured 2-3x slower for P = 2 and 4, 20%
-    faster for P = 1."""
+    whole (``_u(i) + L`` mixes unsigned and signed and turned the loads into gathers)."""
     if P == 1:
         for k in range(n):
             o = k * L
@@ -294,10 +288,10 @@ def _block_rows(kind, q, lay, s, m, ids, out):
 # ---------------------------------------------------------------------------------------------
 # Decode (one row of X): fused kernels that compute each weight in registers with ``_decode``'s
 # exact expression and add it to the same lanes in the same order as ``_block_matmul``, so a row
-# gets the same bits from either; they skip the buffer store and reload, which at T = 1 made the
-# two-phase kernel 1.0-1.9x slower (bench_quant_batch.py). Two rows share each pass (same x
-# loads, two independent dependency chains); the per-block inner loop has a run-time trip count
-# so LLVM's loop vectorizer turns it into straight SIMD code.
+# gets the same bits from either; they skip the buffer store and reload, which make the two-phase
+# kernel slower for one row. Two rows share each pass (same x loads, two independent dependency
+# chains); the per-block inner loop has a run-time trip count so LLVM's loop vectorizer turns it
+# into straight SIMD code.
 
 
 @njit(**KERNEL_OPTIONS)
@@ -478,7 +472,7 @@ class GgmlFormat:
             FORMATS[int(cls.ggml_type)] = cls()
 
 
-class _Plain(GgmlFormat):
+class PlainFormat(GgmlFormat):
     """F32 / F16 / BF16: one weight per element, converted to a float32 matrix once."""
 
     block_elems = 1
@@ -488,21 +482,21 @@ class _Plain(GgmlFormat):
         raise NotImplementedError
 
 
-class _F32(_Plain):
+class _F32(PlainFormat):
     ggml_type, block_bytes, array_dtypes = GT.F32, 4, ("float32",)
 
     def to_f32(self, raw):
         return raw.view("<f4")  # a view of the file: no copy
 
 
-class _F16(_Plain):
+class _F16(PlainFormat):
     ggml_type, block_bytes, array_dtypes = GT.F16, 2, ("float16",)
 
     def to_f32(self, raw):
         return raw.view("<f2").astype(F32)
 
 
-class _BF16(_Plain):
+class _BF16(PlainFormat):
     ggml_type, block_bytes, array_dtypes = GT.BF16, 2, ("uint16", "bfloat16")  # BF16 as its uint16 bits
 
     def to_f32(self, raw):
@@ -514,7 +508,7 @@ def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, :, at:at + 2]).view("<f2")[..., 0].astype(F32)
 
 
-class _Blocks(GgmlFormat):
+class BlockFormat(GgmlFormat):
     """A quantized block format: the float32 side arrays it needs and its decoder's layout."""
 
     kind: ClassVar[int]  # the decoder branch in ``_decode``
@@ -534,7 +528,7 @@ class _Blocks(GgmlFormat):
         return self.block_bytes, self.qoff, gshift, self.group, self.shift, F32(self.zero)
 
 
-class _Q4_0(_Blocks):
+class _Q4_0(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q4_0, 32, 18
     kind, qoff, shift, zero = NIB4, 2, 1, 8
 
@@ -542,7 +536,7 @@ class _Q4_0(_Blocks):
         return _f16_field(blocks, 0), None
 
 
-class _Q4_1(_Blocks):
+class _Q4_1(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q4_1, 32, 20
     kind, qoff, shift = NIB4, 4, 1
 
@@ -550,7 +544,7 @@ class _Q4_1(_Blocks):
         return _f16_field(blocks, 0), _f16_field(blocks, 2)
 
 
-class _Q4_K(_Blocks):
+class _Q4_K(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q4_K, 256, 144
     kind, qoff, group = NIB4, 16, 32
 
@@ -567,7 +561,7 @@ class _Q4_K(_Blocks):
         return scale, offset
 
 
-class _Q5_0(_Blocks):
+class _Q5_0(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q5_0, 32, 22
     kind, qoff = FIVE, 2
 
@@ -575,7 +569,7 @@ class _Q5_0(_Blocks):
         return _f16_field(blocks, 0), None
 
 
-class _Q5_1(_Blocks):
+class _Q5_1(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q5_1, 32, 24
     kind, qoff = FIVE, 4
 
@@ -583,7 +577,7 @@ class _Q5_1(_Blocks):
         return _f16_field(blocks, 0), _f16_field(blocks, 2)
 
 
-class _Q8_0(_Blocks):
+class _Q8_0(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q8_0, 32, 34
     kind, qoff, group = INT8, 2, 32
 
@@ -591,7 +585,7 @@ class _Q8_0(_Blocks):
         return _f16_field(blocks, 0), None
 
 
-class _Q6_K(_Blocks):
+class _Q6_K(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q6_K, 256, 210
     kind = Q6K
 
@@ -649,7 +643,7 @@ class QuantMatrix:
         raw = read_only(self._raw_bytes(data, fmt, name))
         self._q, self._side, self._dense, self._args = None, (), None, ()
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
-        if isinstance(fmt, _Plain):
+        if isinstance(fmt, PlainFormat):
             self._dense = read_only(np.ascontiguousarray(fmt.to_f32(raw)))
         else:
             self._q = raw
@@ -784,59 +778,6 @@ class QuantMatrix:
         return f"QuantMatrix({self.type_name}, shape={self.shape})"
 
 
-def warm_up(progress=None, cancel=None) -> None:
-    """Run every kernel once on a one-block matrix (the 8-bit-activation ones too, attention, and
-    the encoders a morph to a block format uses), so none is loaded on first use. On a new
-    install that compiles them all: each is reported to ``progress`` and ``cancel`` is checked
-    between them, as in :func:`~loomlab.core.llm.kernels.kernel_warmup.compile_progress`.
-
-    numba's first call initialises its compiler and loads the cached machine code, holding the
-    GIL for about 0.35 s (then ~10 ms per further kernel); a GUI calls this before it shows
-    rather than let a worker's first matrix product freeze it.
-
-    The kernels run on a thread of their own that ends here. OpenMP keeps a pool of worker
-    threads for every thread that has started a parallel region, and while two pools live their
-    idle workers spin against each other: on 2 cores every kernel then took ~35% longer and a
-    decode in a worker thread ran at half speed (29 instead of 52 tokens/s) once the GUI thread
-    had warmed up here. A pool ends with its thread, so the caller is left with none.
-    """
-    def run() -> None:
-        try:
-            with compile_progress(progress, cancel):
-                run_each_kernel()
-        except BaseException as e:  # handed to the caller's thread, which raises it
-            failure.append(e)
-
-    def run_each_kernel() -> None:
-        from ...stats_kernel import error_sums
-        from .attention_kernel import attend
-        from .quant_int8 import int8_matmul, supports
-        from .quantize import QUANTIZE_FORMATS, quantize  # a morph to a block format: encoder, report
-
-        for fmt in (f for f in FORMATS.values() if isinstance(f, _Blocks)):
-            m = QuantMatrix(np.zeros((1, fmt.block_bytes), np.uint8), fmt.ggml_type,
-                            shape=(1, fmt.block_elems), name="warm-up")
-            m.matvec(np.zeros(fmt.block_elems, F32))
-            m.matmul(np.zeros((2, fmt.block_elems), F32))  # the batch kernel
-            m.rows(np.zeros(1, np.int64))
-            if supports(m):  # the 8-bit-activation mode's kernel
-                int8_matmul(m, np.zeros((1, fmt.block_elems), F32))
-        float_matmul(np.zeros((1, 1), F32), np.zeros((1, 1), F32))
-        for storage in (F32, np.uint16):  # attention over float32 and float16 (bits) KV caches
-            kv = np.zeros((1, 1, 8), storage)
-            attend(np.zeros((1, 1, 8), F32), kv, kv, 0, None, 1.0)
-        for name in QUANTIZE_FORMATS:
-            quantize(np.zeros((1, 256), F32), name)
-        error_sums(np.zeros(1, F32), np.zeros(1, F32))
-
-    failure: list[BaseException] = []
-    worker = threading.Thread(target=run, name="loomlab-warm-up")
-    worker.start()
-    worker.join()
-    if failure:
-        raise failure[0]
-
-
 def float_matmul(W: np.ndarray, X: np.ndarray) -> np.ndarray:
     """``X @ W.T`` for a float32 matrix ``W[out_features, in_features]`` and ``X[T, in_features]``
     -> float32 ``[T, out_features]``, row-invariant: row t has the same bits as
@@ -892,7 +833,7 @@ def single_threaded_blas():
     """A context in which OpenBLAS uses one thread, for code that runs these kernels.
 
     OpenBLAS's workers keep spinning after each multi-threaded call and starve numba's threads on
-    small machines (a 37-token SmolLM2 prefill: 0.15 s vs 7-17 s on 2 cores). Entering costs ~10 µs.
+    small machines (module doc). Entering costs ~10 µs.
     """
     global _controller
     if _controller is None:
@@ -904,24 +845,14 @@ def single_threaded_blas():
 
 # ---------------------------------------------------------------------------------------------
 # How many threads the kernels use: numba's count is a per-thread setting, so it is chosen in the
-# thread that runs the kernels, inside adaptive_threads().
-#
-# Why the thread count, and not the scheduling, is what adapts: SmolLM2's decode matvecs, ms per
-# token on this 2-core machine, median (idle / beside one busy process; 2 threads unless said):
-#   numba's default OpenMP layer, spinning waits, static chunks  13 / 110-160   (1 thread: 26 / 28)
-#   OpenMP with OMP_WAIT_POLICY=passive                            28 / 29  (a futex wake per
-#                                                                  kernel eats what a thread gains)
-#   TBB layer (a further dependency), default chunks               14-22 / 54
-#   TBB with dynamic chunks (numba.set_parallel_chunksize(1))      16-30 / 27-29
-#   numba.set_parallel_chunksize on OpenMP: no gain (its `omp for` hands chunks out statically)
-# No layer or chunking beats one thread beside a busy core, and each costs idle speed; the default
-# layer at 2 threads idle and 1 beside the competitor is the best of both columns. (The workqueue
-# layer measured 34 beside it but aborts when two threads launch kernels at once.)
+# thread that runs the kernels, inside adaptive_threads(). The count adapts, not the scheduling:
+# no threading layer or chunking measured beat one thread beside a busy core, and each cost idle
+# speed (docs/kernels.md, "Threads").
 
 thread_chooser: ThreadChooser | None = ThreadChooser(limit=numba.config.NUMBA_NUM_THREADS)
 """Picks the kernels' thread count inside :func:`adaptive_threads` from the CPUs other processes
-leave free. ``None`` keeps numba's count as the calling thread set it (the behaviour before
-issue 11, which benchmarks compare against)."""
+leave free. ``None`` keeps numba's count as the calling thread set it (what
+``tests/bench/bench_decode_under_load.py`` compares against)."""
 
 _adaptive = threading.local()
 

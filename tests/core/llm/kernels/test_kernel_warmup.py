@@ -1,6 +1,10 @@
-"""A first run's kernel compilation is reported (and cancellable) while a model loads."""
+"""A first run's kernel compilation is reported (and cancellable) while a model loads; warming
+every kernel up front leaves the caller no thread pool."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -52,3 +56,27 @@ def test_a_loaded_model_has_its_kernels_ready_and_its_step_count_untouched(smoll
     seen, steps = [], smollm2.net.step_count
     assert warm_model(smollm2.net, lambda *a: seen.append(a)) == 0
     assert seen == [] and smollm2.net.step_count == steps
+
+
+POOL_PROBE = """
+import os, time
+import numba
+count = lambda: len(os.listdir("/proc/self/task"))
+before = count()
+from loomlab.core.llm.kernels import kernel_warmup
+kernel_warmup.warm_up()
+deadline = time.monotonic() + 5  # an ended thread's pool workers leave a moment after it
+while count() > before and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(numba.get_num_threads(), before, count())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc (Linux only)")
+def test_warm_up_leaves_the_caller_no_openmp_pool():
+    # run in the calling thread, the kernels would leave it a pool of numba.get_num_threads() - 1
+    # workers for good, and a second pool (a generating worker's) then halves decode speed on 2
+    # cores; run on a thread that ends, the pool's workers leave with it
+    out = subprocess.run([sys.executable, "-c", POOL_PROBE], capture_output=True, text=True, check=True)
+    threads, before, after = map(int, out.stdout.split())
+    assert after == before, f"{after - before} threads left behind by warm_up ({threads} numba threads)"

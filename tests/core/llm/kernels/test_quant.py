@@ -11,9 +11,6 @@ float64 oracle. Real errors (a wrong nibble, scale or offset) are orders of magn
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numba
 import numpy as np
 import pytest
@@ -225,27 +222,3 @@ def test_smollm2_tensors(smollm2, name, ggml_type):
     ("blk.0.attn_q.weight", GT.Q5_0)])
 def test_gemma3_tensors(gemma3, name, ggml_type):
     check_real_tensor(gemma3[name], ggml_type, np.random.default_rng(8))
-
-
-POOL_PROBE = """
-import os, time
-import numba
-count = lambda: len(os.listdir("/proc/self/task"))
-before = count()
-from loomlab.core.llm import quant
-quant.warm_up()
-deadline = time.monotonic() + 5  # an ended thread's pool workers leave a moment after it
-while count() > before and time.monotonic() < deadline:
-    time.sleep(0.01)
-print(numba.get_num_threads(), before, count())
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc (Linux only)")
-def test_warm_up_leaves_the_caller_no_openmp_pool():
-    # run in the calling thread, the kernels would leave it a pool of numba.get_num_threads() - 1
-    # workers for good, and a second pool (a generating worker's) then halves decode speed on 2
-    # cores; run on a thread that ends, the pool's workers leave with it
-    out = subprocess.run([sys.executable, "-c", POOL_PROBE], capture_output=True, text=True, check=True)
-    threads, before, after = map(int, out.stdout.split())
-    assert after == before, f"{after - before} threads left behind by warm_up ({threads} numba threads)"
