@@ -1,29 +1,27 @@
 """Compiled forward of a stack of Dense networks (see :mod:`.batched`): the CPU fast path for small
 layers and few input rows. Imported on first use: ``loomlab.core`` stays quick to import.
 
-numpy's stacked ``matmul`` makes one BLAS call per member, about 0.5 µs each before any arithmetic,
-which for 1,000 MLPs 32-64-64-8 at batch 1 costs more than the arithmetic (6.7 M multiply-adds,
-26.6 MB of float32 weights). Here ONE compiled call runs a run of consecutive layers of every
-member: each member's whole chain (every layer and its activation) runs on one thread in small
-scratch vectors, so the weights stream through once and no ``[N, B, out]`` array is made between
-layers. A member's weights lie together (layer after layer, each ``[out, in]``), and each output is
-the dot product of an input row with a weight row, both contiguous slices. The dot product may be
-summed in any order (``fastmath`` reassociation, so LLVM vectorises it): the order depends only on
-the row length and the machine, never on which members share the stack or how they are spread over
-threads, so a member's result is bit-identical whether it is evaluated alone, in a chunk or in a
-whole population. It equals numpy's/BLAS's sum to rounding (a different order). Measured on
-2 cores, 1,000 MLPs 32-64-64-8 at batch 1: 0.48 ms linear, 0.54 ms Tanh, where streaming the
-weights alone takes 0.45 ms; an ``s[:] += x[i] * W[i, :]`` form over transposed weights, and
-weights indexed by computed offsets instead of slices, were 2x slower.
+numpy's stacked ``matmul`` makes one BLAS call per member, whose fixed cost is more than a small
+layer's arithmetic. Here ONE compiled call runs a run of consecutive layers of every member: each
+member's whole chain (every layer and its activation) runs on one thread in small scratch vectors,
+so the weights stream through once and no ``[N, B, out]`` array is made between layers. A member's
+weights lie together (layer after layer, each ``[out, in]``), and each output is the dot product of
+an input row with a weight row, both contiguous slices. The dot product may be summed in any order
+(``fastmath`` reassociation, so LLVM vectorises it): the order depends only on the row length and
+the machine, never on which members share the stack or how they are spread over threads, so a
+member's result is bit-identical whether it is evaluated alone, in a chunk or in a whole population.
+It equals numpy's/BLAS's sum to rounding (a different order). On 2 cores it runs 1,000 MLPs
+32-64-64-8 at batch 1 in about the time their 26.6 MB of weights take to stream (``python
+tests/bench/bench_batched.py`` times the whole pass).
 
 The "loom" precision reads float32 inputs and weights and accumulates in float64 (their products
 are exact in float64): what it computes with float64 copies of the weights, from half the bytes.
 Activations follow :func:`loomlab.core.activations.activate` in the accumulator's dtype, with one
 exception: tanh (Tanh, GELU) is a rational function evaluated in float64 (:func:`_tanh`, relative
-error below 1.1e-10), because the scalar libm ``tanhf`` numba calls costs ~14 ns an element, 7x
-the whole matmul here, while the rational one vectorises; rounded to float32 it is within one ulp
-of numpy's float32 tanh. Sigmoid (and Silu) call libm's float64 ``exp`` per element (scalar, ~2.5 ns):
-a formula through tanh would lose the tiny outputs' relative precision.
+error below 1.1e-10), because the scalar libm ``tanhf`` numba calls costs several times the whole
+matmul here, while the rational one vectorises; rounded to float32 it is within one ulp of numpy's
+float32 tanh. Sigmoid (and Silu) call libm's float64 ``exp`` per element (scalar): a formula
+through tanh would lose the tiny outputs' relative precision.
 """
 
 from __future__ import annotations
@@ -172,9 +170,7 @@ def stack_f64_parallel(x, w, layers, acts, out):
 
 # Below this many multiply-adds a call stays on the calling thread: waking numba's pool and
 # waiting at its barrier costs more than it saves, and a thread another process deschedules would
-# stall the whole call (see loomlab.core.llm.kernels.quant's notes on 2 shared cores). Measured on 2 cores:
-# 1,000 members' 64->8 layer (0.5 M multiply-adds, 2 MB of weights) took 0.053 ms on one thread
-# and 0.020 ms on two.
+# stall the whole call (docs/kernels.md, "Threads"). Twice this already runs faster on 2 threads.
 PARALLEL_MIN_MACS = 1 << 18
 
 
@@ -193,8 +189,7 @@ def forward(h: np.ndarray, w: np.ndarray, layers: np.ndarray, acts: np.ndarray, 
         (stack_f64 if np.dtype(compute) == np.float64 else stack_f32)(x, w, layers, acts, out)
         return out.reshape(n_members, batch, -1)
     # blocks handed out one at a time, not split evenly up front: a thread another process
-    # deschedules then holds back one block, not half the population (another process busy on one
-    # of 2 cores, best of 20 passes of 1,000 MLPs 32-64-64-8: 0.69 ms; split evenly: 8.9 ms)
+    # deschedules then holds back one block, not half the population
     chunksize = numba.set_parallel_chunksize(1)
     kernel = stack_f64_parallel if np.dtype(compute) == np.float64 else stack_f32_parallel
     try:

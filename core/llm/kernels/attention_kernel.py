@@ -14,9 +14,9 @@ differed with and without prefix caching or speculative decoding.
 The scores and the weighted sums are LLVM vector code (:func:`_scores_kernel`,
 :func:`_values_kernel`): up to ``GROUP`` queries of one KV head (its group's heads, a step's
 rows) share one pass over its keys and values, and each pass keeps its sums in registers, a fused
-multiply-add a term. Attention is bound by reading the cache and by those multiply-adds: numba's
-loops (a query at a time, sums stored and reloaded every four terms) took 2.0 us a SmolLM2 query
-at context 157, these 0.8 with four queries a pass (a step of 4 rows: 1.15 -> 0.50 ms).
+multiply-add a term. Attention is bound by reading the cache and by those multiply-adds, and
+numba's own loops (a query at a time, sums stored and reloaded every four terms) were slower at
+both (docs/kernels.md).
 
 Keys and values are float32, or float16 stored as their ``uint16`` bits (numba cannot type
 float16), converted exactly as they are loaded (:func:`.quant_int8_rows.half_to_float`).

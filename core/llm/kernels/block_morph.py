@@ -65,7 +65,7 @@ def encode(source, fmt: str) -> QuantMatrix:
     from .quantize import quantize  # its kernels compile on first use, not when a model loads
 
     dense = np.asarray(source if isinstance(source, np.ndarray) else source.dequantize(), np.float32)
-    # F16: llama.cpp's last fallback for a matrix whose rows are not whole blocks (see .recipe)
+    # F16: llama.cpp's last fallback for a matrix whose rows are not whole blocks (quality.recipe)
     data = dense.astype(np.float16) if fmt == "F16" else quantize(dense, fmt)
     m = QuantMatrix(data, int(GT[fmt]), source.shape, name=fmt)
     m.source = source  # the cache's check that the id was not reused by another matrix

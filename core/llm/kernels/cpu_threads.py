@@ -3,8 +3,9 @@ ones other processes keep busy.
 
 Why: every parallel kernel ends at a barrier that waits for its slowest thread. When another
 process keeps a core busy, one of our threads is descheduled for a whole time slice at a time,
-and each of the ~200 kernels of a decoded token can wait for it: on 2 cores with one busy
-competitor SmolLM2 decoded at 0.8-10 tokens/s with 2 threads and at 35 with 1 (issue 11).
+and each of the ~200 kernels of a decoded token can wait for it: on 2 cores beside one busy
+process, 2 threads decode SmolLM2 several times slower than 1
+(``python tests/bench/bench_decode_under_load.py``: ``fixed+busy`` against ``adaptive+busy``).
 
 Others' load is measured, not guessed from the load average (which counts our own threads): the
 busy time of the CPUs in this process's affinity, read from ``/proc/stat``'s per-CPU lines, less
@@ -22,10 +23,9 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-# A competitor using more than this fraction of a core takes the core away from us. Measured on
-# this 2-core machine (SmolLM2's decode matvecs, omp layer): beside a process busy 15% of the
-# time two threads decoded 1.7x faster than one; at 25% they averaged 2x slower (now and then a
-# barrier waits a whole time slice for the descheduled thread).
+# A competitor using more than this fraction of a core takes the core away from us: beside a
+# process busy 15% of the time two threads still decode faster than one, at 25% slower (now and
+# then a barrier waits a whole time slice for the descheduled thread; docs/kernels.md).
 SLACK_CORES = 0.2
 # /proc/stat columns (after the cpu name) that count as busy: user, nice, system, irq, softirq,
 # steal (a hypervisor running someone else on our CPU is a competitor too). guest and guest_nice

@@ -1,17 +1,14 @@
 """Hints to LLVM for the numba kernels: software prefetch, and the vector width.
 
-Prefetch, for the kernels that stream weight matrices.
+Prefetch, for the kernels that stream weight matrices. A decode step reads every weight once,
+matrix after matrix, so the weights come from memory, not from cache. The hardware prefetchers
+follow each stream only within a 4 KiB page and only so far ahead; the kernels do enough
+arithmetic per byte that the cache misses then stall them instead of overlapping with the work.
+Asking for the row a few KiB ahead (``llvm.prefetch``, a ``prefetcht0`` on x86, a no-op where the
+target has none) lets the memory system work while the core computes (docs/kernels.md has the
+measurements).
 
-A decode step reads every weight once, matrix after matrix, so the weights come from memory, not
-from cache. The hardware prefetchers follow each stream only within a 4 KiB page and only so far
-ahead; the kernels do enough arithmetic per byte that the cache misses then stall them instead of
-overlapping with the work. Asking for the row a few KiB ahead (``llvm.prefetch``, a ``prefetcht0``
-on x86, a no-op where the target has none) lets the memory system work while the core computes.
-Measured on the 2-core Xeon, every SmolLM2 matrix multiplied once in decode order (2 threads):
-int8 kernels 11.2 -> 6.7-7.1 ms, float kernels 13-15 -> 11.7 ms; ``loomlab bench smollm2-135m``
-decode 49-53 -> 61-63 tokens/s, with ``--int8`` 53-60 -> 87-88. 2, 4 and 8 KiB ahead measured
-alike; without the hint (or prefetching the current row) the int8 kernels streamed ~9 GB/s of the
-33 GB/s a plain sum reads.
+The vector width, for the float kernels: :func:`wide_vectors`.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-AHEAD_BYTES = 4096  # how far ahead of the row being multiplied (measured)
+AHEAD_BYTES = 4096  # how far ahead of the row being multiplied (2, 4 and 8 KiB measured alike)
 LINE = 64  # cache line bytes on x86 and most ARM cores
 
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
@@ -71,8 +68,9 @@ def wide_vectors(typingctx):
 
     LLVM's tuning for AVX-512 Intel cores prefers 256-bit vectors (the ``prefer-256-bit`` tuning
     flag: wide instructions once lowered the clock); the loop vectorizer then never uses zmm. The
-    float kernels are compute-bound, and on this CPU 512-bit code decodes faster (measured in
-    quant.py). Called in a parallel loop's body, it marks the outlined function the body runs in.
+    float kernels are compute-bound, and on an AVX-512 Xeon 512-bit code decodes faster
+    (docs/kernels.md). Called in a parallel loop's body, it marks the outlined function the body
+    runs in.
     """
     def codegen(context, builder, sig, args):
         # a string attribute, which llvmlite's attribute set does not list: added to the set itself

@@ -1,13 +1,13 @@
 """The gated MLP's activation, ``act(gate) * up``, as one vectorized loop, for the int8 mode.
 
 The int8 mode's grid path (``LLMGatedMLP`` under :func:`~.quant_int8.int8_activations`) and its
-compiled decode step (:mod:`.fused_decode`) both call it, so the two give the same bits. Both
+compiled decode step (:mod:`loomlab.core.llm.model.fused_decode`) both call it, so the two give
+the same bits. Both
 activations are ``g * sigmoid(z)``: SiLU with ``z = g``, tanh-GELU with ``z = 2c (g + 0.044715
 g^3)`` (``0.5 (1 + tanh(u)) = sigmoid(2u)``, which also never cancels as ``1 + tanh`` does for
 negative gates), and the exponential is :func:`~.attention_kernel.exp_poly` (within 2 ulp), so
-the loop vectorizes: numba's ``exp`` / ``tanh`` call libm per element (gemma3: 0.35 ms a token,
-and the int8 prompts slowed by a third). The float32 mode keeps numpy's formula (its reference is
-transformers, compared within tolerance, and its bits stay as they were).
+the loop vectorizes, where numba's ``exp`` / ``tanh`` call libm per element. The float32 mode
+keeps numpy's formula (its reference is transformers, compared within tolerance).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 weight rows repacked once so that four blocks are one 64-byte load and no byte is shuffled.
 
 Why repack: a GGUF block keeps its f16 scale(s) before its quants (18, 20, 22, 24 or 34 bytes),
-so two blocks' quants never sit side by side; gathering them into one 512-bit register took
-three cross-lane shuffles per two blocks, and x86 runs those on one port: the old kernel was
-bound by that port at ~4.6 cycles a block (measured, ``quant_int8`` history). llama.cpp repacks
-Q4_0 for the same reason (its ``repack`` CPU buffer type). Here each weight row becomes, in the
-same number of bytes as the file's blocks:
+so two blocks' quants never sit side by side; gathering them into one 512-bit register takes
+three cross-lane shuffles per two blocks, and x86 runs those on one port, which then bounds the
+kernel. llama.cpp repacks Q4_0 for the same reason (its ``repack`` CPU buffer type). Here each
+weight row becomes, in the same number of bytes as the file's blocks:
 
     nibble formats: the blocks' 16 quant bytes one after another (low nibble: weight i of the
                     block, high nibble: weight 16 + i), then for Q5_0 / Q5_1 the fifth bits of
@@ -18,7 +17,7 @@ same number of bytes as the file's blocks:
 
 Blocks go in groups of four (then a group of two, then one, for the rest of a row). A group's
 low halves (the low nibbles, or Q8_0's first 16 bytes) are one vector of 16 k bytes and its
-high halves another; the activations are laid out alike per call (:func:`group_activations`:
+high halves another; the activations are laid out alike per call (:func:`quantize_grouped`:
 each block's first 16 quants, then its last 16). ``vpdpbusd`` of the low halves, then of the
 high halves into the same 4 k int32 lanes, leaves block j's sum in lanes 4j .. 4j+3, the zero
 point's correction (``-zero * sum(x quants)``, exact in integers) added as the starting value of
@@ -489,8 +488,8 @@ def rows_driver(by_kind):
             return
         # one activation row (decode): the weights stream by once, prefetched AHEAD_BYTES ahead
         # as the pass goes (across the range's end too: the next range a thread takes is usually
-        # the next rows). Prefetching a whole range before multiplying it left the core idle
-        # while it came: a SmolLM2 decode step's products 2.97 -> 1.79 ms (2 threads)
+        # the next rows); prefetching a whole range before multiplying it leaves the core idle
+        # while it comes
         ahead = r0 * stride + AHEAD_BYTES
         r = r0
         while r + WEIGHT_ROWS_AT_ONCE <= r1:

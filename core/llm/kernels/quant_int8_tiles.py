@@ -4,12 +4,12 @@ Why: :mod:`.quant_int8_rows` keeps a row's blocks side by side, so a vector's 16
 four lanes of each of four blocks of one row, and every group of four blocks then needs its lanes
 converted to float and scaled (convert, multiply, shuffle, multiply-add) per activation row.
 With several activation rows (a batch, a speculative verification) those 512-bit operations run
-on the same port as the integer dots and cost more than the dots themselves (~5.5 cycles per
-group and row, measured with the weights in L1). Here 16 rows are interleaved: lane j of a
-vector is row j, so ``vpdpbusd`` with four activation bytes broadcast to every lane adds four
-products to each of 16 rows at once; a block's integer sums of 16 rows are then one vector,
-converted and scaled by the 16 rows' scales in three operations for all of them (llama.cpp's
-``q4_0_8x8`` repacking does the same for the same reason).
+on the same port as the integer dots and cost more than the dots themselves (docs/kernels.md).
+Here 16 rows are interleaved: lane j of a vector is row j, so ``vpdpbusd`` with four activation
+bytes broadcast to every lane adds four products to each of 16 rows at once; a block's integer
+sums of 16 rows are then one vector, converted and scaled by the 16 rows' scales in three
+operations for all of them (llama.cpp's ``q4_0_8x8`` repacking does the same for the same
+reason).
 
 Layout: a matrix of ``16 * tiles`` rows becomes tiles one after another; a tile is its blocks in
 order, each block ``chunks`` of 64 bytes then its 16 rows' f16 scales d, then (Q4_1) their f16
@@ -87,9 +87,8 @@ def _tile_dot(kind: int, n: int, nt: int):
     r + 16 tt + j]`` (row j of tile tt) as one 16-float vector per tile and activation row.
 
     Each broadcast of four activation bytes feeds the nt tiles' ``vpdpbusd``: broadcasting a word
-    from memory for every ``vpdpbusd`` held the kernel to about one broadcast a cycle (measured:
-    a synthetic block loop with the words in registers ran 391 GMAC/s a core, with a broadcast
-    load per ``vpdpbusd`` 178), and a second tile halves them."""
+    from memory for every ``vpdpbusd`` holds the kernel to about one broadcast a cycle
+    (docs/kernels.md), and a second tile halves the broadcasts."""
     chunks = _CHUNKS[kind]
     record = 64 * chunks + 32 * (2 if kind == WQ4_1_T else 1)  # bytes a block of a tile takes
 

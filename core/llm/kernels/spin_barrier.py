@@ -1,10 +1,10 @@
 """A spinning barrier for the threads of one compiled parallel region, with a way out.
 
 Why: a decoded token of a small model is ~200 matrix products of a few microseconds each. Each
-numba ``prange`` is a launch of the thread team and a join (microseconds), and between them the
-Python glue ran (:mod:`.fused_decode` measures both). One region whose threads each run the
-whole step, meeting at a barrier between the products, pays one launch per token and a barrier
-of ~0.1 us per meeting.
+numba ``prange`` is a launch of the thread team and a join (microseconds), and between them
+Python glue runs. One region whose threads each run the whole step
+(:mod:`loomlab.core.llm.model.fused_decode`), meeting at a barrier between the products, pays one
+launch per token and a barrier of ~0.1 us per meeting.
 
 The barrier is one counter per thread, each on its own cache line: a thread arriving at its
 ``epoch``-th meeting stores ``epoch`` (release), then waits until every other thread's counter
@@ -12,9 +12,9 @@ reaches it (acquire loads, so what they wrote before arriving is visible after).
 ever reset inside a region; the caller zeroes them before the next.
 
 Waiting beside other processes: a thread that spins holds its core, and the thread it waits
-for may be queued behind another process (on this 2-core machine a spinning barrier then cost a
-whole time slice per meeting: 0.5 s a token). After ``YIELD_AFTER`` pauses the waiter yields its
-core at every round, so the late thread can run there. (The kernels' thread count also drops to
+for may be queued behind another process (on 2 cores a spinning barrier then costs a whole time
+slice per meeting). After ``YIELD_AFTER`` pauses the waiter yields its core at every round, so
+the late thread can run there. (The kernels' thread count also drops to
 one beside a busy process: :mod:`.cpu_threads`.)
 
 The way out: a region whose threads do not all run at once (a threading layer that runs two

@@ -1,27 +1,29 @@
 """A decode step of a decoder-only language model as one compiled call, for the int8 mode.
 
-Why: in the int8 mode a SmolLM2 token was ~5 ms of integer kernels and ~2.5 ms of Python
-driving 30 blocks through the grid (norms, projections, RoPE, attention, residuals: ~80 us a
-block), and its 211 matrix products were 211 launches of numba's thread team. llama.cpp runs a
-token as one graph. Here one parallel region runs the whole step: each thread takes its share
-of every matrix's rows, and the threads meet at a spinning barrier (:mod:`.spin_barrier`)
-between the steps that need each other's results (six per block). What every thread needs
-whole and is cheap (the residual stream and its RMSNorm) each thread computes for itself, the
-same bits in each; so does the 8-bit quantization of a single row, while several rows (a batch,
-a verification) are quantized a share each into shared buffers, with a meeting after (four more
-per block: 8 rows quantized twice over cost ~1 ms of a ~12 ms SmolLM2 step).
+Why: through the grid, Python drives every block of an int8 step (norms, projections, RoPE,
+attention, residuals) and each of a token's ~200 matrix products is a launch of numba's thread
+team; for a small model that is a large part of the token (docs/kernels.md).
+llama.cpp runs a token as one graph. Here one parallel region runs the whole step: each thread
+takes its share of every matrix's rows, and the threads meet at a spinning barrier
+(:mod:`~loomlab.core.llm.kernels.spin_barrier`) between the steps that need each other's
+results (six per block). What every thread needs whole and is cheap (the residual stream and its
+RMSNorm) each thread computes for itself, the same bits in each; so does the 8-bit quantization
+of a single row, while several rows (a batch, a verification) are quantized a share each into
+shared buffers, with a meeting after (four more per block, cheaper than every thread quantizing
+every row).
 
 Same bits as the grid: every number is computed by the functions the int8 mode's layers call
 (``rms_norm_rows``, ``quantize_grouped`` / Q8_K, the repacked rows' products, RoPE's products
-and sums, ``attend_chunk``, :mod:`.mlp_kernel`), in the same order; the tests compare the
-logits of whole generations bit for bit. So the grid stays the definition, and this is only
-taken when it would compute the same thing: T new tokens for each of B sequences, at most
-MAX_ROWS rows in all (a decode step alone or batched, a speculative verification, a short
-prompt: the products take the rows together), the int8 mode, float32 host caches, no observer
-listening (they see every layer's output, which this step never makes), and the network still a
-decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral, qwen2/3, gemma3) with
-every matrix in a format with an integer kernel (re-checked whenever :class:`_Watch` sees a
-cell, child, switch or weight change). Anything else returns None and the caller runs the grid.
+and sums, ``attend_chunk``, :mod:`~loomlab.core.llm.kernels.mlp_kernel`), in the same order;
+the tests compare the logits of whole generations bit for bit. So the grid stays the definition,
+and this is only taken when it would compute the same thing: T new tokens for each of B
+sequences, at most MAX_ROWS rows in all (a decode step alone or batched, a speculative
+verification, a short prompt: the products take the rows together), the int8 mode, float32 host
+caches, no observer listening (they see every layer's output, which this step never makes), and
+the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
+qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
+:class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and the
+caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
@@ -62,11 +64,9 @@ _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
 _ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
 _SUPER = tuple(SUPER_KINDS)
-# A thread's share of a matrix is multiplied in pieces of about this many bytes (see
-# _product). With the kernels prefetching as they stream (quant_int8_rows.rows_driver), greedy
-# decode tok/s (int8, 2 threads, 4 runs each): 64 KiB 315-329 / 105-112 (smollm2 / gemma3), 256
-# KiB 316-338 / 93-104, the whole share 335-345 / 104-112: alike for one row; the pieces keep
-# 2-3 rows' passes over a piece in the L2 cache.
+# A thread's share of a matrix is multiplied in pieces of about this many bytes (see _product):
+# the pieces keep 2-3 rows' passes over a piece in the L2 cache; for one row the piece size
+# measured alike, the kernels prefetching as they stream (docs/kernels.md).
 PIECE_BYTES = 65536
 # Rows (sequences x new tokens) a step may have: decode, speculative verification and batches.
 # Every thread keeps its own residual stream and norms all rows itself, so a long prompt is left
@@ -256,7 +256,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
     d, H, Hkv, hd, ffn, L = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     R = x0.shape[0]
     # the arrays every thread reads and writes, as views without a reference count (uncounted's
-    # doc): the query rotations of an 8-row SmolLM2 step took ~15x longer slicing counted ones
+    # doc): slicing counted ones bounces their counts' cache line between the cores
     qb, kb, vb, att = uncounted(shared[0]), uncounted(shared[1]), uncounted(shared[2]), uncounted(shared[3])
     ob, gb, ub, hb = uncounted(shared[4]), uncounted(shared[5]), uncounted(shared[6]), uncounted(shared[7])
     db, logits, cos, sin = uncounted(shared[8]), uncounted(shared[10]), uncounted(cos), uncounted(sin)

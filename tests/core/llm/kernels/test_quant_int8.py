@@ -291,7 +291,7 @@ import re
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 from loomlab.core.llm.kernels.quant import QuantMatrix
-from loomlab.core.llm import quant_int8
+from loomlab.core.llm.kernels import quant_int8
 m = QuantMatrix(np.zeros((1, 20), np.uint8), GT.Q4_1, (1, 32))
 quant_int8.int8_matvec(m, np.zeros(32, np.float32))
 k = QuantMatrix(np.zeros((1, 144), np.uint8), GT.Q4_K, (1, 256))
@@ -319,9 +319,9 @@ import sys
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
-from loomlab.core.llm import quant_int8
+from loomlab.core.llm.kernels import quant_int8
 from loomlab.core.llm.kernels.quant import QuantMatrix
-from loomlab.core.llm import quant_int8_rows
+from loomlab.core.llm.kernels import quant_int8_rows
 assert not quant_int8_rows.host_has_vnni()
 with np.load(sys.argv[1]) as f:
     cases = dict(f)
