@@ -6,7 +6,8 @@
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
 (`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. On Xeons with
 AMX the native build has crashed evaluating batched prompts (then pass ``--llama-batch 1``); a
-build without AMX evaluates them (docs/performance.md: ``CMAKE_ARGS="-DGGML_NATIVE=OFF ... -DGGML_AMX_INT8=OFF"``).
+build without AMX evaluates them (docs/performance.md:
+``CMAKE_ARGS="-DGGML_NATIVE=OFF ... -DGGML_AMX_INT8=OFF"``).
 Both engines decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
 in each activation mode asked for (``float32``, exact against transformers; ``int8``, 8-bit
 activations as llama.cpp computes) with its ratios to llama.cpp.
