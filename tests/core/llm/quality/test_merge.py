@@ -1,4 +1,4 @@
-"""Model merges (core.evolve.merge) against their formulas and the parents' own logits.
+"""Model merges (core.llm.quality.merge) against their formulas and the parents' own logits.
 
 Oracles: the merge formulas applied here to the parents' float32 tensors (linear, SLERP in
 float64, task arithmetic), a network built from those tensors, transformers' logits of the tiny
