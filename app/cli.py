@@ -160,6 +160,19 @@ def add_backend_option(p) -> None:
     p.add_argument("--backend", default="numpy", type=_backend_name, metavar="NAME", help=BACKEND_HELP)
 
 
+ACTIVATIONS_HELP = ("int8 (default): 8-bit activations for weights in GGUF block formats, as llama.cpp "
+                    "computes (fast); float32: the exact path, as transformers computes")
+
+
+def add_activations_option(p) -> None:
+    """``--activations int8|float32`` and its short form ``--exact`` on a command that generates;
+    its handler passes ``args.activations`` on to ``load_model``."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--activations", choices=("int8", "float32"), default="int8", help=ACTIVATIONS_HELP)
+    g.add_argument("--exact", dest="activations", action="store_const", const="float32",
+                   help="the exact path (--activations float32)")
+
+
 def _backend_name(text: str) -> str:
     from loomlab.core.backend import backend_names
 

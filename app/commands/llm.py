@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from ..cli import CliError, add_backend_option, progress_bar
+from ..cli import CliError, add_activations_option, add_backend_option, progress_bar
 
 #: Exit status of a command whose constrained output was cut by --max-tokens: it does not match.
 EXIT_CUT = 1
@@ -24,6 +24,7 @@ def register(sub) -> None:
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")
+    add_activations_option(gen)
     _sampling_args(gen)
     _constraint_args(gen)
     gen.set_defaults(handler=cmd_generate)
@@ -39,6 +40,7 @@ def register(sub) -> None:
                       help="when the conversation outgrows the context, drop the oldest turns")
     chat.add_argument("--save", action="store_true",
                       help="keep the conversation in the workspace, where the window lists it")
+    add_activations_option(chat)
     _sampling_args(chat)
     _constraint_args(chat, "every reply")
     chat.set_defaults(handler=cmd_chat)
@@ -55,8 +57,7 @@ def register(sub) -> None:
     bench.add_argument("--tokens", type=int, default=64, help="tokens to decode (default 64)")
     bench.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
     bench.add_argument("--json", action="store_true")
-    bench.add_argument("--int8", action="store_true",
-                       help="8-bit activations in decode, as llama.cpp computes (faster, not exact)")
+    add_activations_option(bench)
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -114,7 +115,8 @@ def _response_format(args) -> dict | None:
 def _load(args):
     from loomlab.core.llm.generate.textmodel import load_model
 
-    return load_model(args.model, progress=progress_bar, backend=args.backend)
+    return load_model(args.model, progress=progress_bar, backend=args.backend,
+                      activations=getattr(args, "activations", "int8"))
 
 
 def _emit(records, as_json: bool) -> list:
@@ -320,7 +322,6 @@ def cmd_bench(args) -> int:
 
     with _load(args) as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
-        model.activations = "int8" if args.int8 else "float32"
         list(model.generate(BENCH_PROMPT, max_tokens=2))  # warm-up: JIT compilation, caches
         best = None
         for _ in range(args.repeat):

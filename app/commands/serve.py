@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from ..cli import CliError, add_backend_option, progress_bar
+from ..cli import CliError, add_activations_option, add_backend_option, progress_bar
 
 
 def register(sub) -> None:
@@ -28,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--name", help="the model name clients use (default: the model's own)")
     p.add_argument("--log", action="store_true", help="print one line per finished request on stderr")
     add_backend_option(p)
+    add_activations_option(p)
     p.set_defaults(handler=cmd_serve)
 
 
@@ -43,7 +44,8 @@ def cmd_serve(args) -> int:
     if args.max_connections is not None and args.max_connections < 1:
         raise CliError(f"--max-connections must be >= 1, got {args.max_connections}")
     limits = ConnectionLimits(args.max_connections or default_max_connections())
-    with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
+    with load_model(args.model, progress=progress_bar, backend=args.backend,
+                    activations=args.activations) as model:
         server = Server(model, host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
                         model_name=args.name, on_log=_log_line if args.log else None,
                         speculative=args.speculative, limits=limits)

@@ -107,9 +107,10 @@ def test_morph_report_runs_its_probe_on_the_chosen_backend(golden_net, monkeypat
 
 def test_a_language_model_generates_on_the_chosen_backend(monkeypatch, capsys):
     """A working CuPy (here with numpy's namespace: the host path) and auto, which picks it, and
-    the strict checking device all generate numpy's greedy text."""
+    the strict checking device all generate numpy's greedy text on the exact path (a device
+    backend's products are float32 whatever the activations setting)."""
     monkeypatch.setitem(backend._FACTORIES, "cupy", lambda: Backend("cupy", np))  # a usable GPU
-    texts, argv = {}, ["generate", "smollm2-135m", "--prompt", "Hi", "--max-tokens", "3"]
+    texts, argv = {}, ["generate", "smollm2-135m", "--prompt", "Hi", "--max-tokens", "3", "--exact"]
     for name in ("numpy", "cupy", "auto", "strict"):
         assert main([*argv, "--backend", name]) == 0
         out = capsys.readouterr()

@@ -1,6 +1,6 @@
 """Benchmark: speculative greedy decoding against plain greedy decoding on SmolLM2-135M.
 
-    python tests/bench/bench_speculative.py [--max-tokens 128] [--rounds 2] [--int8] [--prompts a,b]
+    python tests/bench/bench_speculative.py [--max-tokens 128] [--rounds 2] [--exact] [--prompts a,b]
 
 Six chat prompts: two open ones (a story, advice) where nothing repeats the prompt, and four
 that work from a text in the prompt (summarise a paragraph, summarise another, list the action
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--int8", action="store_true", help="8-bit activations in both models")
+    ap.add_argument("--exact", action="store_true", help="the exact path (default: int8 activations)")
     ap.add_argument("--prompts", default=",".join(PROMPTS), help="comma-separated: " + ", ".join(PROMPTS))
     args = ap.parse_args()
     names = args.prompts.split(",")
@@ -68,7 +68,7 @@ def main() -> None:
     model = load_model("smollm2-135m")
     draft = load_model("smollm2-135m")
     apply_recipe(draft.net, "Q4_0")
-    model.activations = draft.activations = "int8" if args.int8 else "float32"
+    model.activations = draft.activations = "float32" if args.exact else "int8"
     ways = {"plain": None, "prompt-lookup": PromptLookup(),
             "prompt-lookup-3gram-k3": PromptLookup(num_draft=3, min_ngram=3),
             "prompt-lookup-n3..1": PromptLookup(min_ngram=1),

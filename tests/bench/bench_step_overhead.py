@@ -1,6 +1,6 @@
 """Benchmark: where one decode token's time goes, and how much of it is Python outside the kernels.
 
-    python tests/bench/bench_step_overhead.py [--model smollm2-135m] [--tokens 64] [--rounds 3] [--int8]
+    python tests/bench/bench_step_overhead.py [--model smollm2-135m] [--tokens 64] [--rounds 3] [--exact]
 
 Greedy generation of ``--tokens`` tokens, timed three ways in one process (best of ``rounds``):
 the whole token (``generate``'s loop: step, choice, record), the ``net.step`` call alone, and the
@@ -97,10 +97,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--int8", action="store_true", help="8-bit activations (TextModel.activations)")
+    ap.add_argument("--exact", action="store_true", help="the exact path (default: int8 activations)")
     args = ap.parse_args()
     model = load_model(args.model)
-    model.activations = "int8" if args.int8 else "float32"
+    model.activations = "float32" if args.exact else "int8"
     model.prefix_cache.max_bytes = 0  # every round prefills and decodes the same way
     prompt = "The history of computing is a story of people and machines: from mechanical calculators"
     rows = [one_round(model, prompt, args.tokens) for _ in range(args.rounds)]

@@ -125,7 +125,9 @@ class RecipeSpace:
         self._ids = [self._tokenize(text) for text in self.probes]
         self.positions = sum(ids.size for ids in self._ids)
         self.bytes_unmorphed = self.recipe_bytes(("float32",) * len(self._layers))
-        with model.busy():  # the lock and thread settings every use of the model runs under
+        # the lock and thread settings every use of the model runs under, on the exact path: a
+        # recipe's KL is its weights' drift, not 8-bit activations' rounding
+        with model.busy(activations="float32"):
             logits = [self._logits(ids) for ids in self._ids]
         self._ref_log_p = [log_softmax(x) for x in logits]
         self._ref_p = [np.exp(lp) for lp in self._ref_log_p]
@@ -226,7 +228,7 @@ class RecipeSpace:
         if stop():
             raise LoomCancelled("recipe evaluation cancelled")
         kl_sum = 0.0
-        with self.model.busy(), self._applied(recipe, stop):
+        with self.model.busy(activations="float32"), self._applied(recipe, stop):
             for ids, log_p, p in zip(self._ids, self._ref_log_p, self._ref_p, strict=True):
                 if stop():
                     raise LoomCancelled("recipe evaluation cancelled between probes")

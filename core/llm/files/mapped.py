@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..kernels import mapped_pages
+
 
 class MappedFile:
     """One ``mmap`` of a file; :meth:`bytes` gives a zero-copy uint8 view of it."""
@@ -21,12 +23,14 @@ class MappedFile:
             raise ValueError(f"{self.path.name} is closed")
         if self._array is None:
             self._array = np.frombuffer(self._mmap, dtype=np.uint8)
+            mapped_pages.register(self._mmap, self._array)  # pages repacked tensors no longer need
         return self._array
 
     def close(self) -> None:
         """Drop the mapping; arrays already returned by ``bytes()`` keep it alive until they go."""
         self._array = None
         if self._mmap is not None:
+            mapped_pages.forget(self._mmap)
             try:
                 self._mmap.close()
             except BufferError:  # views handed out still export it; it unmaps when they die

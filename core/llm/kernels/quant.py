@@ -612,6 +612,8 @@ def _tile_buffer(n: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+FEW_ROWS = 8  # rows() of fewer than 1/FEW_ROWS of a matrix's rows decodes their blocks alone
+
 Matrix = Any  # a QuantMatrix (matvec / matmul / rows / dequantize) or a float32 numpy array
 
 
@@ -641,18 +643,29 @@ class QuantMatrix:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
         raw = read_only(self._raw_bytes(data, fmt, name))
-        self._q, self._side, self._dense, self._args = None, (), None, ()
+        self._q, self._dense, self._fmt = None, None, fmt
+        self._kernel_args: tuple | None = None  # the float kernels' (_float_args), on first use
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
         if isinstance(fmt, PlainFormat):
             self._dense = read_only(np.ascontiguousarray(fmt.to_f32(raw)))
         else:
             self._q = raw
-            blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
-            self._side = tuple(None if a is None else read_only(np.ascontiguousarray(a, dtype=F32))
-                               for a in fmt.side(blocks))
-            self._args = (fmt.kind, raw, fmt.layout(), *self._side)  # the kernels' leading arguments
             self._fused = _FUSED[fmt.kind]
-            self._fused_args = (raw.view(np.int8) if fmt.kind == INT8 else raw, *self._args[2:])
+
+    def _float_args(self) -> tuple:
+        """The float kernels' leading arguments ``(kind, blocks, layout, scales, offsets)`` and the
+        one-row kernel's, with the blocks' scales as float32 arrays: made on first use, as a model
+        decoding with 8-bit activations never needs them (for Q4_1 they are 40% of the blocks'
+        bytes again). Two threads making them at once make equal tuples."""
+        args = self._kernel_args
+        if args is None:
+            fmt, raw = self._fmt, self._q
+            blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
+            side = tuple(None if a is None else read_only(np.ascontiguousarray(a, dtype=F32))
+                         for a in fmt.side(blocks))
+            plain = (fmt.kind, raw, fmt.layout(), *side)
+            args = self._kernel_args = (plain, (raw.view(np.int8) if fmt.kind == INT8 else raw, *plain[2:]))
+        return args
 
     def _raw_bytes(self, data: np.ndarray, fmt: GgmlFormat, name: str) -> np.ndarray:
         """Check ``data`` against the type and shape; return it as uint8 [rows, bytes_per_row]."""
@@ -683,11 +696,12 @@ class QuantMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this matrix holds: the file's blocks plus the float32 scale arrays (or the
-        float32 matrix for plain types)."""
+        """Bytes this matrix holds: the file's blocks plus the float32 scale arrays once the float
+        kernels have made them (or the float32 matrix for plain types)."""
         if self._dense is not None:
             return int(self._dense.nbytes)
-        return int(self._q.nbytes + sum(a.nbytes for a in self._side if a is not None))
+        side = () if self._kernel_args is None else self._kernel_args[0][3:]
+        return int(self._q.nbytes + sum(a.nbytes for a in side if a is not None))
 
     def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``W @ x`` for one input vector ``x[in_features]`` -> float32 ``[out_features]``.
@@ -732,7 +746,7 @@ class QuantMatrix:
         for r0 in range(0, rows, tile_rows):
             ids = np.arange(r0, min(rows, r0 + tile_rows), dtype=np.int64)
             tile = buf[:ids.size * cols].reshape(ids.size, cols)
-            _block_rows(*self._args, ids, tile)
+            _block_rows(*self._float_args()[0], ids, tile)
             np.matmul(X, tile.T, out=out[:, r0:r0 + ids.size])
 
     def rows(self, ids) -> np.ndarray:
@@ -748,7 +762,16 @@ class QuantMatrix:
             return self._dense[ids]
         out = np.empty((ids.size, self.shape[1]), F32)
         pace()
-        _block_rows(*self._args, ids, out)
+        if self._kernel_args is None and ids.size * FEW_ROWS < self.shape[0]:
+            # a few rows (tokens looked up) before the float kernels have run: their own blocks'
+            # scales, not the whole table's, which would read every page of it (_float_args)
+            fmt, picked = self._fmt, np.ascontiguousarray(self._q[ids])
+            side = fmt.side(picked.reshape(ids.size, -1, fmt.block_bytes))
+            _block_rows(fmt.kind, picked, fmt.layout(),
+                        *(None if a is None else np.ascontiguousarray(a, dtype=F32) for a in side),
+                        np.arange(ids.size, dtype=np.int64), out)
+        else:
+            _block_rows(*self._float_args()[0], ids, out)
         return out
 
     def _products(self, X: np.ndarray, out: np.ndarray) -> None:
@@ -757,10 +780,11 @@ class QuantMatrix:
         if self._dense is not None:
             _float_matmul(self._dense, X, out)
         elif X.shape[0] <= FUSED_MAX_T:
+            args = self._float_args()[1]
             for t in range(X.shape[0]):
-                self._fused(*self._fused_args, X[t], out[t])
+                self._fused(*args, X[t], out[t])
         else:
-            _block_matmul(*self._args, X, out)
+            _block_matmul(*self._float_args()[0], X, out)
 
     def dequantize(self) -> np.ndarray:
         """The whole matrix as a new float32 ``[out_features, in_features]`` array."""

@@ -22,9 +22,11 @@ the 32-weight formats, :mod:`.quant_int8_tiles` instead for Q4_0 / Q4_1 / Q8_0 m
 16-row tiles, :mod:`.quant_int8_superblocks` for Q4_K / Q6_K), so that 64 quants are one vector
 load; the integer products are LLVM IR that LLVM's x86 backend compiles to
 ``vpdpbusd`` where the CPU has AVX-VNNI or AVX512-VNNI (plain IR elsewhere), then one float
-multiply-add by both scales per block, as in llama.cpp. The activations are quantized once per
-call (once for several matrices that share them: :func:`int8_products`). Output rows run in
-parallel on numba's threads, paced by :mod:`.quant`'s thread chooser.
+multiply-add by both scales per block, as in llama.cpp. Each kind's products are one function
+compiled when a matrix of that kind is first multiplied (:mod:`.quant_int8_products`). The
+activations are quantized once per call (once for several matrices that share them:
+:func:`int8_products`). Output rows run in parallel on numba's threads, paced by :mod:`.quant`'s
+thread chooser.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from gguf import GGMLQuantizationType as GT
 from numba import njit, prange
 
 from ...errors import LoomConfigError, LoomShapeError
+from . import mapped_pages
 from .quant import KERNEL_OPTIONS, ROW_CHUNK, QuantMatrix, pace, read_only
+from .quant_int8_products import call_product, product_address
 from .quant_int8_rows import (
     WQ4_0,
     WQ4_1,
@@ -50,11 +54,10 @@ from .quant_int8_rows import (
     quantize_grouped,
     repack,
     roundf,
-    rows_products,
 )
-from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_products, superblock_sums
+from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ6_K, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
-from .quant_int8_tiles import TILE, TILE_KIND, TILES_AT_ONCE, is_tiled, tiles_fit, tiles_products
+from .quant_int8_tiles import TILE, TILE_KIND, TILE_KINDS, TILES_AT_ONCE, tiles_fit
 from .quant_int8_tiles import repack as tiles_repack
 
 F32 = np.float32
@@ -171,31 +174,15 @@ def quantize_activations(x: np.ndarray, kind: str) -> QuantizedActivations:
 
 
 @njit(**KERNEL_OPTIONS)
-def _rows_matmul(kind, w, xg, d, s, nsum, out):
-    """``out[t, r]`` = repacked weight row r (:mod:`.quant_int8_rows`) times activation row t
-    (:func:`quantize_grouped`'s). Each (r, t) is the same operations whatever T is, so a row of
+def _matmul(fn, chunk, w, xq, xd, xa, xb, out):
+    """``out[t, r]`` = repacked weight row r (``chunk`` rows an iteration, in parallel) times
+    activation row t, by the kind's product function at address ``fn``
+    (:mod:`.quant_int8_products`). Each (r, t) is the same operations whatever T is, so a row of
     X gets the same bits alone or among others."""
     rows = out.shape[1]
     w2 = w.reshape(rows, -1)
-    tiled = is_tiled(kind)
-    chunk = TILES_AT_ONCE * TILE if tiled else ROW_CHUNK  # a tiled matrix: whole passes' tiles
     for c in prange((rows + chunk - 1) // chunk):
-        r0, r1 = c * chunk, min(rows, c * chunk + chunk)
-        if tiled:
-            tiles_products(kind, w2, r0, r1, xg, d, s, nsum, out)
-        else:
-            rows_products(kind, w2, r0, r1, xg, d, s, nsum, out)
-
-
-@njit(**KERNEL_OPTIONS)
-def _superblocks_matmul(kind, w, qs, d, nsum16, bsum32, out):
-    """``out[t, r]`` = repacked Q4_K / Q6_K weight row r (:mod:`.quant_int8_superblocks`) times
-    Q8_K activation row t, the same bits whatever T is."""
-    rows = out.shape[1]
-    w2 = w.reshape(rows, -1)
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        r1 = min(rows, c * ROW_CHUNK + ROW_CHUNK)
-        superblock_products(kind, w2, c * ROW_CHUNK, r1, qs, d, nsum16, bsum32, out)
+        call_product(fn, w2, c * chunk, min(rows, c * chunk + chunk), xq, xd, xa, xb, out)
 
 
 @njit(cache=True, nogil=True)
@@ -248,7 +235,8 @@ def _quantized(superblocks: bool, X: np.ndarray) -> tuple:
 
 # ---------------------------------------------------------------------------------------------
 # Each matrix's rows repacked once (:mod:`.quant_int8_rows`, :mod:`.quant_int8_superblocks`) and
-# kept on the matrix while it lives.
+# kept on the matrix while it lives; a memory-mapped file's pages of it are given back
+# (:mod:`.mapped_pages`), so the weights are held once.
 
 _repack_lock = threading.Lock()
 
@@ -267,6 +255,7 @@ def repacked(qm: QuantMatrix) -> tuple:
                 else:
                     packed = (superblocks_repack if akind == AQ8_K else repack)(kind, qm.raw_blocks, nb)
                 rows = qm.int8_rows = (kind, read_only(packed.reshape(-1)))
+                mapped_pages.release(qm.raw_blocks)  # the file's copy: read again only if asked
     return rows
 
 
@@ -314,7 +303,8 @@ def int8_products(qms, X: np.ndarray) -> list[np.ndarray]:
         acts = quantized.get(superblocks)
         if acts is None:
             acts = quantized[superblocks] = _quantized(superblocks, X)
-        (_superblocks_matmul if superblocks else _rows_matmul)(kind, packed, *acts, out)
+        chunk = TILES_AT_ONCE * TILE if kind in TILE_KINDS else ROW_CHUNK  # whole passes' tiles
+        _matmul(product_address(kind), chunk, packed, *acts, out)
         outs.append(out)
     return outs
 

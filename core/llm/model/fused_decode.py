@@ -28,7 +28,9 @@ caller runs the grid.
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
 vectors ``13 i + j`` for j in :data:`VECTORS` (empty where the model has none: a filler bias, no
-Q/K norm; the final norm last).
+Q/K norm; the final norm last), and by kind number the address of each kind's product function
+(:mod:`~loomlab.core.llm.kernels.quant_int8_products`): the step itself is compiled once for
+every format, and a model compiles only its own formats' products.
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ from ..kernels.mlp_kernel import GATED_ACTIVATIONS, gated_range
 from ..kernels.norm_kernel import rms_norm_rows
 from ..kernels.quant import ROW_CHUNK, pace
 from ..kernels.quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
-from ..kernels.quant_int8_rows import quantize_grouped, rows_products
-from ..kernels.quant_int8_superblocks import SUPER_KINDS, superblock_products
-from ..kernels.quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled, tiles_products
+from ..kernels.quant_int8_products import KINDS, call_product, product_address
+from ..kernels.quant_int8_rows import quantize_grouped
+from ..kernels.quant_int8_superblocks import SUPER_KINDS
+from ..kernels.quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled
 from ..kernels.spin_barrier import PAD, abort, counters, meet
 from .kv_cache import KVCache
 from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
@@ -148,6 +151,7 @@ def _quantize_for(x, acts, kinds, first, count, split, tid, threads, flags, epoc
     """``x`` quantized into ``acts`` for matrices ``first ..``: by this thread whole into its
     own buffers, or (``split``) each thread its share of the rows into shared ones, then a
     meeting. Returns the epoch after it, or -1 when the region was abandoned."""
+    count = np.int64(count)  # not the callers' literal 1, 2 or 3: one compilation for all
     if not split:
         _quantize(x, acts, kinds, first, count)
         return epoch
@@ -159,8 +163,10 @@ def _quantize_for(x, acts, kinds, first, count, split, tid, threads, flags, epoc
 
 
 @njit(cache=True, nogil=True)
-def _product(m, mats, kinds, rows, acts, tid, threads, out):
-    """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``."""
+def _product(m, mats, kinds, rows, fns, acts, tid, threads, out):
+    """This thread's rows of matrix m times the quantized rows in ``acts``, into ``out[B, rows]``,
+    by its kind's product function (``fns[kind]``, an address: :mod:`~loomlab.core.llm.kernels.
+    quant_int8_products`)."""
     kind, n = kinds[m], rows[m]
     tiled = is_tiled(kind)
     if tiled:  # whole tiles to each thread
@@ -174,14 +180,13 @@ def _product(m, mats, kinds, rows, acts, tid, threads, out):
     # the later passes finding it in the L2 cache (tiled: whole passes' tiles)
     unit = TILES_AT_ONCE * TILE if tiled else ROW_CHUNK
     step = max(unit, PIECE_BYTES // w2.shape[1] // unit * unit)
+    fn = fns[kind]
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)
         if _is_super(kind):
-            superblock_products(kind, w2, r0, r1, k[0], k[1], k[4], k[5], out)
-        elif tiled:
-            tiles_products(kind, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
+            call_product(fn, w2, r0, r1, k[0], k[1], k[4], k[5], out)
         else:
-            rows_products(kind, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
+            call_product(fn, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
 
 
 @njit(inline="always")
@@ -210,8 +215,8 @@ def _add_residual(x, y, bias, post_norm, eps):
 
 
 @njit(inline="always")
-def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, tid, threads, out, bias, post_norm, eps,
-                         flags, epoch):
+def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, fns, tid, threads, out, bias, post_norm,
+                         eps, flags, epoch):
     """``x += post_norm(h @ W_m.T + bias)`` (attention's output projection, the MLP's down): a
     meeting (every thread has written its part of h), h quantized (:func:`_quantize_for`), this
     thread's rows of the product, a meeting (every thread adds all of them), the residual add.
@@ -222,7 +227,7 @@ def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, tid, threads, 
     epoch = _quantize_for(h, acts, kinds, m, 1, split, tid, threads, flags, epoch)
     if epoch < 0:
         return -1
-    _product(m, mats, kinds, rows, acts, tid, threads, out)
+    _product(m, mats, kinds, rows, fns, acts, tid, threads, out)
     epoch += 1
     if not meet(flags, tid, threads, epoch):
         return -1
@@ -243,7 +248,7 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 
 @njit(cache=True, nogil=True)
-def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved,
+def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
                  act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
                  acts_i32):
     """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
@@ -287,9 +292,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch = _quantize_for(xn, a_d, kinds, m + _WQ, 3, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
-        _product(m + _WQ, mats, kinds, rows, a_d, tid, threads, qb)
-        _product(m + _WK, mats, kinds, rows, a_d, tid, threads, kb)
-        _product(m + _WV, mats, kinds, rows, a_d, tid, threads, vb)
+        _product(m + _WQ, mats, kinds, rows, fns, a_d, tid, threads, qb)
+        _product(m + _WK, mats, kinds, rows, fns, a_d, tid, threads, kb)
+        _product(m + _WV, mats, kinds, rows, fns, a_d, tid, threads, vb)
         epoch += 1
         if not meet(flags, tid, threads, epoch):
             return False
@@ -318,7 +323,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, caches[i, b, 2])
             attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
                          starts[b], windows[i], scale)
-        epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, tid, threads, ob,
+        epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, fns, tid, threads, ob,
                                      vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
         if epoch < 0:
             return False
@@ -327,13 +332,13 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
         epoch = _quantize_for(xn, a_d, kinds, m + _GATE, 2, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
-        _product(m + _GATE, mats, kinds, rows, a_d, tid, threads, gb)
-        _product(m + _UP, mats, kinds, rows, a_d, tid, threads, ub)
+        _product(m + _GATE, mats, kinds, rows, fns, a_d, tid, threads, gb)
+        _product(m + _UP, mats, kinds, rows, fns, a_d, tid, threads, ub)
         _plus(gb, f0, f1, vecs[v + _BGATE])
         _plus(ub, f0, f1, vecs[v + _BUP])
         for r in range(R):
             gated_range(act, gb[r], ub[r], hb[r], f0, f1)
-        epoch = _project_into_stream(x, hb, a_ffn, split, m + _DOWN, mats, kinds, rows, tid, threads, db,
+        epoch = _project_into_stream(x, hb, a_ffn, split, m + _DOWN, mats, kinds, rows, fns, tid, threads, db,
                                      vecs[v + _BDOWN], vecs[v + _FPOST], eps, flags, epoch)
         if epoch < 0:
             return False
@@ -343,21 +348,22 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk
     rms_norm_rows(x, vecs[_NV * L], eps, xn)
     if _quantize_for(xn, a_d, kinds, _NM * L, 1, split, tid, threads, flags, epoch) < 0:
         return False
-    _product(_NM * L, mats, kinds, rows, a_d, tid, threads, logits)
+    _product(_NM * L, mats, kinds, rows, fns, a_d, tid, threads, logits)
     return True
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _step_parallel(threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale, interleaved, act,
-                   windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32, acts_i32):
+def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
+                   act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32, acts_i32):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
-    for tid in prange(threads):
+    for t in prange(threads):
+        tid = np.int64(t)  # prange counts in uint64: the one-thread call's int64, one compilation
         if get_thread_id() != tid:
             abort(flags, threads)
         else:
-            _step_worker(tid, threads, flags, x0, mats, kinds, rows, vecs, dims, eps, qk_eps, scale,
+            _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale,
                          interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
                          acts_i8, acts_f32, acts_i32)
 
@@ -472,6 +478,10 @@ class FusedDecoder:
         vecs.append(vector(net.cells[-2].weights, "gamma"))
         self.mats, self.vecs = mats, vecs
         self.kinds, self.rows = np.array(kinds, np.int64), np.array(rows, np.int64)
+        # each kind's product function by kind number (compiled now for the kinds this model has)
+        self.fns = np.zeros(KINDS, np.int64)
+        for kind in set(kinds):
+            self.fns[kind] = product_address(kind)
         attns = [b[1] for b in blocks]
         s = attns[0].spec
         self.attentions = attns
@@ -540,9 +550,9 @@ class FusedDecoder:
         threads = numba.get_num_threads()
         flags = counters(threads)
         shared, acts = self._scratch(B * T, B if last_only else B * T)
-        args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.vecs, self.dims,
-                self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos, sin,
-                np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared, *acts)
+        args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.fns, self.vecs,
+                self.dims, self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos,
+                sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared, *acts)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:

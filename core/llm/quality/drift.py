@@ -392,7 +392,8 @@ def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT
         cancel: checked before each forward pass and each layer morphed; raises
             :class:`LoomCancelled`. The model is unmorphed when this returns or raises.
 
-    Holds the model (``model.busy()``), so it refuses a model that is generating.
+    Holds the model (``model.busy()``), so it refuses a model that is generating; both runs take
+    the exact path (float32 activations) whatever mode the model generates in.
     """
     began = time.perf_counter()
     stop = as_cancel_check(cancel)
@@ -417,7 +418,7 @@ def measure_drift(model, recipe, probe: str | None = None, *, ctx: int = DEFAULT
             progress(done, total, what)
         return rows
 
-    with model.busy():
+    with model.busy(activations="float32"):  # the exact path: the weights' drift alone
         bytes_base = net.memory_bytes()
         acc = DriftAccumulator()
         kept: list[np.ndarray] = []  # the base rows of every chunk, for the per-layer runs only

@@ -50,7 +50,7 @@ def partial_recipe(space, plan: dict[str, str]) -> tuple[str, ...]:
 def slow_reference(recipe) -> tuple[float, int]:
     """Mean KL and memory bytes of ``recipe`` on a fresh copy morphed layer by layer by the Morph
     panel's own call, KL from softmax probabilities (not log-softmax) in float64."""
-    with load_model("smollm2-135m") as fresh, fresh.busy():
+    with load_model("smollm2-135m") as fresh, fresh.busy(activations="float32"):  # as measured
         reference = [llm_probe(fresh, text, TOKENS).logits for text in PROBES]
         for (index, layer), dtype in zip(weighted_cells(fresh.net), recipe, strict=True):
             if dtype != "float32":

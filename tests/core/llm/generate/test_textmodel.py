@@ -19,7 +19,8 @@ GOLDEN = json.loads((Path(__file__).resolve().parents[3] / "data" / "llm" /
 
 @pytest.fixture(scope="module")
 def model():
-    with load_model("smollm2-135m") as m:
+    """The exact path (float32 activations): the goldens are transformers' own numbers."""
+    with load_model("smollm2-135m", activations="float32") as m:
         yield m
 
 

@@ -292,11 +292,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as GT
 from loomlab.core.llm.kernels.quant import QuantMatrix
 from loomlab.core.llm.kernels import quant_int8
-m = QuantMatrix(np.zeros((1, 20), np.uint8), GT.Q4_1, (1, 32))
-quant_int8.int8_matvec(m, np.zeros(32, np.float32))
-k = QuantMatrix(np.zeros((1, 144), np.uint8), GT.Q4_K, (1, 256))
-quant_int8.int8_matvec(k, np.zeros(256, np.float32))
-kernels = (quant_int8._rows_matmul, quant_int8._superblocks_matmul)
+from gguf import GGML_QUANT_SIZES
+for name in quant_int8.INT8_TYPES:  # one row of each format: the row kernels (no 16-row tiles)
+    elems, size = GGML_QUANT_SIZES[GT[name]]
+    m = QuantMatrix(np.zeros((1, size), np.uint8), GT[name], (1, elems))
+    quant_int8.int8_matvec(m, np.zeros(elems, np.float32))
+kernels = list(quant_int8._kernels.values())
 asm = "".join(k.inspect_asm(sig) for k in kernels for sig in k.signatures)
 print(len(re.findall(r"vpdpbusd", asm)))
 """

@@ -191,7 +191,7 @@ def test_streamed_measurement_equals_a_fresh_copy_morphed_by_the_engine(model, p
     report = measure_drift(model, FEW, probe, ctx=CTX)
     chunks = probe_chunks(model, probe, CTX)
     rows = slice(CTX // 2, CTX - 1)
-    with load_model("smollm2-135m") as fresh, fresh.busy():
+    with load_model("smollm2-135m") as fresh, fresh.busy(activations="float32"):  # as measured
         base = [fresh.net.step(c[None], None, last_only=False)[0][rows] for c in chunks.chunks]
         layers = weighted_layers(fresh.net)
         for position, fmt in resolve_recipe(fresh.net, FEW).items():

@@ -1,0 +1,108 @@
+"""One compiled product function per repacked weight kind, called through its address.
+
+The integer dots are large (:mod:`.quant_int8_rows`, :mod:`.quant_int8_tiles`,
+:mod:`.quant_int8_superblocks`: every format unrolled for one to four activation rows), and a
+kernel that picks the format at run time carries all ten formats' machine code: numba compiled
+each such kernel for minutes on a 2-core CPU, once for the grid's products and again inside the
+fused decode step. Here each kind's products are one C-callable function (``numba.cfunc``),
+compiled the first time a matrix of that kind is multiplied and cached on disk like any kernel;
+the kernels that drive them (:mod:`.quant_int8`'s parallel loop, the fused step) hold only the
+function's address and call it (:func:`call_product`), so they compile once for every format,
+and a model compiles only the formats it has. A call costs a few nanoseconds against the
+microseconds of work each does (a range of rows).
+
+Arguments of every product function (:data:`PRODUCT`): the repacked matrix (address, rows, bytes
+per row), the range of rows r0 .. r1 - 1, the four activation arrays (:func:`~.quant_int8_rows.
+quantize_grouped`'s ``xg, d, s, nsum``, or Q8_K's ``qs, d, nsum16, bsum32``) for T rows of n
+values, and ``out[T, out_cols]``, every array C-contiguous.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from .quant_int8_rows import rows_products
+from .quant_int8_superblocks import SUPER_KINDS, superblock_products
+from .quant_int8_tiles import TILE_KINDS, tiles_products
+
+_P, _N = types.voidptr, types.int64
+PRODUCT = types.void(_P, _N, _N, _N, _N, _P, _P, _P, _P, _N, _N, _P, _N)
+_ARG_IS_POINTER = tuple(t == _P for t in PRODUCT.args)
+KINDS = 10  # kind numbers 0 .. 9: rows' five, the super-blocks' two, the tiles' three
+
+_functions: dict[int, object] = {}  # kind -> its cfunc, kept alive: callers hold its address
+_lock = threading.Lock()
+
+
+def product_address(kind: int) -> int:
+    """The address of ``kind``'s product function, compiled (or loaded from numba's cache) on
+    first use."""
+    with _lock:
+        fn = _functions.get(kind)
+        if fn is None:
+            fn = _functions[kind] = (_superblocks if kind in SUPER_KINDS else
+                                     _tiles if kind in TILE_KINDS else _rows)(kind)
+    return fn.address
+
+
+def compiled_products() -> list:
+    """The product functions compiled in this process (their machine code for inspection)."""
+    with _lock:
+        return list(_functions.values())
+
+
+def _rows(kind: int):
+    @cfunc(PRODUCT, cache=True)
+    def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        rows_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
+                      carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
+                      carray(xb, (T, n // 8), np.int32), carray(out, (T, out_cols), np.float32))
+    return product
+
+
+def _tiles(kind: int):
+    @cfunc(PRODUCT, cache=True)
+    def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        tiles_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
+                       carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
+                       carray(xb, (T, n // 8), np.int32), carray(out, (T, out_cols), np.float32))
+    return product
+
+
+def _superblocks(kind: int):
+    @cfunc(PRODUCT, cache=True)
+    def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        superblock_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
+                            carray(xd, (T, n // 256), np.float32), carray(xa, (T, n // 4), np.int32),
+                            carray(xb, (T, n // 32), np.int32), carray(out, (T, out_cols), np.float32))
+    return product
+
+
+@intrinsic
+def _call(typingctx, fn, w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+    """Call the :data:`PRODUCT` function at address ``fn`` with the other arguments (addresses
+    as integers)."""
+    sig = types.void(fn, w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols)
+
+    def codegen(context, builder, sig, args):
+        i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+        params = [i8p if pointer else i64 for pointer in _ARG_IS_POINTER]
+        values = [builder.inttoptr(a, t) if t == i8p else a for a, t in zip(args[1:], params, strict=True)]
+        target = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), params).as_pointer())
+        builder.call(target, values)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(inline="always")
+def call_product(fn, w2, r0, r1, xq, xd, xa, xb, out):
+    """``out[:, r0:r1]`` for rows r0 .. r1 - 1 of the repacked ``w2`` (``[rows, row bytes]``) times
+    the quantized activations, by the product function at address ``fn`` (:func:`product_address`
+    of the matrix's kind)."""
+    _call(fn, w2.ctypes.data, w2.shape[0], w2.shape[1], r0, r1, xq.ctypes.data, xd.ctypes.data,
+          xa.ctypes.data, xb.ctypes.data, xq.shape[0], xq.shape[1], out.ctypes.data, out.shape[1])
