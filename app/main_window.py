@@ -265,6 +265,10 @@ class MainWindow(QMainWindow):
         models.show_requested.connect(self.show_in_panels)
         self.panels["chat"].tokens_per_second.connect(
             lambda tps: self.speed_label.setText(f"{tps:.1f} tok/s"))
+        # the Chat and Server panels switch the one loaded model's activations: each shows the other's switch
+        chat, server = self.panels["chat"], self.panels["server"]
+        chat.activations_changed.connect(lambda _mode: server.show_activations())
+        server.activations_changed.connect(lambda _mode: chat.show_activations())
         for name in LINKED:  # selecting a layer in one of them selects it in the others
             self.panels[name].layer_selected.connect(lambda key, source=name: self._select_layer(key, source))
         self.runner.changed.connect(self._release_if_idle)

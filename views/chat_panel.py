@@ -75,6 +75,7 @@ from loomlab.core.workspace.chat import NEW_TITLE, ChatSession, Reply, reply_sum
 from loomlab.core.workspace.markdown import CODE, CODE_BLOCK, HEADING, markup
 from loomlab.core.workspace.store import Message, Workspace
 
+from .activations import ActivationsBox
 from .scrolling import scrolling
 from .workers import Job, JobRunner
 
@@ -284,11 +285,13 @@ class ChatPanel(QWidget):
     :class:`~loomlab.core.workspace.chat.ChatSession`, which ``loomlab chat`` uses too).
 
     Signals:
+        activations_changed(str): the user switched the model's activations ("int8", "float32").
         reply_finished(Message): a stored chat reply ended (any finish reason).
         completion_finished(Reply): a completion (Completion tab) ended.
         tokens_per_second(float): a live estimate while a reply streams, the final figure at its end.
     """
 
+    activations_changed = Signal(str)
     reply_finished = Signal(object)
     completion_finished = Signal(object)
     tokens_per_second = Signal(float)
@@ -423,6 +426,16 @@ class ChatPanel(QWidget):
         self.system_prompt.textChanged.connect(self._on_system_prompt)
         self.sampling = SamplingControls()
         self.sampling.changed.connect(self._on_sampling)
+        # the model's own setting, not the conversation's: kept out of the stored sampling values
+        self.activations_box = ActivationsBox()
+        self.activations_box.setToolTip(f"{self.activations_box.toolTip()} A switch applies from the next "
+                                        "reply, here and in the Server panel.")
+        self.activations_box.mode_chosen.connect(self._on_activations)
+        model_form = QFormLayout()
+        model_form.setContentsMargins(0, 0, 0, 0)
+        model_form.addRow("Activations", self.activations_box)
+        model_form.addRow(QLabel("int8: fast, as llama.cpp computes; float32: exact, as transformers "
+                                 "computes.", wordWrap=True))
         self.colour_tokens = QCheckBox("Colour tokens by probability")
         self.colour_tokens.setChecked(True)
         self.colour_tokens.toggled.connect(lambda _on: self._render())
@@ -434,8 +447,9 @@ class ChatPanel(QWidget):
         # two tabs rather than one tall column: in a window of 1000 px the column squeezed the
         # sampling form and left the alternatives table three rows
         self.side_tabs = QTabWidget()
-        self.side_tabs.addTab(scrolling(_column(_group("System prompt", self.system_prompt),
-                                                _group("Sampling", self.sampling), stretch=True)), "Settings")
+        settings = _column(_group("System prompt", self.system_prompt), _group("Sampling", self.sampling),
+                           _group("Model", _column(model_form)), stretch=True)
+        self.side_tabs.addTab(scrolling(settings), "Settings")
         self.side_tabs.addTab(tokens, "Tokens")
         self.side_tabs.setMinimumWidth(self.side_tabs.sizeHint().width())
         return self.side_tabs
@@ -446,6 +460,7 @@ class ChatPanel(QWidget):
         without a chat template opens on the Completion tab, with a notice saying why."""
         self.session.set_model(model)
         self.sampling.set_max_tokens_limit(model.context_length)
+        self.show_activations()
         if model.supports_chat:
             self.mode_notice.hide()
         else:
@@ -468,6 +483,16 @@ class ChatPanel(QWidget):
     @property
     def model(self) -> TextModel | None:
         return self.session.model
+
+    def show_activations(self) -> None:
+        """Show the model's activations again (switched elsewhere: the Server panel)."""
+        if self.model is not None:
+            self.activations_box.set_mode(self.model.activations)
+
+    def _on_activations(self, mode: str) -> None:
+        if self.model is not None:
+            self.model.activations = mode  # read as the next generation starts
+            self.activations_changed.emit(mode)
 
     @property
     def generating(self) -> bool:
@@ -973,6 +998,7 @@ class ChatPanel(QWidget):
         has_chat = self.conversation_id is not None
         self.copy_button.setEnabled(has_chat)
         self.export_button.setEnabled(has_chat)
+        self.activations_box.setEnabled(ready)  # a reply keeps the mode it started with
         if model is None:
             self.model_label.setText("No model loaded")
         else:

@@ -1,7 +1,8 @@
 """The Models panel: built-in and discovered language models and opened Loom networks in one
 searchable list, the selected one's details (with the mode a model supports: chat, or completion
-only for a base model), fetch / load / unload with progress and cancel, "Show in panels" for the
-loaded model and the opened networks, and a tokenizer preview of the loaded model.
+only for a base model), fetch / load (with the activations chosen: int8 or float32) / unload with
+progress and cancel, "Show in panels" for the loaded model and the opened networks, and a tokenizer
+preview of the loaded model.
 
 Every slow step (walking the disk, reading a file's header, fetching, loading, reading a network)
 runs as a job on the shared :class:`~loomlab.views.workers.JobRunner`; the panel only cancels and
@@ -52,6 +53,7 @@ from loomlab.core.llm.model.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.text.token_text import token_text
 from loomlab.core.units import format_bytes, format_count
 
+from .activations import ActivationsBox
 from .theme import ERROR_ON_DARK, ERROR_ON_LIGHT
 from .workers import Job, JobRunner
 
@@ -161,6 +163,9 @@ class ModelsPanel(QWidget):
         self.show_button.setToolTip("Show the loaded model or this network in the other panels again")
         self.unload_button = QPushButton("Unload", clicked=self.unload)
         self.cancel_button = QPushButton("Cancel", clicked=self.cancel)
+        self.activations_box = ActivationsBox()
+        self.activations_box.setToolTip("The activations the next load runs with (a loaded model's switch is "
+                                        f"in the Chat and Server panels). {self.activations_box.toolTip()}")
         self.progress_bar = QProgressBar(textVisible=True)
         self._reset_progress()
         self.status_label = QLabel(wordWrap=True)
@@ -174,8 +179,10 @@ class ModelsPanel(QWidget):
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(scroll, 1)
         col.addLayout(_row(self.fetch_button, self.load_button, self.unload_button, None))
-        col.addLayout(_row(self.show_button, None, self.cancel_button))
-        col.addWidget(self.progress_bar)
+        # the load option shares a row with "Show in panels" (Cancel goes with the bar it stops), so
+        # the details keep their height in a short dock
+        col.addLayout(_row(self.show_button, None, QLabel("Activations"), self.activations_box))
+        col.addLayout(_row(self.progress_bar, self.cancel_button))
         col.addWidget(self.status_label)
         self._inspect_splitter = QSplitter(Qt.Orientation.Vertical, childrenCollapsible=False)
         self._inspect_splitter.addWidget(inspect)
@@ -227,6 +234,15 @@ class ModelsPanel(QWidget):
     def model(self) -> TextModel | None:
         """The loaded language model, or None."""
         return self._model
+
+    @property
+    def activations(self) -> str:
+        """The activations a load runs with, as the load options show them: "int8" or "float32"."""
+        return self.activations_box.mode
+
+    @activations.setter
+    def activations(self, mode: str) -> None:
+        self.activations_box.set_mode(mode)
 
     @property
     def busy(self) -> bool:
@@ -476,13 +492,13 @@ class ModelsPanel(QWidget):
     def _load_entry(self, entry: ModelEntry) -> None:
         self.unload()  # one model at a time: free the old one's memory before reading the new
         target = entry.name if entry.source == "builtin" else str(entry.path)
-        loading, backend = self._loading, self.backend
+        loading, backend, activations = self._loading, self.backend, self.activations
 
         def work(job: Job) -> TextModel:
             # the tokenizer builds in a child process: in this one it would hold the GIL, and so
             # freeze the window, for up to a second (Gemma's 262k-token vocabulary)
             model = load_model(target, progress=job.report, cancel=job.is_cancelled, tokenizer_process=True,
-                               backend=backend)
+                               backend=backend, activations=activations)
             loading.append(model)  # held here so a cancelled or abandoned load still gets closed
             return model
 
@@ -560,6 +576,7 @@ class ModelsPanel(QWidget):
         self.status_label.setText(f"{what}…")
         self._reset_progress()
         self.progress_bar.show()
+        self.cancel_button.show()
 
         def ended(slot: Callable[..., None]) -> Callable[..., None]:
             def call(*args: Any) -> None:
@@ -596,8 +613,10 @@ class ModelsPanel(QWidget):
         self.status_label.setText(f"{what.split()[0]} cancelled")
 
     def _reset_progress(self) -> None:
-        """An idle bar: hidden, empty (no "load 100%" left from the last action, no "0%")."""
+        """An idle bar: hidden with its Cancel, empty (no "load 100%" left from the last action, no
+        "0%")."""
         self.progress_bar.hide()
+        self.cancel_button.hide()
         self.progress_bar.setRange(0, PROGRESS_STEPS)
         self.progress_bar.setValue(0)
         self.progress_bar.setFormat("")

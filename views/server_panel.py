@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .activations import ActivationsBox
 from .sort_items import row_table
 from .theme import error_colour
 from .workers import Job, JobRunner
@@ -69,9 +70,11 @@ Starter = Callable[[str, int, "str | None", int, Callable[[Any], None]], ServerH
 class ServerPanel(QWidget):
     """Start and stop a server for the loaded model, and list its requests as they come.
 
-    ``state`` is "stopped", "starting", "running" or "stopping".
+    ``state`` is "stopped", "starting", "running" or "stopping". :attr:`activations_changed`
+    carries the activations ("int8", "float32") the user switched the served model to.
     """
 
+    activations_changed = Signal(str)
     _entry_arrived = Signal(object)  # emitted on server threads, delivered on the GUI thread
 
     def __init__(self, runner: JobRunner, starter: Starter, parent: QWidget | None = None, *,
@@ -84,6 +87,7 @@ class ServerPanel(QWidget):
         self._runner = runner
         self._starter = starter
         self._max_rows = max_rows
+        self._model = None  # the loaded TextModel, whose activations the panel shows and switches
         self._model_name: str | None = None  # None: no model loaded
         self._handle: ServerHandle | None = None
         self._job: Job | None = None  # the start or stop in flight
@@ -140,6 +144,15 @@ class ServerPanel(QWidget):
 
         self.status_label = QLabel()
         self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.activations_box = ActivationsBox()
+        # the batch engine holds the model while requests keep coming, and reads the mode as it takes it
+        self.activations_box.setToolTip(f"{self.activations_box.toolTip()} A switch applies once the "
+                                        "requests being answered have ended, and to the Chat panel too.")
+        self.activations_box.mode_chosen.connect(self._on_activations)
+        status = QHBoxLayout()
+        status.addWidget(self.status_label, 1)
+        status.addWidget(QLabel("Activations"))
+        status.addWidget(self.activations_box)
         self.address_edit = QLineEdit()
         self.address_edit.setReadOnly(True)
         self.address_edit.setPlaceholderText("the address shows here while the server runs")
@@ -172,7 +185,7 @@ class ServerPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(settings)
-        layout.addWidget(self.status_label)
+        layout.addLayout(status)
         layout.addLayout(address)
         layout.addWidget(self.table, 1)
 
@@ -185,10 +198,22 @@ class ServerPanel(QWidget):
     def set_model(self, model) -> None:
         """Serve ``model`` (a loaded TextModel; None: none loaded). A server running for the model
         before is stopped: it must not answer with a model that is gone."""
+        self._model = model
         self._model_name = None if model is None else (getattr(model, "name", "") or "model")
         if self.state in ("starting", "running"):
             self.stop()
+        self.show_activations()
         self._sync()
+
+    def show_activations(self) -> None:
+        """Show the model's activations again (switched elsewhere: the Chat panel)."""
+        if self._model is not None:
+            self.activations_box.set_mode(self._model.activations)
+
+    def _on_activations(self, mode: str) -> None:
+        if self._model is not None:
+            self._model.activations = mode
+            self.activations_changed.emit(mode)
 
     def generate_key(self) -> None:
         """Put a new random API key in the key field."""
@@ -319,6 +344,7 @@ class ServerPanel(QWidget):
         state, has_model = self.state, self._model_name is not None
         for w in (self.host_edit, self.port_box, self.key_edit, self.generate_button, self.batch_box):
             w.setEnabled(state == "stopped")
+        self.activations_box.setEnabled(has_model)
         self.start_button.setText("Stop server" if state in ("running", "stopping") else "Start server")
         self.start_button.setEnabled(state == "running" or (state == "stopped" and has_model))
         self.start_button.setToolTip("" if has_model or state != "stopped" else NO_MODEL)

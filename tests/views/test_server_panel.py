@@ -30,7 +30,7 @@ from loomlab.views.theme import error_colour
 from .contrast import assert_legible, dark_theme
 from .panel_layout import DOCKED, assert_unclipped
 
-MODEL = SimpleNamespace(name="tiny-chat")
+MODEL = SimpleNamespace(name="tiny-chat", activations="int8")  # what the panel reads of a TextModel
 
 
 @dataclass
