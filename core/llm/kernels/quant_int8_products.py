@@ -104,5 +104,12 @@ def call_product(fn, w2, r0, r1, xq, xd, xa, xb, out):
     """``out[:, r0:r1]`` for rows r0 .. r1 - 1 of the repacked ``w2`` (``[rows, row bytes]``) times
     the quantized activations, by the product function at address ``fn`` (:func:`product_address`
     of the matrix's kind)."""
-    _call(fn, w2.ctypes.data, w2.shape[0], w2.shape[1], r0, r1, xq.ctypes.data, xd.ctypes.data,
-          xa.ctypes.data, xb.ctypes.data, xq.shape[0], xq.shape[1], out.ctypes.data, out.shape[1])
+    call_product_at(fn, w2.ctypes.data, w2.shape[0], w2.shape[1], r0, r1, xq, xd, xa, xb, out)
+
+
+@njit(inline="always")
+def call_product_at(fn, w, rows, row_bytes, r0, r1, xq, xd, xa, xb, out):
+    """:func:`call_product` of the repacked matrix at address ``w``, ``rows`` rows of
+    ``row_bytes`` (its array kept alive by the caller)."""
+    _call(fn, w, rows, row_bytes, r0, r1, xq.ctypes.data, xd.ctypes.data, xa.ctypes.data, xb.ctypes.data,
+          xq.shape[0], xq.shape[1], out.ctypes.data, out.shape[1])

@@ -26,9 +26,10 @@ qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checke
 caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
-for j in :data:`MATRICES` (the LM head last) as repacked bytes with their kinds and row counts,
-vectors ``13 i + j`` for j in :data:`VECTORS` (empty where the model has none: a filler bias, no
-Q/K norm; the final norm last), and by kind number the address of each kind's product function
+for j in :data:`MATRICES` (the LM head last) as the repacked rows' addresses and sizes with their
+kinds and row counts, vectors ``13 i + j`` for j in :data:`VECTORS` as slices of one array (empty
+where the model has none: a filler bias, no Q/K norm; the final norm last), and by kind number
+the address of each kind's product function
 (:mod:`~loomlab.core.llm.kernels.quant_int8_products`): the step itself is compiled once for
 every format, and a model compiles only its own formats' products.
 """
@@ -41,7 +42,6 @@ from operator import attrgetter
 import numba
 import numpy as np
 from numba import get_thread_id, njit, prange
-from numba.typed import List
 
 from ... import edits
 from ...layers.containers import Residual, Sequential
@@ -50,7 +50,7 @@ from ..kernels.mlp_kernel import GATED_ACTIVATIONS, gated_range
 from ..kernels.norm_kernel import rms_norm_rows
 from ..kernels.quant import ROW_CHUNK, pace
 from ..kernels.quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
-from ..kernels.quant_int8_products import KINDS, call_product, product_address
+from ..kernels.quant_int8_products import KINDS, call_product_at, product_address
 from ..kernels.quant_int8_rows import quantize_grouped
 from ..kernels.quant_int8_superblocks import SUPER_KINDS
 from ..kernels.quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled
@@ -174,19 +174,26 @@ def _product(m, mats, kinds, rows, fns, acts, tid, threads, out):
         lo, hi = lo * TILE, hi * TILE
     else:
         lo, hi = _share(n, tid, threads)
-    w2 = mats[m].reshape(n, -1)
+    address, row_bytes = mats[m, 0], mats[m, 1] // n
     grouped, k = acts
     # in pieces of PIECE_BYTES: with 2 or 3 rows the row kernels pass over a piece once per row,
     # the later passes finding it in the L2 cache (tiled: whole passes' tiles)
     unit = TILES_AT_ONCE * TILE if tiled else ROW_CHUNK
-    step = max(unit, PIECE_BYTES // w2.shape[1] // unit * unit)
+    step = max(unit, PIECE_BYTES // row_bytes // unit * unit)
     fn = fns[kind]
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)
         if _is_super(kind):
-            call_product(fn, w2, r0, r1, k[0], k[1], k[4], k[5], out)
+            call_product_at(fn, address, n, row_bytes, r0, r1, k[0], k[1], k[4], k[5], out)
         else:
-            call_product(fn, w2, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3], out)
+            call_product_at(fn, address, n, row_bytes, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3],
+                            out)
+
+
+@njit(inline="always")
+def _vec(vecs, i):
+    """Vector i of the layout (module doc): a view of ``vecs = (values, offsets)``."""
+    return vecs[0][vecs[1][i]:vecs[1][i + 1]]
 
 
 @njit(inline="always")
@@ -288,7 +295,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
     for i in range(L):
         m, v = _NM * i, _NV * i
         # attention: Q, K, V of the normed rows
-        rms_norm_rows(x, vecs[v + _ANORM], eps, xn)
+        rms_norm_rows(x, _vec(vecs, v + _ANORM), eps, xn)
         epoch = _quantize_for(xn, a_d, kinds, m + _WQ, 3, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
@@ -299,8 +306,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
         if not meet(flags, tid, threads, epoch):
             return False
         # this thread's KV heads into the caches, its query heads rotated
-        bk, bv, bq = uncounted(vecs[v + _BK]), uncounted(vecs[v + _BV]), uncounted(vecs[v + _BQ])
-        k_norm, q_norm = uncounted(vecs[v + _KNORM]), uncounted(vecs[v + _QNORM])
+        bk, bv = uncounted(_vec(vecs, v + _BK)), uncounted(_vec(vecs, v + _BV))
+        bq = uncounted(_vec(vecs, v + _BQ))
+        k_norm, q_norm = uncounted(_vec(vecs, v + _KNORM)), uncounted(_vec(vecs, v + _QNORM))
         for item in range(kv0, kv1):
             kv, r = item // R, item % R
             b = r // T
@@ -324,28 +332,28 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
             attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
                          starts[b], windows[i], scale)
         epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, fns, tid, threads, ob,
-                                     vecs[v + _BO], vecs[v + _APOST], eps, flags, epoch)
+                                     _vec(vecs, v + _BO), _vec(vecs, v + _APOST), eps, flags, epoch)
         if epoch < 0:
             return False
         # the MLP; each thread activates the gate/up columns it computed
-        rms_norm_rows(x, vecs[v + _FNORM], eps, xn)
+        rms_norm_rows(x, _vec(vecs, v + _FNORM), eps, xn)
         epoch = _quantize_for(xn, a_d, kinds, m + _GATE, 2, split, tid, threads, flags, epoch)
         if epoch < 0:
             return False
         _product(m + _GATE, mats, kinds, rows, fns, a_d, tid, threads, gb)
         _product(m + _UP, mats, kinds, rows, fns, a_d, tid, threads, ub)
-        _plus(gb, f0, f1, vecs[v + _BGATE])
-        _plus(ub, f0, f1, vecs[v + _BUP])
+        _plus(gb, f0, f1, _vec(vecs, v + _BGATE))
+        _plus(ub, f0, f1, _vec(vecs, v + _BUP))
         for r in range(R):
             gated_range(act, gb[r], ub[r], hb[r], f0, f1)
         epoch = _project_into_stream(x, hb, a_ffn, split, m + _DOWN, mats, kinds, rows, fns, tid, threads, db,
-                                     vecs[v + _BDOWN], vecs[v + _FPOST], eps, flags, epoch)
+                                     _vec(vecs, v + _BDOWN), _vec(vecs, v + _FPOST), eps, flags, epoch)
         if epoch < 0:
             return False
     if last_only and T > 1:  # each sequence's last row alone, quantized by each thread itself
         x = np.ascontiguousarray(x[T - 1::T])
         xn, a_d, split = np.empty_like(x), _activations(x.shape[0], d), False
-    rms_norm_rows(x, vecs[_NV * L], eps, xn)
+    rms_norm_rows(x, _vec(vecs, _NV * L), eps, xn)
     if _quantize_for(xn, a_d, kinds, _NM * L, 1, split, tid, threads, flags, epoch) < 0:
         return False
     _product(_NM * L, mats, kinds, rows, fns, a_d, tid, threads, logits)
@@ -449,7 +457,7 @@ class FusedDecoder:
 
     def __init__(self, net, blocks: list[tuple]):
         self.embedding = net.cells[0]
-        mats, kinds, rows, vecs = List(), [], [], List()
+        mats, kinds, rows, vecs = [], [], [], []
         empty = np.zeros(0, F32)
 
         def vector(store, name):
@@ -476,7 +484,11 @@ class FusedDecoder:
         kinds.append(kind)
         rows.append(head.shape[0])
         vecs.append(vector(net.cells[-2].weights, "gamma"))
-        self.mats, self.vecs = mats, vecs
+        # the step reads each matrix by address (the repacked arrays kept alive here) and the
+        # vectors from one array: numba's typed lists compiled their methods anew in every process
+        self.packed = mats
+        self.mats = np.array([(p.ctypes.data, p.nbytes) for p in mats], np.int64)
+        self.vecs = (np.concatenate([empty, *vecs]), np.cumsum([0] + [v.size for v in vecs], dtype=np.int64))
         self.kinds, self.rows = np.array(kinds, np.int64), np.array(rows, np.int64)
         # each kind's product function by kind number (compiled now for the kinds this model has)
         self.fns = np.zeros(KINDS, np.int64)
