@@ -18,8 +18,8 @@ from loomlab.core.procinfo import release_memory, rss_bytes
 from ..core.goldens import forward_case
 from .test_main_window import make_window
 
-MESSAGE = "Name three primary colours."
-MAX_TOKENS = 24
+MESSAGE = "Write a short story about a loom."
+MAX_TOKENS = 64  # a reply long enough to take several of the view's 100 ms frames at 8-bit speed
 TIMEOUT_MS = 120_000
 # What an unloaded model may leave resident: measured ~70 MiB (numba's worker threads' arenas and
 # stacks, the X server's shared buffers, Qt's caches); loading it took 190-300 MiB. Before unloading
@@ -60,7 +60,8 @@ def test_gui_reply_equals_the_cli_and_survives_a_restart(qtbot, tmp_path):
     assert expected in chat.view.toPlainText()
     # the transcript ended in ever longer beginnings of the reply while it streamed
     prefixes = {k for t in shown for k in range(4, len(expected)) if t.endswith(expected[:k])}
-    assert len(prefixes) >= MAX_TOKENS // 2, f"the reply did not stream: {sorted(prefixes)}"
+    # (drawn once a frame: at 100-250 tok/s, 64 tokens are a few frames of several tokens each)
+    assert len(prefixes) >= 4, f"the reply did not stream: {sorted(prefixes)}"
 
     morph = win.panels["morph"]
     win.docks["morph"].raise_()  # the Morph panel fills its table once on screen
