@@ -154,6 +154,14 @@ def test_gemma3_sliding_windows_and_qk_norms_run_on_the_device():
 
 
 @pytest.fixture(scope="module")
+def smollm2():
+    """numpy's model on the exact path, the oracle: a device backend's products are float32
+    whatever the activations setting."""
+    with load_model("smollm2-135m", activations="float32") as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
 def strict_smollm2():
     with load_model("smollm2-135m", backend="strict") as model:
         yield model

@@ -228,7 +228,8 @@ def test_smollm2_merged_at_t0_is_the_parent_and_chats(tmp_path):
     finally:
         parent.close()
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    with load_model("smollm2-135m") as original, load_model(out) as merged:
+    # the merge holds the file's weights as floats: the file's exact path is its oracle
+    with load_model("smollm2-135m", activations="float32") as original, load_model(out) as merged:
         assert merged.template.source == "file" and merged.supports_chat
         assert merged.tokenizer.eos_ids == original.tokenizer.eos_ids
         prompt = "The capital of France is"
