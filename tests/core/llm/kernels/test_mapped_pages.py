@@ -75,3 +75,22 @@ def test_a_model_decoding_with_8_bit_activations_holds_its_weights_once(smollm2)
     path = Path(smollm2.net.source.path).resolve()
     table = smollm2.net.cells[-1].weights.current("float32")["weight"].raw_blocks  # a view of the mapping
     assert _resident(path, table.ctypes.data) < 0.15 * path.stat().st_size
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0"])
+def test_a_matrix_repacked_in_parts_has_the_bytes_of_one_repacking(name, monkeypatch):
+    """Oracle: the same matrix repacked whole (parts of 2 tiles' rows against one part)."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as GT
+
+    from loomlab.core.llm.kernels import quant_int8
+    from loomlab.core.llm.kernels.quant import QuantMatrix
+
+    elems, size = GGML_QUANT_SIZES[GT[name]]
+    raw = np.random.default_rng(1).integers(0, 256, (80, 4 * size), dtype=np.uint8)
+    whole, parts = (QuantMatrix(raw, GT[name], (80, 4 * elems)) for _ in range(2))
+    expected = quant_int8.repacked(whole)
+    monkeypatch.setattr(quant_int8, "REPACK_ROWS_BYTES", 2 * 16 * raw.shape[1])  # 3 parts of 32, 32, 16 rows
+    got = quant_int8.repacked(parts)
+    assert got[0] == expected[0]
+    np.testing.assert_array_equal(got[1], expected[1])
