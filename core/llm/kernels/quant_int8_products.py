@@ -56,6 +56,11 @@ def compiled_products() -> list:
         return list(_functions.values())
 
 
+# Three factories, not one taking the family's function: numba keys a cached closure by its
+# captured values, and a captured dispatcher pickles with a per-process id, so such a function
+# would never be found in the cache again. Each factory captures only the kind (an int).
+
+
 def _rows(kind: int):
     @cfunc(PRODUCT, cache=True)
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
