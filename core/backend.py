@@ -45,6 +45,9 @@ class DeviceKernels(Protocol):
         """A layer matrix (a QuantMatrix, or a float32 numpy array ``[out, in]``) made
         device-resident."""
 
+    def table(self, m):
+        """A matrix as the float32 array ``[out, in]`` on the device that rows are gathered from."""
+
     def linear(self, x, m):
         """``x [T, in]`` on the device times the uploaded matrix ``m`` transposed: ``[T, out]``."""
 

@@ -5,6 +5,7 @@ where Qt is not installed."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import traceback
@@ -19,6 +20,12 @@ import pytest
 import loomlab.gpu  # noqa: F401
 
 QT_FIXTURES = {"qtbot", "qapp"}
+
+# Models load with their kernels compiled, whatever numba's cache holds when a test starts (a fresh
+# clone's is empty): a test's numbers are then the kernels', not a first run's numpy ones. The
+# first-run mode, the default for users, has its own tests (tests/core/llm/model/
+# test_kernel_compilation.py), which set it back. Child processes (the CLI's tests) inherit it.
+os.environ.setdefault("LOOMLAB_FIRST_RUN", "wait")
 
 
 @pytest.fixture(scope="module")

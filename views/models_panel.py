@@ -2,7 +2,8 @@
 searchable list, the selected one's details (with the mode a model supports: chat, or completion
 only for a base model), fetch / load (with the activations chosen: int8 or float32) / unload with
 progress and cancel, "Show in panels" for the loaded model and the opened networks, and a tokenizer
-preview of the loaded model.
+preview of the loaded model. A model loaded on a first run, its kernels still compiling in a child
+process, is said to answer on numpy meanwhile, with the count of kernels done, until they are ready.
 
 Every slow step (walking the disk, reading a file's header, fetching, loading, reading a network)
 runs as a job on the shared :class:`~loomlab.views.workers.JobRunner`; the panel only cancels and
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import QEvent, QSortFilterProxyModel, Qt, QTimer, Signal
 from PySide6.QtGui import QPalette, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -48,6 +49,7 @@ from loomlab.core.layer_names import Parts, model_parts
 from loomlab.core.llm.files import discovery, registry
 from loomlab.core.llm.files.discovery import ModelEntry
 from loomlab.core.llm.generate.textmodel import TextModel, load_model
+from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 from loomlab.core.llm.model import model_info
 from loomlab.core.llm.model.model_info import CHAT, COMPLETION, ModelInfo
 from loomlab.core.llm.text.token_text import token_text
@@ -61,6 +63,7 @@ ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
 COLUMNS = ("Name", "Kind", "Source", "Size", "Mode", "State")
 NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 PROGRESS_STEPS = 1000  # the bar counts permille, so multi-GB byte counts never overflow its int range
+KERNELS_POLL_MS = 1000  # how often a first run's kernel count is read while they compile
 MAX_PREVIEW_TOKENS = 400  # chips beyond this are summarised: a pasted book should not freeze the GUI
 CHIP_COLOURS = ("#ffd8a8", "#b2f2bb", "#a5d8ff", "#eebefa", "#ffec99", "#c3fae8", "#ffc9c9", "#d0bfff")
 CHIP_TEXT, CHIP_ID = "#1a1a1a", "#495057"  # on the light chips, in either theme: >= 4.5:1 on each
@@ -117,6 +120,10 @@ class ModelsPanel(QWidget):
         self.backend = "numpy"  # what models and networks load on (the window's View > Backend)
         self._details: dict[str, str] = {}
         self._preview: list[tuple[int, str]] = []
+        # reads a first run's kernel count into the status line until they are ready (_show_kernels)
+        self.kernels_timer = QTimer(self, interval=KERNELS_POLL_MS)
+        self.kernels_timer.timeout.connect(self._show_kernels)
+        self._kernels_said = ""  # the status line as the timer last wrote it
         self._build()
         self.refresh()
 
@@ -516,16 +523,37 @@ class ModelsPanel(QWidget):
         self._refresh_rows()
         if self.selected_entry() is None:
             self._select_key(self._loaded_key)  # loaded by name (--model, Open recent): show it
-        self.status_label.setText(f"Loaded {entry.name}")
+        self._show_kernels()  # "Loaded NAME", and while a first run's kernels compile, their count
         self._update_preview()
         self._update_actions()
         self.model_loaded.emit(self._model)
+
+    def _show_kernels(self) -> None:
+        """Say the model is loaded; on a first run, that it answers on numpy while its kernels
+        compile, with the count so far, read again every tick (two plain attributes: the GUI
+        never waits on the engine) until they are ready. A tick after the line said something
+        else (another action's news) stops, leaving that news."""
+        model, entry = self._model, self._loaded_entry
+        superseded = self.kernels_timer.isActive() and self.status_label.text() != self._kernels_said
+        if model is None or superseded:
+            self.kernels_timer.stop()
+            return
+        text = f"Loaded {entry.name}"
+        if model.kernels_ready:
+            self.kernels_timer.stop()
+        else:
+            text += f" · {KERNELS_STAGE}: {model.kernels_compiled} compiled; answering on numpy meanwhile"
+            if not self.kernels_timer.isActive():
+                self.kernels_timer.start()
+        self._kernels_said = text
+        self.status_label.setText(text)
 
     def unload(self) -> None:
         """Close the loaded model and forget it."""
         if self._model is None:
             return
         model, self._model, self._loaded_key, self._loaded_entry = self._model, None, None, None
+        self.kernels_timer.stop()
         model.close()
         self._refresh_rows()
         self.status_label.setText(f"Unloaded {model.name}")
@@ -647,11 +675,13 @@ class ModelsPanel(QWidget):
         return job
 
     def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Cancel and join this panel's jobs (not the runner's others) and close the loaded model.
+        """Cancel and join this panel's jobs (not the runner's others), stop the kernel count and close
+        the loaded model.
 
         True when every job stopped within ``timeout_ms``.
         """
         self._shut_down = True
+        self.kernels_timer.stop()
         jobs = [job for job in self._jobs.values() if isValid(job)]  # the runner may have dropped some
         for job in jobs:
             job.cancel()

@@ -112,11 +112,24 @@ def _response_format(args) -> dict | None:
     return fmt
 
 
-def _load(args):
+@contextmanager
+def _load(args, first_run: str = "answer"):
+    """The model of ``args``, closed after the block. On a first run (kernels not in numba's
+    cache) the model answers on numpy while they compile, which is said; a command that ends
+    before they are ready finishes them, with progress (Ctrl-C stops: the next run goes on)."""
     from loomlab.core.llm.generate.textmodel import load_model
+    from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 
-    return load_model(args.model, progress=progress_bar, backend=args.backend,
-                      activations=getattr(args, "activations", "int8"))
+    with load_model(args.model, progress=progress_bar, backend=args.backend, first_run=first_run,
+                    activations=getattr(args, "activations", "int8")) as model:
+        if not model.kernels_ready:
+            print(f"loomlab: {KERNELS_STAGE}, in the background; until they are ready the model answers "
+                  "on numpy (slower)", file=sys.stderr, flush=True)
+        yield model
+        if not model.kernels_ready:
+            print("loomlab: finishing the kernels (Ctrl-C stops them; the next run goes on)",
+                  file=sys.stderr, flush=True)
+            model.wait_for_kernels(progress=progress_bar)
 
 
 def _emit(records, as_json: bool) -> list:
@@ -320,7 +333,7 @@ def cmd_bench(args) -> int:
         raise CliError("--tokens and --repeat must be >= 1")
     from loomlab.core.llm.generate.prefix_cache import PrefixCache
 
-    with _load(args) as model:
+    with _load(args, first_run="wait") as model:  # the kernels are what it measures
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
         list(model.generate(BENCH_PROMPT, max_tokens=2))  # warm-up: JIT compilation, caches
         best = None

@@ -59,7 +59,7 @@ def cmd_quant_report(args) -> int:
     if args.top < 0:
         raise CliError(f"--top must be >= 0, got {args.top}")
     probe = _read_probe(args.probe) if args.probe is not None else None
-    with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
+    with load_model(args.model, progress=progress_bar, backend=args.backend, first_run="wait") as model:
         report = measure_drift(model, args.recipe, probe, ctx=DEFAULT_CTX if args.ctx is None else args.ctx,
                               per_layer=args.per_layer, progress=progress)
     if args.json:
@@ -76,7 +76,7 @@ def cmd_quantize(args) -> int:
     from loomlab.core.llm.quality.recipe import apply_recipe, fallback_summary, plan_recipe
 
     destination(args.output)  # a device, FIFO or folder is refused before the model loads
-    with load_model(args.model, progress=progress_bar) as model:
+    with load_model(args.model, progress=progress_bar, first_run="wait") as model:
         # a bad recipe, or one GGUF cannot store (int8 ...), stops here, before any morphing
         plan = plan_recipe(model.net, args.recipe)
         check_recipe_plan(plan)

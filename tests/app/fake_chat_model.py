@@ -27,6 +27,7 @@ class FakeChatModel:
     finish: str = "eos"
     hang: bool = False
     context_length: int = 2048
+    kernels_ready: bool = True  # not on a first run: nothing to finish when a command ends
     requests: list = field(default_factory=list)
     backend: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(name="numpy"))
 

@@ -1,6 +1,7 @@
 """The Models panel: listing, filtering, details against model_info.describe, load / unload,
 the tokenizer preview against the tokenizer, a real cancelled fetch, opening Loom networks, the
-mode a model supports, "Show in panels", a load before the search ends, layout and contrast."""
+mode a model supports, "Show in panels", a load before the search ends, a first run's kernel count,
+layout and contrast."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import re
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
@@ -19,6 +21,7 @@ from loomlab.core.errors import ModelFormatError
 from loomlab.core.layer_names import model_parts
 from loomlab.core.llm.files import discovery, registry
 from loomlab.core.llm.generate.textmodel import TextModel, load_model
+from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 from loomlab.core.llm.model import model_info
 from loomlab.core.llm.model.model_info import CHAT, COMPLETION
 from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
@@ -296,6 +299,59 @@ def test_a_model_loaded_by_name_before_the_search_ends_is_the_listed_row(make_pa
 
 def _row_text(panel: ModelsPanel, row: int, column: str) -> str:
     return panel.list_view.model().index(row, COLUMNS.index(column)).data()
+
+
+class _FirstRun:
+    """A TextModel as the panel reads it on a first run: its kernels compiling (no child here),
+    ``kernels_ready`` and ``kernels_compiled`` moved by the test as the compilation would."""
+
+    supports_chat = True
+
+    def __init__(self):
+        self.name, self.kernels_ready, self.kernels_compiled, self.closed = SMOLLM, False, 0, False
+        self.tokenizer = SimpleNamespace(encode=lambda text: [])  # the preview's text is empty
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_first_runs_kernels_are_counted_until_ready(make_panel, qtbot, monkeypatch):
+    """Loaded while its kernels compile, the model answers on numpy: the status line says so in
+    the CLI's words and follows the count each second, until they are ready, the model is
+    unloaded or the panel shuts down; the timer that reads them stops in each case."""
+    models: list[_FirstRun] = []
+
+    def load_model(*args, **kwargs) -> _FirstRun:
+        models.append(_FirstRun())
+        return models[-1]
+
+    monkeypatch.setattr(models_panel, "load_model", load_model)
+    panel = make_panel([])
+    label, timer = panel.status_label, panel.kernels_timer
+    compiling = f"Loaded {SMOLLM} · {KERNELS_STAGE}: {{}} compiled; answering on numpy meanwhile"
+
+    model = _load(qtbot, panel, SMOLLM)
+    assert model is models[-1] and label.text() == compiling.format(0) and timer.isActive()
+    model.kernels_compiled = 3
+    qtbot.waitUntil(lambda: label.text() == compiling.format(3), timeout=3000)
+    model.kernels_ready = True
+    qtbot.waitUntil(lambda: not timer.isActive(), timeout=3000)
+    assert label.text() == f"Loaded {SMOLLM}"
+
+    model = _load(qtbot, panel, SMOLLM)  # unloads the first
+    assert models[0].closed and label.text() == compiling.format(0) and timer.isActive()
+    panel.unload()
+    assert model.closed and not timer.isActive() and label.text() == f"Unloaded {SMOLLM}"
+
+    model = _load(qtbot, panel, SMOLLM)
+    label.setText("Opened block.json")  # another action's news stands: the next tick stops
+    qtbot.waitUntil(lambda: not timer.isActive(), timeout=3000)
+    assert label.text() == "Opened block.json" and not model.closed
+
+    model = _load(qtbot, panel, SMOLLM)
+    assert timer.isActive()
+    panel.close()  # a floating panel closed: shut down
+    assert model.closed and not timer.isActive()
 
 
 @pytest.mark.parametrize(("alias", "mode"), [("smollm2-135m", CHAT), ("gemma3-270m", COMPLETION)])

@@ -121,7 +121,7 @@ class RecipeTask(Task):
         if self._space is None:
             from ...llm.generate.textmodel import load_model
 
-            self.use_model(load_model(self.params["model"]))
+            self.use_model(load_model(self.params["model"], first_run="wait"))  # measured: the kernels
         return self._space
 
     def use_model(self, model) -> None:

@@ -120,6 +120,9 @@ class DraftModel(Drafter):
         self._trim(len(self._tokens) - keep)
         feed = list(history[keep:])
         net = self.model.net
+        if self._cache[0].xp is not net.backend.xp:  # the draft model took its kernels (a first run)
+            self._cache, self._tokens = net.make_cache(), []
+            feed = list(history)
         logits = net.step(np.array([feed]), [self._cache])[0, ...]
         self._tokens += feed
         out = [argmax_id(logits)]

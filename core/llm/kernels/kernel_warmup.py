@@ -88,11 +88,13 @@ def warm_model(net, progress: Progress | None = None, cancel: Cancel = None) -> 
     kernel of its path is compiled now. Returns how many kernels were compiled (0 when cached).
     The model's step count is left as it was."""
     steps = net.step_count
-    with compile_progress(progress, cancel) as counter:
-        caches = [net.make_cache(PROMPT_TOKENS + 1)]
-        net.step(np.zeros((1, PROMPT_TOKENS), np.int64), caches)  # a prompt: the batch kernels
-        net.step(np.zeros((1, 1), np.int64), caches)  # a reply's token: the one-row kernels
-    net.step_count = steps
+    try:
+        with compile_progress(progress, cancel) as counter:
+            caches = [net.make_cache(PROMPT_TOKENS + 1)]
+            net.step(np.zeros((1, PROMPT_TOKENS), np.int64), caches)  # a prompt: the batch kernels
+            net.step(np.zeros((1, 1), np.int64), caches)  # a reply's token: the one-row kernels
+    finally:
+        net.step_count = steps
     if counter.done and progress is not None:
         progress(KERNELS_STAGE, counter.done, counter.done)  # the end: every kernel is ready
     return counter.done

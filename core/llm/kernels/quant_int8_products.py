@@ -20,10 +20,14 @@ values, and ``out[T, out_cols]``, every array C-contiguous.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
+from numba.core import event
+from numba.core.ccallback import CFunc
+from numba.core.sigutils import normalize_signature
 from numba.extending import intrinsic
 
 from .quant_int8_rows import rows_products
@@ -45,24 +49,39 @@ def product_address(kind: int) -> int:
     with _lock:
         fn = _functions.get(kind)
         if fn is None:
-            fn = _functions[kind] = (_superblocks if kind in SUPER_KINDS else
-                                     _tiles if kind in TILE_KINDS else _rows)(kind)
+            fn = _functions[kind] = _compiled((_superblocks if kind in SUPER_KINDS else
+                                               _tiles if kind in TILE_KINDS else _rows)(kind))
     return fn.address
 
 
-def compiled_products() -> list:
-    """The product functions compiled in this process (their machine code for inspection)."""
-    with _lock:
-        return list(_functions.values())
+def _compiled(product):
+    """``product`` as a :data:`PRODUCT` cfunc, loaded from numba's cache or compiled into it
+    (as ``cfunc(PRODUCT, cache=True)`` does)."""
+    fn = _AnnouncedCFunc(product, normalize_signature(PRODUCT), locals={}, options={})
+    fn.enable_caching()
+    fn.compile()
+    return fn
+
+
+class _AnnouncedCFunc(CFunc):
+    """A cfunc whose compilation, unlike numba's own cfuncs', tells numba's event listeners as a
+    kernel's does (``numba:compile``, the function as the dispatcher's ``py_func``): warm-up
+    counts it, and can stop before it (:mod:`.kernel_warmup`). A load from the cache says
+    nothing, as for a kernel."""
+
+    def _compile_uncached(self):
+        announced = {"dispatcher": SimpleNamespace(py_func=self.__wrapped__)}
+        with event.trigger_event("numba:compile", data=announced):
+            return super()._compile_uncached()
 
 
 # Three factories, not one taking the family's function: numba keys a cached closure by its
 # captured values, and a captured dispatcher pickles with a per-process id, so such a function
-# would never be found in the cache again. Each factory captures only the kind (an int).
+# would never be found in the cache again. Each factory captures only the kind (an int), and
+# returns the function _compiled makes a cfunc of.
 
 
 def _rows(kind: int):
-    @cfunc(PRODUCT, cache=True)
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
         rows_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                       carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
@@ -71,7 +90,6 @@ def _rows(kind: int):
 
 
 def _tiles(kind: int):
-    @cfunc(PRODUCT, cache=True)
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
         tiles_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                        carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
@@ -80,7 +98,6 @@ def _tiles(kind: int):
 
 
 def _superblocks(kind: int):
-    @cfunc(PRODUCT, cache=True)
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
         superblock_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                             carray(xd, (T, n // 256), np.float32), carray(xa, (T, n // 4), np.int32),
