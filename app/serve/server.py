@@ -42,8 +42,8 @@ class Server:
 
     def __init__(self, model: TextModel, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, max_batch: int = 8, model_name: str | None = None,
-                 on_log: Callable[[RequestLog], None] | None = None, speculative: str | None = None,
-                 limits: ConnectionLimits | None = None):
+                 on_log: Callable[[RequestLog], None] | None = None,
+                 speculative: str | None = "prompt-lookup", limits: ConnectionLimits | None = None):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise LoomConfigError(f"port must be an integer in 0..65535, got {port!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):

@@ -143,8 +143,6 @@ class Batch:
         """The drafter of ``speculative`` (None, "prompt-lookup" or a stateless Drafter) for a
         request with ``params``; LoomConfigError when speculation cannot serve it. A draft model
         is refused: it keeps one sequence's KV cache, and a batch holds many."""
-        if speculative is None:
-            return None
         if isinstance(speculative, Model | DraftModel):
             raise LoomConfigError("a draft model drafts for one sequence at a time; batched requests "
                                   "speculate with 'prompt-lookup'")
@@ -167,7 +165,11 @@ class Batch:
         feeds = [a.spec.feed(a.token, room - 1) for a in self.active]
         T = max(map(len, feeds))
         ids = np.array([f + [f[-1]] * (T - len(f)) for f in feeds])
+        start = time.perf_counter()
         logits = self.model.net.step(ids, [a.run.caches[0] for a in self.active], last_only=False)
+        seconds = time.perf_counter() - start
+        for a in self.active:
+            a.spec.timed(seconds)  # the whole batch's step: a draft widens every row
         self.steps += 1
         for i, (a, feed) in enumerate(zip(list(self.active), feeds, strict=True)):
             if T > len(feed):

@@ -121,6 +121,9 @@ class Drafter:
     def record(self, drafted: int, accepted: int) -> None:
         """How the last proposal fared: ``accepted`` of its ``drafted`` tokens were kept."""
 
+    def timed(self, drafted: int, seconds: float) -> None:
+        """How long the step that verified ``drafted`` tokens took (0: a step without a draft)."""
+
 
 class Decoding:
     """What one generation keeps, for the decode loop (:func:`decode`, plain or speculative) and
@@ -303,6 +306,11 @@ class Speculation:
         run.metrics.drafted_tokens += len(self.draft)
         return [token, *self.draft]
 
+    def timed(self, seconds: float) -> None:
+        """The target step that verified :attr:`draft` took ``seconds`` (told to the drafter)."""
+        if self.drafter is not None:
+            self.drafter.timed(len(self.draft), seconds)
+
     def verify(self, rows: np.ndarray, cancel: Callable[[], bool]) -> Iterator[TokenRecord]:
         """The records of one step's ``rows`` (logits of the fed token and each drafted one): the
         target's own choice at each position (penalties and a constraint applied as in plain
@@ -344,5 +352,8 @@ def decode(model: Model, ids: list[int], params: SamplingParams, cancel: Callabl
             yield record
         if record.finish_reason is not None:
             break
-        rows = run.net.step(np.array([spec.feed(record.id)]), run.caches, last_only=False)[0, ...]
+        feed = spec.feed(record.id)
+        start = time.perf_counter()
+        rows = run.net.step(np.array([feed]), run.caches, last_only=False)[0, ...]
+        spec.timed(time.perf_counter() - start)
     run.end()

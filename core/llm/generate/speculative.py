@@ -28,6 +28,10 @@ from .decoding import Drafter, Model
 from .prefix_cache import common_prefix
 from .sampling import SamplingParams, argmax_id
 
+#: Generation's default: greedy requests speculate with prompt lookup, where its measured cost
+#: (:class:`PromptLookup`) says it gains.
+AUTO = "auto"
+
 
 class PromptLookup(Drafter):
     """Find the last ``n`` tokens (``max_ngram`` down to ``min_ngram``) earlier in the history;
@@ -42,13 +46,17 @@ class PromptLookup(Drafter):
     ``tests/bench/bench_speculative.py`` (docs/performance.md, "speculative decoding").
 
     In a reply that does not quote the prompt, the 2-gram drafts are rejected one after another
-    (measured: a story, 0 of 35 drafted tokens kept, 0.91x). So each sequence keeps a track
-    record per n-gram length (:meth:`fork`), and a length whose drafts were kept less than
-    ``MIN_KEPT`` of the time, once it has drafted ``TRIAL`` tokens, drafts no more in that
-    sequence: the story's 2-grams stop after their first proposal, the summaries' keep going."""
+    (measured: a story, 0 of 35 drafted tokens kept, 0.91x), and what a rejected draft costs
+    depends on the kernels: a verification row is cheap where a step is bound by reading the
+    weights, and on a CPU without VNNI the 8-bit kernels make it dearer. So each sequence keeps
+    a record per n-gram length (:meth:`fork`): the tokens its steps produced (kept + 1) and the
+    seconds they took, against the sequence's steps without a draft (:meth:`timed`). A length
+    proposes at most ``TRIAL_TOKENS`` a step for its first ``TRIAL`` proposals, then drafts on
+    only while its steps produce tokens at least as fast as plain steps do: the story's 2-grams
+    stop after their trial, the summaries' keep going."""
 
-    TRIAL = 4  # tokens an n-gram length drafts before its track record counts
-    MIN_KEPT = 0.25  # the share of them kept below which it stops drafting
+    TRIAL = 2  # proposals of an n-gram length before its measured rate decides
+    TRIAL_TOKENS = 2  # the most tokens a proposal of the trial drafts
 
     def __init__(self, num_draft: int = 6, max_ngram: int = 3, min_ngram: int = 2, per_token: int = 2):
         if not 1 <= min_ngram <= max_ngram:
@@ -57,22 +65,38 @@ class PromptLookup(Drafter):
         _check_positive(per_token, "per_token")
         self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
         self.per_token = per_token
-        self._record: dict[int, tuple[int, int]] = {}  # n -> (tokens drafted, kept)
+        self._record: dict[int, list] = {}  # n -> [proposals, tokens its steps produced, their seconds]
+        self._plain = [0, 0.0]  # steps without a draft, their seconds
         self._n = 0  # the n-gram length of the last proposal
 
     def fork(self) -> PromptLookup:
         fork = copy.copy(self)  # settings (TRIAL, MIN_KEPT set on the instance too), a fresh record
-        fork._record, fork._n = {}, 0
+        fork._record, fork._plain, fork._n = {}, [0, 0.0], 0
         return fork
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted:
-            tried, kept = self._record.get(self._n, (0, 0))
-            self._record[self._n] = (tried + drafted, kept + accepted)
+            r = self._record.setdefault(self._n, [0, 0, 0.0])
+            r[0] += 1
+            r[1] += accepted + 1
+
+    def timed(self, drafted: int, seconds: float) -> None:
+        if drafted:
+            self._record.setdefault(self._n, [0, 0, 0.0])[2] += seconds
+        else:
+            self._plain[0] += 1
+            self._plain[1] += seconds
+
+    def _trial(self, n: int) -> bool:
+        return self._record.get(n, (0,))[0] < self.TRIAL
 
     def _trusted(self, n: int) -> bool:
-        tried, kept = self._record.get(n, (0, 0))
-        return tried < self.TRIAL or kept >= self.MIN_KEPT * tried
+        """In its trial, or producing tokens at least as fast as plain steps (tokens a second)."""
+        proposals, produced, seconds = self._record.get(n, (0, 0, 0.0))
+        plain_steps, plain_seconds = self._plain
+        if proposals < self.TRIAL or not plain_steps or not seconds:
+            return True
+        return produced * plain_seconds >= plain_steps * seconds
 
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         h = np.asarray(history, np.int64)
@@ -87,7 +111,8 @@ class PromptLookup(Drafter):
                 hits = hits[h[hits - back] == h[-1 - back]]
             if hits.size:
                 start, self._n = int(hits[-1]) + 1, n
-                return h[start:start + min(k, self.per_token * n)].tolist()
+                most = min(k, self.per_token * n, self.TRIAL_TOKENS if self._trial(n) else k)
+                return h[start:start + most].tolist()
         return []
 
 
@@ -138,9 +163,14 @@ class DraftModel(Drafter):
         del self._tokens[len(self._tokens) - n:]
 
 
-def drafter_for(spec, target: Model, params: SamplingParams) -> Drafter:
+def drafter_for(spec, target: Model, params: SamplingParams) -> Drafter | None:
     """The drafter ``spec`` names (``"prompt-lookup"``, a :class:`Drafter`, or a draft model, a
-    second ``TextModel``), after checking that speculation can serve ``params``."""
+    second ``TextModel``), after checking that speculation can serve ``params``. ``"auto"`` (the
+    default of generation): prompt lookup for a greedy request, none for a sampled one."""
+    if spec == AUTO:
+        spec = "prompt-lookup" if params.temperature == 0 else None
+    if spec is None:
+        return None
     if params.temperature != 0:
         raise LoomConfigError(f"speculative decoding is greedy only (temperature 0), got temperature "
                               f"{params.temperature}")
@@ -151,8 +181,8 @@ def drafter_for(spec, target: Model, params: SamplingParams) -> Drafter:
     elif isinstance(spec, Model):
         drafter = DraftModel(spec)
     else:
-        raise LoomConfigError(f"speculative must be 'prompt-lookup', a Drafter or a draft TextModel, "
-                              f"got {spec!r}")
+        raise LoomConfigError(f"speculative must be 'auto', 'prompt-lookup', None, a Drafter or a draft "
+                              f"TextModel, got {spec!r}")
     drafter.check(target)
     return drafter
 

@@ -39,7 +39,7 @@ from .batching import Batch, Request
 from .decoding import Drafter, Metrics, TokenRecord, decode
 from .prefix_cache import DEFAULT_BYTES, PrefixCache
 from .sampling import SamplingParams
-from .speculative import drafter_for
+from .speculative import AUTO, drafter_for
 
 CONTEXT_POLICIES = ("error", "drop_oldest")
 ACTIVATION_MODES = ("int8", "float32")
@@ -195,16 +195,18 @@ class TextModel:
 
     # ----- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, cancel: Cancel = None,
-                 context_policy: str = "error", speculative=None, **sampling) -> Iterator[TokenRecord]:
+                 context_policy: str = "error", speculative=AUTO, **sampling) -> Iterator[TokenRecord]:
         """Stream the continuation of ``prompt`` (text, or a list of token ids).
 
         Text prompts get the model's BOS when it wants one. ``sampling`` are the fields of
         :class:`SamplingParams` (temperature, top_k, top_p, min_p, penalties, seed, stop,
         max_tokens, logprobs). Invalid values raise before any work.
 
-        ``speculative`` turns on speculative decoding (greedy only, the same tokens as without):
-        ``"prompt-lookup"``, a draft :class:`TextModel` sharing the vocabulary, or a
-        :class:`~loomlab.core.llm.generate.decoding.Drafter`; other settings raise LoomConfigError.
+        ``speculative`` is speculative decoding's drafter (greedy only, the same tokens as
+        without): ``"auto"`` (default: prompt lookup for a greedy request, none for a sampled
+        one), ``"prompt-lookup"``, a draft :class:`TextModel` sharing the vocabulary, a
+        :class:`~loomlab.core.llm.generate.decoding.Drafter`, or None (off); other settings raise
+        LoomConfigError.
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
@@ -215,7 +217,7 @@ class TextModel:
                             drafter)
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: Cancel = None,
-             context_policy: str = "error", speculative=None, **sampling) -> Iterator[TokenRecord]:
+             context_policy: str = "error", speculative=AUTO, **sampling) -> Iterator[TokenRecord]:
         """Stream the assistant's reply to ``messages`` (``{"role", "content"}`` dicts).
 
         ``context_policy="drop_oldest"`` removes the oldest non-system turns until the prompt
@@ -321,7 +323,7 @@ class TextModel:
 
     # ----- internals -----------------------------------------------------------------------
     def _drafter(self, speculative, params: SamplingParams) -> Drafter | None:
-        return None if speculative is None else drafter_for(speculative, self, params)
+        return drafter_for(speculative, self, params)
 
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
                 metrics: Metrics, drafter: Drafter | None = None) -> Iterator[TokenRecord]:

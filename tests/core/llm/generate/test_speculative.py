@@ -41,9 +41,16 @@ def _drafter(kind, draft):
     if kind == "draft-model":
         return DraftModel(draft, num_draft=4)
     # n-grams down to 1, never given up on, draft the most, so rejections (cache trims) happen often
-    lookup = PromptLookup(min_ngram=1)
-    lookup.MIN_KEPT = 0.0
-    return lookup
+    return _Unclocked(min_ngram=1)
+
+
+class _Unclocked(PromptLookup):
+    """Prompt lookup without a trial or a clock: no record ever counts against a length."""
+
+    TRIAL = 0
+
+    def timed(self, drafted, seconds):
+        pass
 
 
 def _records(model, prompt, **kw):
@@ -158,15 +165,16 @@ def test_the_target_cannot_draft_for_itself(model):
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
-    lookup = PromptLookup(num_draft=3, min_ngram=1)
+    """The rule, past a length's trial (which proposes TRIAL_TOKENS at most)."""
+    lookup = _Unclocked(num_draft=3, min_ngram=1)
     assert lookup.propose([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 3) == [7, 8, 2]  # latest "2 3"
     assert lookup.propose([5, 6, 7, 5], 3) == [6, 7]  # a 1-gram when no 2- or 3-gram matches: 2 at most
-    assert PromptLookup(min_ngram=1, per_token=3).propose([5, 6, 7, 5], 3) == [6, 7, 5]
+    assert _Unclocked(min_ngram=1, per_token=3).propose([5, 6, 7, 5], 3) == [6, 7, 5]
     assert lookup.propose([1, 2, 3], 3) == []
     assert lookup.propose(list(np.arange(4)), 2) == []
-    assert PromptLookup().propose([1, 2, 3, 4, 1, 2], 6) == [3, 4, 1, 2]  # a 2-gram: 4 at most
-    assert PromptLookup().propose(list(range(10)) + [1, 2, 3], 6) == [4, 5, 6, 7, 8, 9]  # a 3-gram: 6
-    assert PromptLookup().propose([1, 2, 3, 4, 2], 6) == []  # 1-grams never by default
+    assert _Unclocked().propose([1, 2, 3, 4, 1, 2], 6) == [3, 4, 1, 2]  # a 2-gram: 4 at most
+    assert _Unclocked().propose(list(range(10)) + [1, 2, 3], 6) == [4, 5, 6, 7, 8, 9]  # a 3-gram: 6
+    assert _Unclocked().propose([1, 2, 3, 4, 2], 6) == []  # 1-grams never by default
     with pytest.raises(LoomConfigError):
         PromptLookup(num_draft=0)
     with pytest.raises(LoomConfigError, match="per_token"):
@@ -190,23 +198,44 @@ def test_prompt_lookup_matches_its_rule_by_hand_on_random_histories():
         min_ngram = int(rng.integers(1, 4))
         max_ngram = int(rng.integers(min_ngram, 5))
         k, per_token = int(rng.integers(1, 8)), int(rng.integers(1, 4))
-        lookup = PromptLookup(num_draft=8, max_ngram=max_ngram, min_ngram=min_ngram, per_token=per_token)
+        lookup = _Unclocked(num_draft=8, max_ngram=max_ngram, min_ngram=min_ngram, per_token=per_token)
         assert lookup.fork().propose(h, k) == _lookup_by_hand(h, k, max_ngram, min_ngram, per_token), h
 
 
-def test_prompt_lookup_stops_drafting_with_an_ngram_length_whose_drafts_are_rejected():
+def test_prompt_lookup_drafts_with_an_ngram_length_while_it_produces_tokens_faster_than_plain_steps():
     shared = PromptLookup()
     lookup = shared.fork()
-    assert lookup is not shared and shared.fork() is not lookup  # one track record per sequence
-    two = [1, 2, 3, 4, 5, 1, 2]  # "1 2" recurs: a 2-gram match, 4 tokens proposed
-    assert lookup.propose(two, 6) == [3, 4, 5, 1]
-    lookup.record(4, 1)  # 1 of 4 kept: a quarter, still trusted
-    assert lookup.propose(two, 6) == [3, 4, 5, 1]
-    lookup.record(4, 0)  # 1 of 8 kept: 2-grams draft no more in this sequence
+    assert lookup is not shared and shared.fork() is not lookup  # one record per sequence
+    lookup.timed(0, 0.010)
+    lookup.timed(0, 0.010)  # plain steps: 1 token in 10 ms, 100 tokens/s
+    two = [1, 2, 3, 4, 5, 1, 2]  # "1 2" recurs: a 2-gram match, 4 tokens to copy
+    assert lookup.propose(two, 6) == [3, 4]  # its trial: TRIAL_TOKENS at most
+    lookup.timed(2, 0.012)
+    lookup.record(2, 0)  # 1 token in 12 ms
+    assert lookup.propose(two, 6) == [3, 4]
+    lookup.timed(2, 0.012)
+    lookup.record(2, 1)  # 3 tokens in 24 ms: 125 tokens/s >= 100, trusted after its trial
+    assert lookup.propose(two, 6) == [3, 4, 5, 1]  # per_token * n
+    lookup.timed(4, 0.020)
+    lookup.record(4, 0)  # 4 tokens in 44 ms: 91 tokens/s < 100, 2-grams draft no more
     assert lookup.propose(two, 6) == []
-    three = [7, 8, 9, 6, 7, 8, 9]  # 3-grams keep their own record
-    assert lookup.propose(three, 6) == [6, 7, 8, 9]
-    assert shared.fork().propose(two, 6) == [3, 4, 5, 1]  # a new sequence starts afresh
+    three = [7, 8, 9, 6, 7, 8, 9]  # 3-grams keep their own record: a trial
+    assert lookup.propose(three, 6) == [6, 7]
+    assert shared.fork().propose(two, 6) == [3, 4]  # a new sequence starts afresh
+
+
+def test_prompt_lookup_trusts_a_length_until_plain_steps_have_been_timed():
+    lookup = PromptLookup().fork()
+    two = [1, 2, 3, 4, 5, 1, 2]
+    for _ in range(PromptLookup.TRIAL):
+        lookup.propose(two, 6)
+        lookup.timed(2, 0.5)
+        lookup.record(2, 0)
+    assert lookup.propose(two, 6) == [3, 4, 5, 1]  # no plain step to compare with yet
+    lookup.timed(4, 0.5)
+    lookup.record(4, 0)
+    lookup.timed(0, 0.010)
+    assert lookup.propose(two, 6) == []  # 3 tokens in 1.5 s against 100 tokens/s
 
 
 class _Logged(PromptLookup):
