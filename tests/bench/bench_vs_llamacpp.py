@@ -1,7 +1,8 @@
 """Side by side: Loom Lab and llama.cpp (llama-cpp-python) on the same GGUF, prompt and threads.
 
-    python tests/bench/bench_vs_llamacpp.py [--model smollm2-135m] [--tokens 64] [--repeat 3]
+    python tests/bench/bench_vs_llamacpp.py [--model smollm2-135m|FILE.gguf] [--tokens 64] [--repeat 3]
         [--llama-python /path/to/venv/bin/python] [--activations float32,int8] [--llama-batch 512]
+        [--prompt-tokens N]
 
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
 (`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. On Xeons with
@@ -10,7 +11,10 @@ build without AMX evaluates them (docs/performance.md:
 ``CMAKE_ARGS="-DGGML_NATIVE=OFF ... -DGGML_AMX_INT8=OFF"``).
 Both engines decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
 in each activation mode asked for (``float32``, exact against transformers; ``int8``, 8-bit
-activations as llama.cpp computes) with its ratios to llama.cpp.
+activations as llama.cpp computes) with its ratios to llama.cpp. Loom Lab runs as a user's
+``generate`` does (greedy requests speculate with prompt lookup, which stops on this prompt).
+Each engine and mode runs in a process of its own, whose peak RSS is reported beside its speeds.
+``--prompt-tokens N`` repeats the prompt's text to at least N tokens (a long prefill).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import subprocess
 import sys
+from pathlib import Path
 
 from loomlab.core.llm.files import registry
 from loomlab.core.llm.generate.prefix_cache import PrefixCache
@@ -30,7 +36,7 @@ PROMPT = ("The history of computing is a story of people and machines: from mech
           "and punched cards to transistors, integrated circuits and the networks that")
 
 LLAMA_CPP = r"""
-import json, sys, time
+import json, resource, sys, time
 from llama_cpp import Llama
 path, prompt = sys.argv[1], sys.argv[2]
 n, repeat, batch = (int(a) for a in sys.argv[3:6])
@@ -50,24 +56,32 @@ for _ in range(repeat):
            "decode_tokens_per_s": n / decode}
     if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
         best = run
+best["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(best))
 """
 
 
-def loomlab_run(alias: str, tokens: int, repeat: int, activations: str) -> dict:
+def loomlab_run(model_path: str, prompt: str, tokens: int, repeat: int, activations: str) -> dict:
     best = None
-    with load_model(alias) as model:
-        model.activations = activations
+    with load_model(model_path, activations=activations, first_run="wait") as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt, as llama.cpp's
-        list(model.generate(PROMPT, max_tokens=2))  # JIT warm-up
+        list(model.generate(prompt, max_tokens=2))  # warm-up
         for _ in range(repeat):
-            list(model.generate(PROMPT, max_tokens=tokens))
+            list(model.generate(prompt, max_tokens=tokens))
             m = model.metrics()
             run = {"prompt_tokens": m.prompt_tokens, "prefill_tokens_per_s": m.prefill_tokens_per_s,
                    "decode_tokens_per_s": m.decode_tokens_per_s}
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
+    best["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return best
+
+
+def long_prompt(n: int) -> str:
+    """The prompt's text repeated to at least ``n`` tokens of the model's tokenizer (words: a
+    token is at most a word here)."""
+    words = PROMPT.split()
+    return " ".join(words * (n // len(words) + 1))
 
 
 def main() -> None:
@@ -80,16 +94,18 @@ def main() -> None:
     ap.add_argument("--llama-batch", type=int, default=512,
                     help="llama.cpp's n_batch; 1 feeds the prompt a token at a time (its prefill then "
                          "understated), for builds that crash evaluating batched prompts")
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="a longer prompt: at least this many tokens")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # one Loom Lab mode, in a process of its own
     args = ap.parse_args()
-    path = registry.fetch(args.model)
+    prompt = long_prompt(args.prompt_tokens) if args.prompt_tokens else PROMPT
+    path = str(Path(args.model)) if Path(args.model).is_file() else str(registry.fetch(args.model))
+    if args.child:
+        print(json.dumps(loomlab_run(path, prompt, args.tokens, args.repeat, args.child)))
+        return
     modes = args.activations.split(",")
-    ours = {mode: loomlab_run(args.model, args.tokens, args.repeat, mode) for mode in modes}
-    cmd = [args.llama_python, "-c", LLAMA_CPP, str(path), PROMPT, str(args.tokens), str(args.repeat),
-           str(args.llama_batch)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        sys.exit(f"llama.cpp run failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    theirs = json.loads(done.stdout)
+    ours = {mode: _child([sys.executable, __file__, *sys.argv[1:], "--child", mode]) for mode in modes}
+    theirs = _child([args.llama_python, "-c", LLAMA_CPP, path, prompt, str(args.tokens), str(args.repeat),
+                     str(args.llama_batch)])
     print(json.dumps({
         "machine": machine(), "python": platform.python_version(), "model": args.model,
         "loomlab": {mode: {k: round(v, 1) for k, v in run.items()} for mode, run in ours.items()},
@@ -97,6 +113,13 @@ def main() -> None:
         "ratios": {mode: {kind: round(run[f"{kind}_tokens_per_s"] / theirs[f"{kind}_tokens_per_s"], 2)
                           for kind in ("prefill", "decode")} for mode, run in ours.items()},
     }, indent=2))
+
+
+def _child(cmd: list[str]) -> dict:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        sys.exit(f"{cmd[0]} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -215,10 +215,16 @@ def host_has_vnni512() -> bool:
     return bool(features.get("avx512vnni") and features.get("avx512bw"))
 
 
-def lanes_dot(builder, acc, w, x):
+def lanes_dot(builder, acc, w, x, small: bool = False):
     """``acc`` (int32, ``len(w) / 4`` lanes) plus the products ``w[j] * x[j]`` (w unsigned, x
     signed bytes; 16, 32 or 64 of them), lane i taking products 4i .. 4i+3: ``vpdpbusd``'s
     grouping, which the portable code follows exactly.
+
+    On a CPU with AVX2 but no VNNI: llama.cpp's two instructions, ``vpmaddubsw`` (pairs of
+    products summed in int16) and ``vpmaddwd`` by ones (pairs of those in int32), where ``small``
+    says every weight is below 128 (4-, 5- and 6-bit quants: a pair is at most 2 * 127 * 128,
+    never saturated). Larger weights (Q8_0's, stored as w + 128) are split, w = 2 * (w >> 1) +
+    (w & 1), into two such dots, the first summed by twos.
 
     The portable code multiplies in 16 bits (|w * x| <= 255 * 128 fits) and sums neighbours by
     reading the products as twice-wider lanes (low half sign-extended plus high half), twice, so
@@ -230,6 +236,13 @@ def lanes_dot(builder, acc, w, x):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
                                             f"llvm.x86.avx512.vpdpbusd.{8 * n}")
         return builder.call(fn, [acc, builder.bitcast(w, vt), builder.bitcast(x, vt)])
+    if host_features().get("avx2"):
+        if small:
+            return builder.add(acc, _maddubs_dot(builder, w, x, 1))
+        high = builder.lshr(w, ir.Constant(w.type, [1] * n))
+        low = builder.and_(w, ir.Constant(w.type, [1] * n))
+        both = builder.add(_maddubs_dot(builder, high, x, 2), _maddubs_dot(builder, low, x, 1))
+        return builder.add(acc, both)
     products = ir.VectorType(_I16, n)
     p = builder.bitcast(builder.mul(builder.zext(w, products), builder.sext(x, products)),
                         ir.VectorType(_I32, n // 2))
@@ -238,6 +251,35 @@ def lanes_dot(builder, acc, w, x):
     quads = builder.bitcast(pairs, ir.VectorType(_I64, n // 4))
     high = builder.lshr(quads, ir.Constant(quads.type, [32] * (n // 4)))
     return builder.add(acc, builder.add(builder.trunc(quads, vt), builder.trunc(high, vt)))
+
+
+_MADD = {16: ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"),
+         32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")}
+
+
+def _maddubs_dot(builder, w, x, factor: int):
+    """:func:`lanes_dot`'s sums of 4 products for weights below 128, times ``factor`` (in the
+    pairs' sum), 32 bytes (16 for a 16-byte dot) at a time, the parts joined back into one vector."""
+    n = w.type.count
+    width = min(n, 32)
+    bytes_t, words_t, ints_t = (ir.VectorType(t, c) for t, c in ((_I8, width), (_I16, width // 2),
+                                                                  (_I32, width // 4)))
+    madd_bytes, madd_words = _MADD[width]
+    pairs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(words_t, [bytes_t, bytes_t]),
+                                           madd_bytes)
+    quads = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints_t, [words_t, words_t]),
+                                           madd_words)
+    by = ir.Constant(words_t, [factor] * (width // 2))
+    parts = []
+    for s in range(0, n, width):
+        pick = ir.Constant(ir.VectorType(_I32, width), list(range(s, s + width)))
+        ws, xs = (v if width == n else builder.shuffle_vector(v, v, pick) for v in (w, x))
+        parts.append(builder.call(quads, [builder.call(pairs, [ws, xs]), by]))
+    whole = parts[0]
+    if len(parts) == 2:
+        whole = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, n // 4),
+                                                                        list(range(n // 4))))
+    return whole
 
 
 def half_to_float(builder, bits):
@@ -409,7 +451,8 @@ def _group_dot(kind: int, m: int, n: int):
                     offset = half_to_float(builder, load(row, builder.add(m_at, builder.mul(b, i64(2))),
                                                          ir.VectorType(_I16, k))) if kind in _HAS_M else None
                     for i, (xlo, xhi, start, xd_k, xs_k) in enumerate(acts):
-                        total = lanes_dot(builder, lanes_dot(builder, start, lo, xlo), hi, xhi)
+                        small = kind != WQ8_0  # Q8_0's quants are stored as w + 128
+                        total = lanes_dot(builder, lanes_dot(builder, start, lo, xlo, small), hi, xhi, small)
                         scale = builder.fmul(d, xd_k)
                         accumulate(accs[j][i], builder.sitofp(total, lanes_f),
                                    builder.shuffle_vector(scale, scale, spread))

@@ -169,7 +169,7 @@ def _super_dot(kind: int, m: int, n: int):
                     for i, (chunks, starts, xd_b, bsums) in enumerate(acts):
                         total = ir.Constant(v16i, [0] * 16)
                         for c in range(4):
-                            lanes = lanes_dot(builder, starts[c], w[c], chunks[c])
+                            lanes = lanes_dot(builder, starts[c], w[c], chunks[c], small=True)
                             total = builder.add(total, builder.mul(lanes, spreads[c]))
                         scale, acc = splat(builder, builder.fmul(d, xd_b), 16), accs[j][i]
                         summed = fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(acc))

@@ -127,7 +127,7 @@ def _tile_dot(kind: int, n: int, nt: int):
                         x_at = builder.add(group_at, i64(16 * (half * k + j) + within))
                         for i in range(n):
                             x4 = builder.bitcast(splat(builder, load(xg_rows[i], x_at, _I32), TILE), v64)
-                            totals[i] = [lanes_dot(builder, total, v, x4)
+                            totals[i] = [lanes_dot(builder, total, v, x4, kind != WQ8_0_T)
                                          for total, v in zip(totals[i], weights, strict=True)]
                 scales_at = builder.add(at, i64(64 * chunks))
                 halves = ir.VectorType(_I16, TILE)
