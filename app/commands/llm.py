@@ -113,10 +113,11 @@ def _response_format(args) -> dict | None:
 
 
 @contextmanager
-def _load(args, first_run: str = "answer"):
+def _load(args, first_run: str | None = None):
     """The model of ``args``, closed after the block. On a first run (kernels not in numba's
-    cache) the model answers on numpy while they compile, which is said; a command that ends
-    before they are ready finishes them, with progress (Ctrl-C stops: the next run goes on)."""
+    cache) the model answers on numpy while they compile, which is said (``first_run`` as
+    ``load_model`` takes it: None is its default); a command that ends before they are ready
+    finishes them, with progress (Ctrl-C stops: the next run goes on)."""
     from loomlab.core.llm.generate.textmodel import load_model
     from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 

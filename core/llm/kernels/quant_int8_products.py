@@ -19,7 +19,9 @@ values, and ``out[T, out_cols]``, every array C-contiguous.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +32,7 @@ from numba.core.ccallback import CFunc
 from numba.core.sigutils import normalize_signature
 from numba.extending import intrinsic
 
+from . import quant_int8_rows, quant_int8_superblocks, quant_int8_tiles
 from .quant_int8_rows import rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
 from .quant_int8_tiles import TILE_KINDS, tiles_products
@@ -43,15 +46,33 @@ _functions: dict[int, object] = {}  # kind -> its cfunc, kept alive: callers hol
 _lock = threading.Lock()
 
 
+def families_stamp() -> int:
+    """The three families' source files as one number, which every product function captures.
+    numba keys a cached function by its own file and its captured values, not by the files of
+    the functions it calls: without this, an edit of a family (an upgrade) would load the old
+    machine code from the cache."""
+    digest = hashlib.sha256()
+    for family in (quant_int8_rows, quant_int8_tiles, quant_int8_superblocks):
+        digest.update(Path(family.__file__).read_bytes())
+    return int.from_bytes(digest.digest()[:7], "little")  # non-negative, an int64
+
+
+FAMILIES = families_stamp()
+
+
 def product_address(kind: int) -> int:
     """The address of ``kind``'s product function, compiled (or loaded from numba's cache) on
     first use."""
     with _lock:
         fn = _functions.get(kind)
         if fn is None:
-            fn = _functions[kind] = _compiled((_superblocks if kind in SUPER_KINDS else
-                                               _tiles if kind in TILE_KINDS else _rows)(kind))
+            fn = _functions[kind] = _compiled(product_function(kind))
     return fn.address
+
+
+def product_function(kind: int):
+    """The Python function ``kind``'s product function is compiled from."""
+    return (_superblocks if kind in SUPER_KINDS else _tiles if kind in TILE_KINDS else _rows)(kind)
 
 
 def _compiled(product):
@@ -77,12 +98,16 @@ class _AnnouncedCFunc(CFunc):
 
 # Three factories, not one taking the family's function: numba keys a cached closure by its
 # captured values, and a captured dispatcher pickles with a per-process id, so such a function
-# would never be found in the cache again. Each factory captures only the kind (an int), and
-# returns the function _compiled makes a cfunc of.
+# would never be found in the cache again. Each factory captures only the kind and the families'
+# stamp (ints), and returns the function _compiled makes a cfunc of.
 
 
 def _rows(kind: int):
+    stamp = FAMILIES
+
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        if stamp < 0:  # never: the stamp is captured only to key the cache (families_stamp)
+            return
         rows_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                       carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
                       carray(xb, (T, n // 8), np.int32), carray(out, (T, out_cols), np.float32))
@@ -90,7 +115,11 @@ def _rows(kind: int):
 
 
 def _tiles(kind: int):
+    stamp = FAMILIES
+
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        if stamp < 0:  # never: the stamp is captured only to key the cache (families_stamp)
+            return
         tiles_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                        carray(xd, (T, n // 32), np.float32), carray(xa, (T, n // 32), np.float32),
                        carray(xb, (T, n // 8), np.int32), carray(out, (T, out_cols), np.float32))
@@ -98,7 +127,11 @@ def _tiles(kind: int):
 
 
 def _superblocks(kind: int):
+    stamp = FAMILIES
+
     def product(w, rows, row_bytes, r0, r1, xq, xd, xa, xb, T, n, out, out_cols):
+        if stamp < 0:  # never: the stamp is captured only to key the cache (families_stamp)
+            return
         superblock_products(kind, carray(w, (rows, row_bytes), np.uint8), r0, r1, carray(xq, (T, n), np.int8),
                             carray(xd, (T, n // 256), np.float32), carray(xa, (T, n // 4), np.int32),
                             carray(xb, (T, n // 32), np.int32), carray(out, (T, out_cols), np.float32))

@@ -410,3 +410,23 @@ def test_products_of_several_matrices_equal_each_alone():
         for m, got in zip(matrices, together, strict=True):
             np.testing.assert_array_equal(got.view(np.uint32), int8_matmul(m, X).view(np.uint32))
             assert_llama_close(got, m.raw_blocks, GT(m.ggml_type), X)
+
+
+def test_product_functions_are_keyed_by_the_families_sources(tmp_path, monkeypatch):
+    """numba keys a cached function by its own file and its captured values: each product
+    function captures a stamp of the three families' sources, which an edit of one changes."""
+    import hashlib
+    from pathlib import Path
+
+    from loomlab.core.llm.kernels import quant_int8_products as products
+
+    for kind in range(products.KINDS):
+        captured = sorted(c.cell_contents for c in products.product_function(kind).__closure__)
+        assert captured == sorted([kind, products.FAMILIES])
+    families = (quant_int8_rows, products.quant_int8_tiles, products.quant_int8_superblocks)
+    digest = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in families))
+    assert products.FAMILIES == int.from_bytes(digest.digest()[:7], "little")
+    edited = tmp_path / "quant_int8_rows.py"
+    edited.write_bytes(Path(quant_int8_rows.__file__).read_bytes() + b"\n# an edit\n")
+    monkeypatch.setattr(quant_int8_rows, "__file__", str(edited))
+    assert products.families_stamp() != products.FAMILIES

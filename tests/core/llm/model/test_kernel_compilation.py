@@ -127,3 +127,26 @@ def test_a_cold_cache_answers_on_numpy_then_takes_the_compiled_kernels(tmp_path)
     assert out["ready"] is True and out["backend"] == "numpy"
     np.testing.assert_allclose(out["kernel_top20"], top["values"], atol=2e-3)
     assert out["reply"] == reply  # the default mode's, as in this process
+
+
+def test_the_cli_says_it_answers_on_numpy_and_finishes_the_kernels_before_it_exits(tmp_path):
+    from loomlab.core.llm.generate.textmodel import load_model
+
+    with load_model("smollm2-135m", first_run="wait") as model:  # its kernels now in the tree's cache
+        default = "".join(r.text for r in model.generate(PROMPT, max_tokens=4))
+        model.activations = "float32"
+        exact = "".join(r.text for r in model.generate(PROMPT, max_tokens=4))
+    _cache_copy(tmp_path)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop("LOOMLAB_FIRST_RUN", None)
+    argv = [sys.executable, "-m", "loomlab.app.cli", "generate", "smollm2-135m", "--prompt", PROMPT,
+            "--max-tokens", "4"]
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "preparing kernels for this CPU (first run only), in the background" in first.stderr
+    assert "backend: numpy (kernels compiling)]" in first.stderr
+    assert "finishing the kernels" in first.stderr and "100.0% (1/1)" in first.stderr
+    assert first.stdout.strip() == exact.strip()  # numpy computes what the exact path does
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "in the background" not in again.stderr
+    assert "backend: numpy]" in again.stderr and again.stdout.strip() == default.strip()
