@@ -42,7 +42,7 @@ MAX_RATE_HZ = 30.0
 # as system monitors refresh their graphs (htop, GNOME's), is live enough: the passes are still
 # recorded at sample_hz, one column each, so nothing is lost between refreshes.
 DEFAULT_RATE_HZ = 1.0
-# Passes a second the heatmap records, one column each (128 columns: the last 25 s); the Topology
+# Passes a second the heatmap records, one column each (128 columns: the last 64 s); the Topology
 # panel samples at the same rate, so both show the same passes.
 DEFAULT_SAMPLE_HZ = LIVE_SAMPLE_HZ
 EMPTY_HINT = "No passes yet: run the network (a chat, Generate or Run) to see each layer's statistics here"

@@ -39,8 +39,8 @@ LLAMA_CPP = r"""
 import json, resource, sys, time
 from llama_cpp import Llama
 path, prompt = sys.argv[1], sys.argv[2]
-n, repeat, batch = (int(a) for a in sys.argv[3:6])
-llm = Llama(model_path=path, n_threads=2, n_ctx=512, n_batch=batch, verbose=False)
+n, repeat, batch, ctx = (int(a) for a in sys.argv[3:7])
+llm = Llama(model_path=path, n_threads=2, n_ctx=ctx, n_batch=batch, verbose=False)
 ids = llm.tokenize(prompt.encode(), add_bos=False)
 best = None
 for _ in range(repeat):
@@ -104,8 +104,9 @@ def main() -> None:
         return
     modes = args.activations.split(",")
     ours = {mode: _child([sys.executable, __file__, *sys.argv[1:], "--child", mode]) for mode in modes}
+    ctx = 512 if not args.prompt_tokens else 2 * args.prompt_tokens + args.tokens + 64  # room for the prompt
     theirs = _child([args.llama_python, "-c", LLAMA_CPP, path, prompt, str(args.tokens), str(args.repeat),
-                     str(args.llama_batch)])
+                     str(args.llama_batch), str(ctx)])
     print(json.dumps({
         "machine": machine(), "python": platform.python_version(), "model": args.model,
         "loomlab": {mode: {k: round(v, 1) for k, v in run.items()} for mode, run in ours.items()},

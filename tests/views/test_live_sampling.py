@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from loomlab.core import CallbackObserver, VolumetricNetwork, make_layer
+from loomlab.core.observe import LIVE_SAMPLE_HZ
 from loomlab.views.telemetry_panel import EMPTY_HINT, TelemetryPanel
 from loomlab.views.topology_panel import TopologyPanel
 
@@ -71,7 +72,8 @@ def test_telemetry_labels_its_columns_and_colour_bar_and_hints_when_empty(qtbot,
     net.forward(np.ones((1, 4), np.float32))
     qtbot.waitUntil(lambda: not telemetry.empty_hint.isVisible(), timeout=5000)
     assert plot.getAxis("left").isVisible() and telemetry.colorbar.isVisible()
-    assert plot.getAxis("bottom").labelText == "sampled pass (0 = latest; at most 5 a second)"
+    label = f"sampled pass (0 = latest; at most {LIVE_SAMPLE_HZ:g} a second)"
+    assert plot.getAxis("bottom").labelText == label
     assert telemetry.colorbar.getAxis("left").labelText == "mean (forward)"
     telemetry.statistic_box.setCurrentText("std")
     assert telemetry.colorbar.getAxis("left").labelText == "std (forward)"
