@@ -19,6 +19,7 @@ import time
 
 import numba
 import numpy as np
+from bench_vs_llamacpp import PROMPT
 from numba import njit, prange
 
 from loomlab.core.llm.generate.prefix_cache import PrefixCache
@@ -26,8 +27,6 @@ from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.llm.model.kernel_compilation import matrices
 from loomlab.core.procinfo import machine
 
-PROMPT = ("The history of computing is a story of people and machines: from mechanical calculators "
-          "and punched cards to transistors, integrated circuits and the networks that")
 ARRAY_BYTES = 1 << 30
 
 
@@ -76,10 +75,10 @@ def main() -> None:
             m = model.metrics()
             best = m if best is None or m.decode_tokens_per_s > best.decode_tokens_per_s else best
         net = model.net
-        unique = {id(m): m for m in matrices(net)}
-        table = net.cells[0].weights.current(net.cells[0].cfg.dtype)["table"]
-        tied = any(m is table for la in net.cells[-1:] for m in la.weights.current(la.cfg.dtype).values())
-        weights = sum(matrix_bytes(m) for m in unique.values() if tied or m is not table)
+        embedding, head = (la.weights.current(la.cfg.dtype) for la in (net.cells[0], net.cells[-1]))
+        multiplied = {id(m): m for m in matrices(net) if m is not embedding["table"]}
+        multiplied.update({id(m): m for m in head.values()})  # a tied table: read whole as the head
+        weights = sum(matrix_bytes(m) for m in multiplied.values() if len(getattr(m, "shape", ())) == 2)
         cfg = net.args
         context = best.prompt_tokens + best.generated_tokens / 2
         kv = 2 * len(net.attention_layers) * cfg.num_kv_heads * cfg.head_dim * 4 * context

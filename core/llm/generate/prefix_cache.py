@@ -61,6 +61,11 @@ class PrefixCache:
         while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
+    def clear(self) -> None:
+        """Drop every entry (the size and the hit counts stay)."""
+        self._entries.clear()
+        self.nbytes = 0
+
     def _drop(self, key) -> None:
         self.nbytes -= sum(c.nbytes for c in self._entries.pop(key))
 

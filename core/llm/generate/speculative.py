@@ -70,22 +70,26 @@ class PromptLookup(Drafter):
         self._n = 0  # the n-gram length of the last proposal
 
     def fork(self) -> PromptLookup:
-        fork = copy.copy(self)  # settings (TRIAL, MIN_KEPT set on the instance too), a fresh record
+        fork = copy.copy(self)  # settings (TRIAL, TRIAL_TOKENS set on the instance too), a fresh record
         fork._record, fork._plain, fork._n = {}, [0, 0.0], 0
         return fork
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted:
-            r = self._record.setdefault(self._n, [0, 0, 0.0])
+            r = self._last_record()
             r[0] += 1
             r[1] += accepted + 1
 
     def timed(self, drafted: int, seconds: float) -> None:
         if drafted:
-            self._record.setdefault(self._n, [0, 0, 0.0])[2] += seconds
+            self._last_record()[2] += seconds
         else:
             self._plain[0] += 1
             self._plain[1] += seconds
+
+    def _last_record(self) -> list:
+        """The record of the n-gram length of the last proposal."""
+        return self._record.setdefault(self._n, [0, 0, 0.0])
 
     def _trial(self, n: int) -> bool:
         return self._record.get(n, (0,))[0] < self.TRIAL

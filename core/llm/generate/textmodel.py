@@ -141,7 +141,7 @@ class TextModel:
         compilation, self._compilation = self._compilation, None
         compilation.stop()
         self.net.place(NUMPY)
-        self.prefix_cache = PrefixCache(DEFAULT_BYTES)
+        self.prefix_cache.clear()
         with int8_activations(self._activations == "int8"):
             warm_model(self.net)
 

@@ -13,6 +13,7 @@ beforehand.
 
 from __future__ import annotations
 
+from functools import cache
 from types import ModuleType
 
 import numpy as np
@@ -61,13 +62,8 @@ def _namespace() -> ModuleType:
     return ns
 
 
-_BACKEND: Backend | None = None
-
-
+@cache
 def numpy_backend() -> Backend:
     """The backend of :class:`NumpyKernels` (one namespace object for the process: caches made
     on it and the network compare namespaces by identity)."""
-    global _BACKEND
-    if _BACKEND is None:
-        _BACKEND = Backend(NAME, _namespace(), llm_kernels=NumpyKernels)
-    return _BACKEND
+    return Backend(NAME, _namespace(), llm_kernels=NumpyKernels)
