@@ -92,6 +92,8 @@ class Model(Protocol):
 
     def token_text(self, token_id: int) -> str: ...
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]: ...
+
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]: ...
 
     def check_fits(self, ids: list[int], params: SamplingParams) -> None: ...
@@ -132,7 +134,7 @@ class Decoding:
 
     def __init__(self, model: Model, ids: list[int], params: SamplingParams, metrics: Metrics, *,
                  prefix_cache: PrefixCache | None = None):
-        self.net, self.tok, self.token_text = model.net, model.tokenizer, model.token_text
+        self.net, self.tok, self.token_texts = model.net, model.tokenizer, model.token_texts
         self.params, self.metrics = params, metrics
         self.sampler, self.processor = params.sampler(), params.processor()
         self.constraint = Constraint.for_tokenizer(model.tokenizer, model.vocab_size, model.net.source,
@@ -191,7 +193,7 @@ class Decoding:
         metrics.generated_tokens += 1
         if index == 0:
             metrics.time_to_first_token_s = time.perf_counter() - self.start
-        logprob, top = token_logprobs(processed, token, self.params.logprobs, self.token_text)
+        logprob, top = token_logprobs(processed, token, self.params.logprobs, self.token_texts)
         last = index == self.params.max_tokens - 1
         delta, finish = _token_delta(self.tok, self.text, self.decoder, token, last)
         completed = finish == "length" and self.constraint is not None and self.constraint.complete
@@ -249,25 +251,28 @@ def _token_delta(tok, text: _StopFilter, decoder, token: int, last: bool) -> tup
     return delta, None
 
 
-def token_logprobs(logits: np.ndarray, token: int, k: int, token_text: Callable[[int], str]
+def token_logprobs(logits: np.ndarray, token: int, k: int, token_texts: Callable[[list[int]], list[str]]
                    ) -> tuple[float | None, list[tuple[int, str, float]] | None]:
     """What a record reports: the log-probability of ``token`` under ``logits`` (the processed,
     masked row it was chosen from, on any backend) and its ``k`` most likely alternatives as
-    ``(id, token_text(id), logprob)``, best first; ``(None, None)`` for k 0."""
+    ``(id, text, logprob)``, best first, their texts from one ``token_texts(ids)`` call;
+    ``(None, None)`` for k 0."""
     if k == 0:
         return None, None
     if not isinstance(logits, np.ndarray):  # a device row: reduced there, one transfer
         logprob, top = device_logprobs(logits, token, k)
-        return logprob, [(i, token_text(i), lp) for i, lp in top]
-    m, log_total = log_softmax_terms(logits)
+    else:
+        m, log_total = log_softmax_terms(logits)
 
-    def logprob(i) -> float:
-        return (float(logits[i]) - m) - log_total
+        def logprob_of(i) -> float:
+            return (float(logits[i]) - m) - log_total
 
-    # the logits' order is their log-probabilities' (one shift), so their top k are the same;
-    # tokens a constraint forbids (-inf) are no alternatives (and -Infinity is not JSON)
-    return logprob(token), [(int(i), token_text(int(i)), logprob(i)) for i in top_k(logits, k)
-                            if np.isfinite(logits[i])]
+        # the logits' order is their log-probabilities' (one shift), so their top k are the same;
+        # tokens a constraint forbids (-inf) are no alternatives (and -Infinity is not JSON)
+        logprob = logprob_of(token)
+        top = [(int(i), logprob_of(i)) for i in top_k(logits, k) if np.isfinite(logits[i])]
+    texts = token_texts([i for i, _ in top])
+    return logprob, [(i, text, lp) for (i, lp), text in zip(top, texts, strict=True)]
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:

@@ -188,10 +188,15 @@ class TextModel:
     def token_text(self, token_id: int) -> str:
         """The text a token id stands for, as a reader would see it (``" capital"``, not the
         tokenizer's piece ``"Ġcapital"``); cached, since alternatives repeat."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
-        return text
+        return self.token_texts([token_id])[0]
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """:meth:`token_text` of each id; the ones not cached yet are decoded in one call."""
+        cache = self._token_texts
+        missing = list(dict.fromkeys(i for i in token_ids if i not in cache))
+        if missing:
+            cache.update(zip(missing, self.tokenizer.decode_batch([[i] for i in missing]), strict=True))
+        return [cache[i] for i in token_ids]
 
     # ----- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, cancel: Cancel = None,

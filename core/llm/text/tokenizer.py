@@ -221,6 +221,13 @@ class Tokenizer:
         with self._rust("decoding"):
             return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_batch(self, id_lists: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        """The text of each list of ids, as :meth:`decode` gives it, in one call (one pipe round
+        trip for :class:`~.tokenizer_process.TokenizerProcess`)."""
+        checked = [self._checked_ids(ids) for ids in id_lists]
+        with self._rust("decoding"):
+            return self._hf.decode_batch(checked, skip_special_tokens=skip_special_tokens)
+
     def decode_stream(self, skip_special_tokens: bool = False) -> StreamDecoder:
         """An incremental detokenizer: push ids one at a time, get text deltas back."""
         return StreamDecoder(self, skip_special_tokens)
@@ -293,8 +300,7 @@ class StreamDecoder:
     def push(self, token_id: int) -> str:
         """Add one id; return the new text it completes ("" while a character is unfinished)."""
         self._ids.append(token_id)
-        done = self._decode(self._ids[:self._read])
-        text = self._decode(self._ids)
+        done, text = self._decode_both(self._ids[:self._read], self._ids)
         pending = len(self._ids) - self._read
         if len(text) <= len(done) or (text.endswith("\ufffd") and pending < _MAX_PENDING_TOKENS):
             return ""
@@ -305,13 +311,17 @@ class StreamDecoder:
 
     def flush(self) -> str:
         """Whatever is still held back (an unfinished character shows as U+FFFD)."""
-        done = self._decode(self._ids[:self._read])
-        text = self._decode(self._ids)
+        done, text = self._decode_both(self._ids[:self._read], self._ids)
         self._ids, self._read = [], 0
         return text[len(done):]
 
-    def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+    def _decode_both(self, done: list[int], ids: list[int]) -> tuple[str, str]:
+        """The texts of the emitted ids and of the whole window, in one call: behind a tokenizer
+        process each call is a pipe round trip, which wakes the child beside the decoding threads."""
+        if not done:
+            return "", self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+        first, second = self._tok.decode_batch([done, ids], skip_special_tokens=self._skip)
+        return first, second
 
 
 @contextmanager

@@ -32,7 +32,8 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 BUILD_TIMEOUT_S = 300.0  # reading and building Gemma's tokenizer takes ~2.5 s on a 2-core machine
 CALL_TIMEOUT_S = 120.0  # encoding a whole book takes seconds; a silent child longer than this is stuck
-_METHODS = frozenset({"encode", "encode_pieces", "special_spans", "decode", "id_to_token", "token_to_id"})
+_METHODS = frozenset({"encode", "encode_pieces", "special_spans", "decode", "decode_batch", "id_to_token",
+                      "token_to_id"})
 
 
 class TokenizerProcess:
@@ -70,6 +71,9 @@ class TokenizerProcess:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._call("decode", list(ids), skip_special_tokens)
+
+    def decode_batch(self, id_lists, skip_special_tokens: bool = False) -> list[str]:
+        return self._call("decode_batch", [list(ids) for ids in id_lists], skip_special_tokens)
 
     def decode_stream(self, skip_special_tokens: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)

@@ -44,6 +44,11 @@ def test_answers_as_the_in_process_tokenizer(pair):
         assert child.decode(ids, skip_special_tokens=True) == local.decode(ids, skip_special_tokens=True)
         stream = child.decode_stream()
         assert "".join([stream.push(i) for i in ids] + [stream.flush()]) == local.decode(ids)
+        halves = [ids[:len(ids) // 2], ids, ids[-1:]]
+        for skip in (False, True):
+            singly = [local.decode(h, skip_special_tokens=skip) for h in halves]
+            assert local.decode_batch(halves, skip_special_tokens=skip) == singly
+            assert child.decode_batch(halves, skip_special_tokens=skip) == singly
     pieces = ["Hi", local.bos_id if local.bos_id is not None else 0, " there"]
     assert child.encode_pieces(pieces) == local.encode_pieces(pieces)
     ids = np.array(local.encode(texts[0]), dtype=np.int64)  # what sampling hands over
@@ -62,6 +67,8 @@ def test_bad_arguments_raise_the_same_typed_errors():
         for bad in ([49152], [-1], [True], ["3"]):
             with pytest.raises(LoomConfigError, match="not in the vocabulary"):
                 child.decode(bad)
+            with pytest.raises(LoomConfigError, match="not in the vocabulary"):
+                child.decode_batch([[1], bad])
         with pytest.raises(LoomConfigError, match="must be a str"):
             child.encode(3)
         with pytest.raises(LoomConfigError, match="is not a text, a token id"):
