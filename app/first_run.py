@@ -1,65 +1,68 @@
-"""The window's first start on a new install: numba compiles every kernel for this CPU before the
-window shows (minutes on 2 cores; later starts load them from its cache in under a second). A
-dialog says so and counts them, and Skip leaves the rest to be compiled on first use."""
+"""The window's first start on a new install: numba has none of the kernels for this CPU, and
+compiling them takes minutes on 2 cores. The window shows at once; a child process compiles them
+while the status bar counts them, with a Skip button (the rest then compile when first used). A
+model loaded meanwhile answers on numpy until its own kernels are ready (the Models panel says
+so). Later starts load them from numba's cache in under a second."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QProgressDialog
-
-from loomlab.core.errors import LoomCancelled
+from loomlab.core.llm.kernels import kernel_warmup
 from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
+from loomlab.core.llm.model.kernel_compilation import KernelCompilation, every_kernel_cached, first_run_mode
 
-POLL_S = 0.05  # how often the GUI thread looks at the compiling thread, drawing in between
+POLL_MS = 500  # how often the status bar reads the child's count
 TITLE = f"{KERNELS_STAGE[:1].upper()}{KERNELS_STAGE[1:]}"
 
 
-def kernels_dialog() -> QProgressDialog:
-    """A busy bar with a count; its button skips the rest."""
-    dialog = QProgressDialog(f"{TITLE}…", "Skip", 0, 0)
-    dialog.setWindowTitle("Loom Lab")
-    dialog.setWindowModality(Qt.WindowModality.ApplicationModal)
-    dialog.setMinimumDuration(0)
-    dialog.setAutoClose(False)
-    dialog.setAutoReset(False)
-    return dialog
+def start_kernels(first_run: str | None = None) -> KernelCompilation | None:
+    """Load every cached kernel (on a thread that ends: see ``kernel_warmup.warm_up``); None when
+    that was all. Otherwise, in the "answer" first-run mode (the default), the child compiling the
+    rest; in "wait" mode (``$LOOMLAB_FIRST_RUN``: tests, benchmarks) they compile here first."""
+    if first_run_mode(first_run) == "wait":
+        kernel_warmup.warm_up()
+        return None
+    return None if every_kernel_cached() else KernelCompilation(None)
 
 
-def prepare_kernels(warm_up: Callable[..., None], app: QApplication | None = None) -> int:
-    """Run ``warm_up(progress=..., cancel=...)`` on a thread while this (the GUI) thread draws a
-    dialog once the first kernel starts compiling; with a warm cache no dialog appears. Returns
-    how many kernels were compiled (0 when all were cached or the first was skipped)."""
-    app = app or QApplication.instance()
-    skip, count = threading.Event(), [None]
+class KernelsStatus(QWidget):
+    """The status bar's "Preparing kernels for this CPU (first run only): N compiled" and a Skip
+    button, while ``compilation`` runs; hidden once it has finished or was skipped, or says that it
+    failed (the kernels then compile when first used)."""
 
-    def report(stage: str, done: int, total: int) -> None:
-        count[0] = done  # read by the GUI thread below: a plain assignment, no Qt call here
+    def __init__(self, compilation: KernelCompilation, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.compilation = compilation
+        self.label = QLabel(f"{TITLE}…")
+        self.skip = QPushButton("Skip")
+        self.skip.setToolTip("Stop compiling; the remaining kernels compile when first used")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.label)
+        layout.addWidget(self.skip)
+        self.skip.clicked.connect(self.stop)
+        self.timer = QTimer(self, interval=POLL_MS)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
 
-    def run() -> None:
-        try:
-            warm_up(progress=report, cancel=skip)
-        except LoomCancelled:
-            pass  # skipped: the rest compile when first used
+    def refresh(self) -> None:
+        c = self.compilation
+        if not c.finished:
+            self.label.setText(f"{TITLE}: {c.compiled} compiled…")
+            return
+        self.timer.stop()
+        c.stop()  # reaps the exited child
+        if c.error is None:
+            self.hide()
+        else:
+            self.skip.hide()
+            self.label.setText("Kernel compilation failed; kernels compile when first used")
+            self.label.setToolTip(c.error)
 
-    worker = threading.Thread(target=run, name="loomlab-kernels")
-    worker.start()
-    dialog = None
-    while worker.is_alive():
-        worker.join(POLL_S)
-        if count[0] is not None:
-            dialog = dialog or _shown(kernels_dialog(), skip)
-            dialog.setLabelText(f"{TITLE}: {count[0]} compiled…")
-        app.processEvents()
-    if dialog is not None:
-        dialog.close()
-        dialog.deleteLater()
-    return count[0] or 0
-
-
-def _shown(dialog: QProgressDialog, skip: threading.Event) -> QProgressDialog:
-    dialog.canceled.connect(skip.set)
-    dialog.show()
-    return dialog
+    def stop(self) -> None:
+        """End the child (what it compiled stays cached) and hide; safe to call twice."""
+        self.timer.stop()
+        self.compilation.stop()
+        self.hide()

@@ -18,12 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyqtgraph as pg
 from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings, Qt
 from PySide6.QtWidgets import QApplication
 
 from .main_window import APP_NAME, PANELS, MainWindow
+
+if TYPE_CHECKING:
+    from loomlab.core.llm.model.kernel_compilation import KernelCompilation
 
 SCREENSHOT_SIZE = (1600, 1000)  # the size every panel is laid out and tested for
 STATE_TIMEOUT_S = 600  # fetching a built-in model on a slow network can take minutes
@@ -50,38 +54,45 @@ def make_app(argv: list[str]) -> QApplication:
     return app
 
 
-def warm_up() -> None:
-    """Prepare the process for a GUI thread that shares the GIL with engine workers.
+def warm_up() -> KernelCompilation | None:
+    """Prepare the process for a GUI thread that shares the GIL with engine workers; returns the
+    first run's kernel compilation, for the window's status bar (None when every kernel was cached).
 
     Load the language-model kernels before the window shows: numba's first call initialises its
     compiler and reads the disk cache, holding the GIL for ~0.35 s, which in a worker later
-    froze the window. And hand the GIL over every 1 ms instead of 5: each Qt event the GUI
-    thread handles takes the GIL several times, and behind a worker running Python code the
-    waits added up to stalls. Last, move what startup built (~200k objects: Qt, pyqtgraph,
-    numpy, numba) out of the cyclic garbage collector's reach: a full collection over them
-    took 120-200 ms with the GIL held, whichever thread set it off, and one landing during a
+    froze the window; on a new install a child process compiles them meanwhile
+    (:func:`~.first_run.start_kernels`). And hand the GIL over every 1 ms instead of 5: each Qt
+    event the GUI thread handles takes the GIL several times, and behind a worker running Python
+    code the waits added up to stalls. Last, move what startup built (~200k objects: Qt,
+    pyqtgraph, numpy, numba) out of the cyclic garbage collector's reach: a full collection over
+    them took 120-200 ms with the GIL held, whichever thread set it off, and one landing during a
     model load was the GUI's worst stall. Afterwards a full collection walks only what came
     later (~5k objects with a model loaded: ~3 ms). Frozen objects are never collected, which
     costs nothing here: modules, classes and the app's singletons live as long as the process.
     """
     import loomlab.core.llm.generate.textmodel  # noqa: F401 - imported now rather than by the first load
-    from loomlab.core.llm.kernels import kernel_warmup
 
-    from .first_run import prepare_kernels
+    from .first_run import start_kernels
 
-    prepare_kernels(kernel_warmup.warm_up)  # on a new install they compile first: a dialog says so
+    compilation = start_kernels()
     sys.setswitchinterval(0.001)
     gc.collect()  # so that only live objects are frozen
     gc.freeze()
+    return compilation
 
 
 def run_gui(argv: list[str], options: GuiOptions | None = None) -> int:
     """Show the main window and run the event loop (or take a screenshot); returns the exit code."""
     options = options or GuiOptions()
     app = make_app(argv)
-    warm_up()
+    compilation = warm_up()
     if options.screenshot is None:
-        return _run_window(app, MainWindow(options.backend), options)
+        window = MainWindow(options.backend)
+        if compilation is not None:
+            window.show_kernels(compilation)
+        return _run_window(app, window, options)
+    if compilation is not None:  # a screenshot waits for nothing: the kernels compile when used
+        compilation.stop()
     with tempfile.TemporaryDirectory(prefix="loomlab-screenshot-") as scratch:
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
         window = MainWindow(options.backend, workspace_path=Path(scratch) / "workspace.sqlite3",

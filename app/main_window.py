@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QPoint, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QPainter, QPixmap
@@ -40,6 +41,11 @@ from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.theme import THEMES, ThemeController
 from loomlab.views.topology_panel import TopologyPanel
 from loomlab.views.workers import JobRunner
+
+from .first_run import KernelsStatus
+
+if TYPE_CHECKING:
+    from loomlab.core.llm.model.kernel_compilation import KernelCompilation
 
 APP_NAME = "Loom Lab"
 ORGANIZATION = "LoomLab"
@@ -73,6 +79,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings(ORGANIZATION, APP_NAME)
         self.backend_choice = BackendChoice(parent=self)
         self.network = None  # the network shown: a Loom net or the loaded model's grid
+        self.kernels_status: KernelsStatus | None = None  # a first run's kernel count (show_kernels)
         self._shut_down = False  # pending _chain steps must not touch panels that have shut down
         self._steps_pending = 0
         self.model = None
@@ -523,9 +530,16 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         self._restored = isinstance(state, QByteArray) and self.restoreState(state, LAYOUT_VERSION)
 
+    def show_kernels(self, compilation: KernelCompilation) -> None:
+        """Count a first run's kernel compilation in the status bar (with Skip) until it ends."""
+        self.kernels_status = KernelsStatus(compilation, self)
+        self.statusBar().addWidget(self.kernels_status)
+
     def shutdown(self) -> None:
         """Stop everything this window started; safe to call twice."""
         self._shut_down = True
+        if self.kernels_status is not None:
+            self.kernels_status.stop()  # what it compiled stays cached for the next start
         self.memory_timer.stop()
         self._release_timer.stop()
         self.settings.setValue("geometry", self.saveGeometry())

@@ -1,50 +1,73 @@
-"""The window's first start: compiling kernels shows a dialog with a count, Skip stops the rest;
-with every kernel cached nothing shows."""
+"""The window's first start: with kernels missing from numba's cache the window shows at once,
+a child compiles them and the status bar counts them, Skip stops it; with every kernel cached (or
+in the "wait" mode) nothing is started."""
 
 from __future__ import annotations
 
-import threading
+import subprocess
+import sys
 
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication, QProgressDialog, QPushButton
+import pytest
 
-from loomlab.app.first_run import prepare_kernels
-from loomlab.core.errors import LoomCancelled
-from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
-
-
-def dialogs() -> list[QProgressDialog]:
-    return [w for w in QApplication.topLevelWidgets() if isinstance(w, QProgressDialog) and w.isVisible()]
+from loomlab.app import first_run
+from loomlab.app.first_run import TITLE, KernelsStatus, start_kernels
+from loomlab.core.errors import LoomConfigError
 
 
-def test_compiling_kernels_shows_a_count_and_skip_stops_the_rest(qtbot):
-    seen, skipped = [], threading.Event()
+class FakeCompilation:
+    def __init__(self):
+        self.compiled, self.finished, self.error, self.stops = 0, False, None, 0
 
-    def warm_up(progress, cancel):  # two kernels compile, then it waits to be skipped
-        for done in (0, 1, 2):
-            progress(KERNELS_STAGE, done, 0)
-        if cancel.wait(10):
-            skipped.set()
-            raise LoomCancelled("skipped")
-
-    def look_then_skip():
-        shown = dialogs()
-        seen.extend(d.labelText() for d in shown)
-        for d in shown:
-            d.findChild(QPushButton).click()  # Skip
-
-    QTimer.singleShot(300, look_then_skip)
-    assert prepare_kernels(warm_up) == 2
-    assert skipped.is_set()
-    assert seen == [f"{KERNELS_STAGE[:1].upper()}{KERNELS_STAGE[1:]}: 2 compiled…"]
-    assert dialogs() == []
+    def stop(self):
+        self.stops += 1
 
 
-def test_with_every_kernel_cached_no_dialog_shows(qtbot):
-    shown = []
+def test_the_status_bar_counts_the_kernels_and_skip_stops_the_child(qtbot):
+    c = FakeCompilation()
+    status = KernelsStatus(c)
+    qtbot.addWidget(status)
+    status.show()
+    assert status.label.text() == f"{TITLE}…"
+    c.compiled = 7
+    qtbot.waitUntil(lambda: status.label.text() == f"{TITLE}: 7 compiled…", timeout=3000)
+    assert status.label.text() == "Preparing kernels for this CPU (first run only): 7 compiled…"
+    status.skip.click()
+    assert c.stops == 1 and status.isHidden() and not status.timer.isActive()
 
-    def warm_up(progress, cancel):
-        shown.extend(dialogs())
 
-    assert prepare_kernels(warm_up) == 0
-    assert shown == [] and dialogs() == []
+def test_the_status_hides_when_the_kernels_are_ready_and_says_a_failure(qtbot):
+    done, failed = FakeCompilation(), FakeCompilation()
+    failed.error = "the kernel compilation exited with status 1: boom"
+    widgets = [KernelsStatus(done), KernelsStatus(failed)]
+    for w in widgets:
+        qtbot.addWidget(w)
+        w.show()
+    done.finished = failed.finished = True
+    qtbot.waitUntil(lambda: not any(w.timer.isActive() for w in widgets), timeout=3000)
+    assert widgets[0].isHidden() and done.stops == 1
+    assert widgets[1].isVisible() and widgets[1].skip.isHidden()
+    assert "failed" in widgets[1].label.text() and widgets[1].label.toolTip() == failed.error
+
+
+def test_start_kernels_starts_a_child_only_for_a_cold_cache_in_the_answer_mode(monkeypatch):
+    started, warmed = [], []
+    monkeypatch.setattr(first_run, "KernelCompilation", lambda path: started.append(path) or "child")
+    monkeypatch.setattr(first_run.kernel_warmup, "warm_up", lambda: warmed.append(1))
+    monkeypatch.setattr(first_run, "every_kernel_cached", lambda: True)
+    assert start_kernels("answer") is None and started == []
+    monkeypatch.setattr(first_run, "every_kernel_cached", lambda: False)
+    assert start_kernels("answer") == "child" and started == [None]  # None: every kernel, not a model's
+    assert start_kernels("wait") is None and warmed == [1] and started == [None]
+    monkeypatch.delenv("LOOMLAB_FIRST_RUN", raising=False)
+    assert start_kernels() == "child"  # the default is to answer
+    with pytest.raises(LoomConfigError, match="first_run"):
+        start_kernels("later")
+
+
+def test_the_child_for_every_kernel_reports_each_one():
+    code = ("import sys\nimport loomlab.core.llm.model.kernel_compilation as kc\n"
+            "kc.warm_up = lambda report: [report('k', n, 0) for n in (1, 2, 3)]\n"
+            "sys.exit(kc.main(['--all']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["compiled 1", "compiled 2", "compiled 3"]

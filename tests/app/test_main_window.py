@@ -552,3 +552,22 @@ def test_gui_stays_responsive_while_a_model_morphs_to_a_block_format_and_back(qt
     assert reverted["bytes_now"] == reverted["bytes_original"] == net.memory_bytes()
     assert (reverted["kl_mean"], reverted["top1_agreement"]) == (0.0, 1.0)
     assert_responsive(ticks, idle_start, morph_start, morph_end, "morphing")
+
+
+def test_a_first_runs_kernel_count_shows_in_the_status_bar_and_closing_stops_it(window, qtbot):
+    from loomlab.app.first_run import TITLE
+
+    class Compilation:
+        compiled, finished, error, stops = 3, False, None, 0
+
+        def stop(self):
+            self.stops += 1
+
+    c = Compilation()
+    window.show()
+    window.show_kernels(c)
+    status = window.kernels_status
+    qtbot.waitUntil(lambda: status.label.text() == f"{TITLE}: 3 compiled…", timeout=3000)
+    assert status.isVisible() and status.geometry().right() <= window.width()
+    window.close()
+    assert c.stops >= 1 and not status.timer.isActive()

@@ -11,6 +11,8 @@ import itertools
 import time
 from pathlib import Path
 
+import numpy as np
+import pyqtgraph as pg
 import pytest
 
 from loomlab.app.cli import main
@@ -148,6 +150,9 @@ def test_an_xor_run_from_the_panel_is_the_clis_and_the_apis(qtbot, panel, tmp_pa
     ids, tops = species_stack(panel.history)
     assert ids == sorted({i for s in api.history for i in s.species})
     assert list(tops[-1]) == [20.0] * 5
+    drawn = [top.getData() for top, _ in panel.species_layers]  # one area per species, as stacked
+    assert len(drawn) == len(ids) and all(list(x) == [1, 2, 3, 4, 5] for x, _ in drawn)
+    np.testing.assert_array_equal([y for _, y in drawn], tops)
     # the table is the last generation, fittest first
     assert panel.table.rowCount() == 20 == len(panel.rows)
     fitness = [r.fitness for r in panel.rows]
@@ -172,6 +177,13 @@ def test_engine_reports_update_the_view_without_a_job(qtbot, panel):
     assert len(panel.rows) == 24 and panel.rows[0].fitness == run.history[-1].best
     assert panel.table.horizontalHeaderItem(4).text() == "Parameters"
     assert panel.table.item(0, 4).text() == f"{panel.rows[0].parameters:,}"
+    # the species areas follow the history as it changes: fewer generations, other species
+    panel.history = run.history[:2]
+    panel._redraw()
+    ids, tops = species_stack(panel.history)
+    assert [top.getData()[1].tolist() for top, _ in panel.species_layers] == tops.tolist()
+    fills = [i for i in panel.species_plot.getPlotItem().items if isinstance(i, pg.FillBetweenItem)]
+    assert len(fills) == len(ids) == len(panel.species_layers)
 
 
 def test_member_rows_rank_and_describe_members():

@@ -30,7 +30,7 @@ from ..kernels.kernel_warmup import warm_model
 from ..kernels.quant import adaptive_threads, single_threaded_blas
 from ..kernels.quant_int8 import int8_activations
 from ..model.causal_lm import CausalLM
-from ..model.kernel_compilation import KernelCompilation, make_kernels_ready
+from ..model.kernel_compilation import KernelCompilation, first_run_mode, make_kernels_ready
 from ..model.loader import load_causal_lm
 from ..text.chat_template import ChatTemplate, encode_chat
 from ..text.tokenizer import Tokenizer
@@ -46,9 +46,6 @@ ACTIVATION_MODES = ("int8", "float32")
 #: The mode a model loads in: 8-bit activations where a matrix has an integer kernel (GGUF block
 #: formats), as llama.cpp computes on a CPU; float weights keep the float kernels either way.
 DEFAULT_ACTIVATIONS = "int8"
-FIRST_RUN_MODES = ("answer", "wait")
-#: ``load_model``'s ``first_run`` when it is not given: "answer" unless this variable says "wait"
-FIRST_RUN_ENV = "LOOMLAB_FIRST_RUN"
 
 
 @dataclass(frozen=True)
@@ -415,10 +412,7 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     """
     if activations not in ACTIVATION_MODES:
         raise LoomConfigError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
-    first_run = first_run or os.environ.get(FIRST_RUN_ENV) or "answer"
-    if first_run not in FIRST_RUN_MODES:
-        raise LoomConfigError(f"first_run (or ${FIRST_RUN_ENV}) must be one of {FIRST_RUN_MODES}, "
-                              f"got {first_run!r}")
+    first_run = first_run_mode(first_run)
     device = get_backend(backend)
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))

@@ -1,4 +1,5 @@
-"""A first run's kernels compiled in a child process while the model answers on numpy.
+"""A first run's kernels compiled in a child process while the model answers on numpy, or the
+window is used.
 
 On a new install (or a new CPU, or after an upgrade) numba has none of a model's kernels in its
 cache, and compiling them takes minutes on 2 cores. Rather than make the first reply wait,
@@ -6,8 +7,10 @@ cache, and compiling them takes minutes on 2 cores. Rather than make the first r
 numpy (:mod:`~loomlab.core.llm.kernels.numpy_kernels`) while :class:`KernelCompilation` runs
 ``python -m loomlab.core.llm.model.kernel_compilation MODEL MODE`` (a child loads the model and
 runs :func:`~loomlab.core.llm.kernels.kernel_warmup.warm_model`, writing numba's cache), then the
-model switches to the compiled kernels. A child, not a thread: numba's compiler is mostly Python,
-and a compiling thread would take the GIL from every numpy call of the answering one.
+model switches to the compiled kernels. The window's start-up does the same for every kernel
+(:func:`every_kernel_cached`, ``KernelCompilation(None)``) and shows the count in its status bar.
+A child, not a thread: numba's compiler is mostly Python, and a compiling thread would take the
+GIL from every numpy call of the answering one.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import threading
 from collections.abc import Callable
 
 from ...cancel import Cancel, as_cancel_check
-from ...errors import LoomCancelled
-from ..kernels.kernel_warmup import KERNELS_STAGE, warm_model
+from ...errors import LoomCancelled, LoomConfigError
+from ..kernels.kernel_warmup import KERNELS_STAGE, warm_model, warm_up
 from ..kernels.numpy_kernels import float32_bytes, numpy_backend
 from ..kernels.quant_int8 import int8_activations
 from .causal_lm import CausalLM
@@ -30,12 +33,25 @@ from .loader import load_causal_lm
 #: The most a model may hold as float32 to answer on numpy while its kernels compile (a larger one
 #: waits for them): gemma3-270m's matrices are 1.07 GB as float32.
 FIRST_RUN_MAX_BYTES = 2 << 30
+FIRST_RUN_MODES = ("answer", "wait")
+#: the first-run mode when none is given: "answer" unless this variable says "wait"
+FIRST_RUN_ENV = "LOOMLAB_FIRST_RUN"
+EVERY_KERNEL = "--all"  # the child's argument for every kernel (kernel_warmup.warm_up), not one model's
 PROGRESS_PREFIX = "compiled "
 CHILD_NICENESS = 5  # below the process it works for, which answers meanwhile
 POLL_S = 0.1
 ERROR_TAIL = 2000  # characters of the child's stderr kept when it fails
 
 Progress = Callable[[str, int, int], None]
+
+
+def first_run_mode(first_run: str | None) -> str:
+    """``first_run``, or ``$LOOMLAB_FIRST_RUN``, or "answer"; checked."""
+    mode = first_run or os.environ.get(FIRST_RUN_ENV) or "answer"
+    if mode not in FIRST_RUN_MODES:
+        raise LoomConfigError(f"first_run (or ${FIRST_RUN_ENV}) must be one of {FIRST_RUN_MODES}, "
+                              f"got {mode!r}")
+    return mode
 
 
 def make_kernels_ready(net: CausalLM, path: str | os.PathLike, int8: bool, *, answer_meanwhile: bool,
@@ -79,16 +95,28 @@ def kernels_cached(net: CausalLM, int8: bool) -> bool:
     return True
 
 
+def every_kernel_cached() -> bool:
+    """Whether numba's cache holds every kernel :func:`warm_up` runs; the cached ones are loaded
+    on the way (what a warm start does anyway)."""
+    try:
+        warm_up(cancel=lambda: True)  # asked before each compilation: stop at the first
+    except LoomCancelled:
+        return False
+    return True
+
+
 class KernelCompilation:
-    """The child process that compiles a model's kernels into numba's cache.
+    """The child process that compiles a model's kernels (``path`` None: every kernel) into
+    numba's cache.
 
     ``compiled`` counts the kernels done so far; :attr:`finished` says the child has exited
     (:attr:`error`: why it failed, None when it succeeded). :meth:`stop` ends it early: each
     kernel it finished stays cached for the next run."""
 
-    def __init__(self, path: str | os.PathLike, int8: bool):
+    def __init__(self, path: str | os.PathLike | None, int8: bool = False):
         self._stderr = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", __name__, os.fspath(path), "int8" if int8 else "float32"]
+        what = [EVERY_KERNEL] if path is None else [os.fspath(path), "int8" if int8 else "float32"]
+        cmd = [sys.executable, "-m", __name__, *what]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=self._stderr, text=True)
         self.compiled = 0
@@ -138,13 +166,17 @@ class KernelCompilation:
 
 
 def main(argv: list[str]) -> int:
-    """The child: load the model at ``argv[0]`` and compile its path for mode ``argv[1]``."""
-    path, mode = argv
+    """The child: load the model at ``argv[0]`` and compile its path for mode ``argv[1]``; or,
+    given ``--all``, every kernel."""
     os.nice(CHILD_NICENESS)
 
     def report(stage: str, done: int, total: int) -> None:
         print(f"{PROGRESS_PREFIX}{done}", flush=True)
 
+    if argv == [EVERY_KERNEL]:
+        warm_up(report)
+        return 0
+    path, mode = argv
     net = load_causal_lm(path)
     try:
         with int8_activations(mode == "int8"):
