@@ -24,8 +24,9 @@ import numpy as np
 from ...backend import NUMPY, Backend, array_module, device_memory, get_backend, to_host
 from ...cancel import Cancel, as_cancel_check
 from ...errors import LoomConfigError, LoomShapeError, ModelFormatError
-from ...procinfo import peak_rss_bytes
+from ...procinfo import peak_rss_bytes, release_memory
 from ..files.discovery import in_file, resolve
+from ..files.weights_source import open_source
 from ..kernels.kernel_warmup import warm_model
 from ..kernels.quant import adaptive_threads, single_threaded_blas
 from ..kernels.quant_int8 import int8_activations
@@ -417,26 +418,30 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     name = str(alias_or_path)
     path = resolve(name, progress=progress, cancel=as_cancel_check(cancel))
     child = TokenizerProcess(path) if tokenizer_process else None
-    net = compilation = None
+    net = compilation = source = None
     try:
-        net = load_causal_lm(path, progress)
+        source = open_source(path)
+        if child is None:
+            # The tokenizer first: building Gemma's (262k pieces, 514k merges) passes ~160 MB of
+            # Python objects that are freed, and handed back before the weights come in, they are
+            # no part of the peak (726 -> 537 MiB for gemma3-270m).
+            tokenizer = (Tokenizer.from_gguf_metadata(source.metadata) if source.kind == "gguf"
+                         else Tokenizer.from_file(path))
+            release_memory()
+        opened, source = source, None  # owned by load_causal_lm now: closed with the net, or there
+        net = load_causal_lm(path, progress, source=opened)
         net.place(device)
         if not net.on_device:
             compilation = make_kernels_ready(net, path, activations == "int8", progress=progress,
                                              cancel=cancel, answer_meanwhile=first_run == "answer")
-        source = net.source
         if child is not None:
             tokenizer = child.wait_ready()
-        elif source.kind == "gguf":
-            tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
-        else:
-            tokenizer = Tokenizer.from_file(path)
-        meta = source.metadata if source.kind == "gguf" else _tokenizer_config(Path(path))
+        meta = opened.metadata if opened.kind == "gguf" else _tokenizer_config(Path(path))
         template = ChatTemplate.for_model(meta, net.args.architecture)
     except BaseException as e:
         if compilation is not None:
             compilation.stop()
-        for part in (net, child):
+        for part in (net or source, child):
             if part is not None:
                 part.close()
         if isinstance(e, ModelFormatError):

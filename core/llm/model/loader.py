@@ -69,9 +69,12 @@ def check_block_count(source: WeightSource, num_layers: int) -> None:
                                source.offsets.get(key))
 
 
-def load_causal_lm(path: str | os.PathLike[str], progress: Progress | None = None) -> CausalLM:
-    """Open a GGUF file or HF directory and build its network (weights stay in the file's encoding)."""
-    source = open_source(path)
+def load_causal_lm(path: str | os.PathLike[str], progress: Progress | None = None, *,
+                   source: WeightSource | None = None) -> CausalLM:
+    """Open a GGUF file or HF directory (or take its ``source``, already open) and build its
+    network (weights stay in the file's encoding). The network owns the source: closed with it,
+    or here if building fails."""
+    source = open_source(path) if source is None else source
     try:
         module, args = read_args(source)
         weights = source.load(module.GGUF_BLOCK_NAMES, progress)
