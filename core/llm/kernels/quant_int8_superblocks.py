@@ -31,9 +31,10 @@ from numba.extending import intrinsic
 from .quant_int8_rows import (
     accumulators,
     dot_frame,
+    dot_scales,
     fmuladd,
     half_to_float,
-    lanes_dot,
+    lanes_dot_scaled,
     rows_driver,
     splat,
     totals,
@@ -166,11 +167,14 @@ def _super_dot(kind: int, m: int, n: int):
                     dmin = None
                     if kind == WQ4_K:
                         dmin = scalar_f16(row, builder.add(dmin_at, builder.mul(b, i64(2))))
+                    prepared = [dot_scales(builder, spread) for spread in spreads]
                     for i, (chunks, starts, xd_b, bsums) in enumerate(acts):
                         total = ir.Constant(v16i, [0] * 16)
-                        for c in range(4):
-                            lanes = lanes_dot(builder, starts[c], w[c], chunks[c], small=True)
-                            total = builder.add(total, builder.mul(lanes, spreads[c]))
+                        for c in range(4):  # (start + dot) * scale, lane by lane
+                            scaled = lanes_dot_scaled(builder, w[c], chunks[c], prepared[c])
+                            total = builder.add(total, scaled)
+                            if kind == WQ6_K:
+                                total = builder.add(total, builder.mul(starts[c], spreads[c]))
                         scale, acc = splat(builder, builder.fmul(d, xd_b), 16), accs[j][i]
                         summed = fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(acc))
                         builder.store(summed, acc)

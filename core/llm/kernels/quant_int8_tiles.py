@@ -33,7 +33,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernel_hints import AHEAD_BYTES, prefetch_until
-from .quant_int8_rows import WQ4_0, WQ4_1, WQ8_0, dot_frame, fmuladd, half_to_float, lanes_dot, splat
+from .quant_int8_rows import (
+    WQ4_0,
+    WQ4_1,
+    WQ8_0,
+    dot_frame,
+    fmuladd,
+    half_to_float,
+    lanes_dot,
+    lanes_dot_sum,
+    splat,
+)
 
 TILE = 16  # rows per tile: the int32 lanes of a 512-bit vector
 # Kinds after quant_int8_rows' five and quant_int8_superblocks' two.
@@ -116,6 +126,7 @@ def _tile_dot(kind: int, n: int, nt: int):
                         nsum = load(nsum_rows[i], builder.mul(b, i64(4)), _I32)
                         start = splat(builder, builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), TILE)
                     totals.append([start] * nt)
+                pairs = [[[] for _ in range(nt)] for _ in range(n)]  # [row][tile]: (weights, activations)
                 for c in range(chunks):
                     vs = [load(tile, builder.add(at, i64(64 * c)), v64) for tile in tiles]
                     if kind == WQ8_0_T:
@@ -127,8 +138,15 @@ def _tile_dot(kind: int, n: int, nt: int):
                         x_at = builder.add(group_at, i64(16 * (half * k + j) + within))
                         for i in range(n):
                             x4 = builder.bitcast(splat(builder, load(xg_rows[i], x_at, _I32), TILE), v64)
-                            totals[i] = [lanes_dot(builder, total, v, x4, kind != WQ8_0_T)
-                                         for total, v in zip(totals[i], weights, strict=True)]
+                            if kind == WQ8_0_T:  # quants stored as w + 128: no int16 sums
+                                totals[i] = [lanes_dot(builder, total, v, x4)
+                                             for total, v in zip(totals[i], weights, strict=True)]
+                            else:
+                                for tt, v in enumerate(weights):
+                                    pairs[i][tt].append((v, x4))
+                if kind != WQ8_0_T:  # nibbles: the block's dots summed in int16 where that is faster
+                    totals = [[lanes_dot_sum(builder, total, pairs[i][tt], 15)
+                               for tt, total in enumerate(totals[i])] for i in range(n)]
                 scales_at = builder.add(at, i64(64 * chunks))
                 halves = ir.VectorType(_I16, TILE)
                 for tt, tile in enumerate(tiles):
