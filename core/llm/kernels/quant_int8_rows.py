@@ -267,7 +267,7 @@ def lanes_dot_sum(builder, acc, pairs, weight_max: int):
             acc = lanes_dot(builder, acc, w, x, small=True)
         return acc
     for first in range(0, len(pairs), per_sum):
-        acc = builder.add(acc, _maddubs_sum(builder, pairs[first:first + per_sum]))
+        acc = builder.add(acc, _madd_parts(builder, pairs[first:first + per_sum], _times(1)))
     return acc
 
 
@@ -291,27 +291,20 @@ def lanes_dot_scaled(builder, w, x, scales):
     if host_has_vnni() or not host_features().get("avx2"):
         zero = ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4))
         return builder.mul(lanes_dot(builder, zero, w, x, small=True), scales)
-    width = min(n, 32)
-    bytes_t, words_t, ints_t = (ir.VectorType(t, c) for t, c in ((_I8, width), (_I16, width // 2),
-                                                                  (_I32, width // 4)))
-    madd_bytes, madd_words = _MADD[width]
-    products = cgutils.get_or_insert_function(builder.module, ir.FunctionType(words_t, [bytes_t, bytes_t]),
-                                              madd_bytes)
-    widen = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints_t, [words_t, words_t]),
-                                           madd_words)
-    parts = []
-    for s in range(0, n, width):
-        pick = ir.Constant(ir.VectorType(_I32, width), list(range(s, s + width)))
-        half = ir.Constant(ir.VectorType(_I32, width // 2), list(range(s // 2, (s + width) // 2)))
-        ws, xs = (v if width == n else builder.shuffle_vector(v, v, pick) for v in (w, x))
-        sc = scales if width == n else builder.shuffle_vector(scales, scales, half)
-        parts.append(builder.call(widen, [builder.call(products, [ws, xs]), sc]))
-    return _joined(builder, parts, n)
+
+    def part_scales(first: int, width: int):
+        if width == n:
+            return scales
+        lanes = ir.Constant(ir.VectorType(_I32, width // 2), list(range(first // 2, (first + width) // 2)))
+        return builder.shuffle_vector(scales, scales, lanes)
+
+    return _madd_parts(builder, [(w, x)], part_scales)
 
 
-def _maddubs_sum(builder, pairs):
-    """The int32 sums of four products of every pair, added: ``vpmaddubsw`` each, the words
-    added, one ``vpmaddwd`` by ones, 32 bytes at a time (:func:`_maddubs_dot`'s layout)."""
+def _madd_parts(builder, pairs, multiplier):
+    """The int32 lanes ``vpmaddwd(sum of vpmaddubsw(w, x) over pairs, multiplier(first, width))``,
+    32 bytes (16 for 16-byte vectors) at a time from byte ``first``, joined back into one vector.
+    The word sums must not overflow int16: the callers bound the pairs (:func:`lanes_dot_sum`)."""
     n = pairs[0][0].type.count
     width = min(n, 32)
     bytes_t, words_t, ints_t = (ir.VectorType(t, c) for t, c in ((_I8, width), (_I16, width // 2),
@@ -321,17 +314,21 @@ def _maddubs_sum(builder, pairs):
                                               madd_bytes)
     widen = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints_t, [words_t, words_t]),
                                            madd_words)
-    ones = ir.Constant(words_t, [1] * (width // 2))
     parts = []
-    for s in range(0, n, width):
-        pick = ir.Constant(ir.VectorType(_I32, width), list(range(s, s + width)))
+    for first in range(0, n, width):
+        pick = ir.Constant(ir.VectorType(_I32, width), list(range(first, first + width)))
         words = None
         for w, x in pairs:
             ws, xs = (v if width == n else builder.shuffle_vector(v, v, pick) for v in (w, x))
             p = builder.call(products, [ws, xs])
             words = p if words is None else builder.add(words, p)
-        parts.append(builder.call(widen, [words, ones]))
+        parts.append(builder.call(widen, [words, multiplier(first, width)]))
     return _joined(builder, parts, n)
+
+
+def _times(factor: int):
+    """A :func:`_madd_parts` multiplier: ``factor`` in every word."""
+    return lambda first, width: ir.Constant(ir.VectorType(_I16, width // 2), [factor] * (width // 2))
 
 
 _MADD = {16: ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"),
@@ -341,22 +338,7 @@ _MADD = {16: ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"),
 def _maddubs_dot(builder, w, x, factor: int):
     """:func:`lanes_dot`'s sums of 4 products for weights below 128, times ``factor`` (in the
     pairs' sum), 32 bytes (16 for a 16-byte dot) at a time, the parts joined back into one vector."""
-    n = w.type.count
-    width = min(n, 32)
-    bytes_t, words_t, ints_t = (ir.VectorType(t, c) for t, c in ((_I8, width), (_I16, width // 2),
-                                                                  (_I32, width // 4)))
-    madd_bytes, madd_words = _MADD[width]
-    pairs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(words_t, [bytes_t, bytes_t]),
-                                           madd_bytes)
-    quads = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints_t, [words_t, words_t]),
-                                           madd_words)
-    by = ir.Constant(words_t, [factor] * (width // 2))
-    parts = []
-    for s in range(0, n, width):
-        pick = ir.Constant(ir.VectorType(_I32, width), list(range(s, s + width)))
-        ws, xs = (v if width == n else builder.shuffle_vector(v, v, pick) for v in (w, x))
-        parts.append(builder.call(quads, [builder.call(pairs, [ws, xs]), by]))
-    return _joined(builder, parts, n)
+    return _madd_parts(builder, [(w, x)], _times(factor))
 
 
 def _joined(builder, parts, n: int):
