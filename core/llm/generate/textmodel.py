@@ -213,7 +213,7 @@ class TextModel:
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
-        drafter = self._drafter(speculative, params)
+        drafter = drafter_for(speculative, self, params)
         ids = self.prompt_ids(prompt)
         self.check_fits(ids, params)
         return self._stream(ids, params, as_cancel_check(cancel), Metrics(prompt_tokens=len(ids)),
@@ -229,7 +229,7 @@ class TextModel:
         """
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
-        drafter = self._drafter(speculative, params)
+        drafter = drafter_for(speculative, self, params)
         messages = list(messages)
         dropped = 0
         while True:
@@ -325,9 +325,6 @@ class TextModel:
                                  f"tokens)")
 
     # ----- internals -----------------------------------------------------------------------
-    def _drafter(self, speculative, params: SamplingParams) -> Drafter | None:
-        return drafter_for(speculative, self, params)
-
     def _stream(self, ids: list[int], params: SamplingParams, cancel: Callable[[], bool],
                 metrics: Metrics, drafter: Drafter | None = None) -> Iterator[TokenRecord]:
         with self.busy(), drafter.session() if drafter is not None else nullcontext():
@@ -424,7 +421,7 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
         if child is None:
             # The tokenizer first: building Gemma's (262k pieces, 514k merges) passes ~160 MB of
             # Python objects that are freed, and handed back before the weights come in, they are
-            # no part of the peak (726 -> 537 MiB for gemma3-270m).
+            # no part of the peak (gemma3-270m's in `loomlab bench`: 726 -> 562 MiB).
             tokenizer = (Tokenizer.from_gguf_metadata(source.metadata) if source.kind == "gguf"
                          else Tokenizer.from_file(path))
             release_memory()

@@ -232,11 +232,11 @@ def lanes_dot(builder, acc, w, x, small: bool = False):
     compile time on CPUs without VNNI, and ran no faster."""
     n = w.type.count
     vt = ir.VectorType(_I32, n // 4)
-    if (n == 64 and host_has_vnni512()) or (n < 64 and host_has_vnni()):
+    if _vnni_dots(n):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
                                             f"llvm.x86.avx512.vpdpbusd.{8 * n}")
         return builder.call(fn, [acc, builder.bitcast(w, vt), builder.bitcast(x, vt)])
-    if host_features().get("avx2"):
+    if _madd_dots(n):
         if small:
             return builder.add(acc, _maddubs_dot(builder, w, x, 1))
         high = builder.lshr(w, ir.Constant(w.type, [1] * n))
@@ -253,6 +253,16 @@ def lanes_dot(builder, acc, w, x, small: bool = False):
     return builder.add(acc, builder.add(builder.trunc(quads, vt), builder.trunc(high, vt)))
 
 
+def _vnni_dots(n: int) -> bool:
+    """Whether :func:`lanes_dot` multiplies ``n``-byte vectors with ``vpdpbusd``."""
+    return (n == 64 and host_has_vnni512()) or (n < 64 and host_has_vnni())
+
+
+def _madd_dots(n: int) -> bool:
+    """Whether it multiplies them with ``vpmaddubsw`` + ``vpmaddwd`` (AVX2, no VNNI for them)."""
+    return not _vnni_dots(n) and bool(host_features().get("avx2"))
+
+
 def lanes_dot_sum(builder, acc, pairs, weight_max: int):
     """``acc`` plus :func:`lanes_dot` of every ``(w, x)`` in ``pairs`` (vectors of one width,
     every weight at most ``weight_max`` < 128), the same integers.
@@ -262,7 +272,7 @@ def lanes_dot_sum(builder, acc, pairs, weight_max: int):
     is at most 2 * weight_max * 128: eight for 4-bit weights), instead of one per pair. In
     registers that is 71 GMAC/s a core against 43 on machine A (the multiplier is the bound)."""
     per_sum = 32767 // (2 * weight_max * 128)
-    if per_sum < 2 or host_has_vnni() or not host_features().get("avx2"):
+    if per_sum < 2 or not _madd_dots(pairs[0][0].type.count):
         for w, x in pairs:
             acc = lanes_dot(builder, acc, w, x, small=True)
         return acc
@@ -275,9 +285,9 @@ def dot_scales(builder, scales):
     """``scales`` (int32 lanes, each within int16) prepared for :func:`lanes_dot_scaled`: on a
     CPU with AVX2 but no VNNI each lane's scale twice, as int16 words (``vpmaddwd``'s operand);
     elsewhere as they are."""
-    if host_has_vnni() or not host_features().get("avx2"):
-        return scales
     lanes = scales.type.count
+    if not _madd_dots(4 * lanes):
+        return scales
     words = builder.trunc(scales, ir.VectorType(_I16, lanes))
     twice = ir.Constant(ir.VectorType(_I32, 2 * lanes), [k // 2 for k in range(2 * lanes)])
     return builder.shuffle_vector(words, words, twice)
@@ -288,7 +298,7 @@ def lanes_dot_scaled(builder, w, x, scales):
     :func:`dot_scales`), the same integers. On AVX2 without VNNI the scale is ``vpmaddwd``'s
     multiplier, as in llama.cpp's K-quant dots, instead of ones and then a ``vpmulld``."""
     n = w.type.count
-    if host_has_vnni() or not host_features().get("avx2"):
+    if not _madd_dots(n):
         zero = ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4))
         return builder.mul(lanes_dot(builder, zero, w, x, small=True), scales)
 

@@ -87,19 +87,21 @@ def kernels_cached(net: CausalLM, int8: bool) -> bool:
     """Whether numba's cache holds every kernel of ``net``'s path (8-bit activations or not):
     :func:`warm_model` run until it would compile one. The cached ones are loaded on the way,
     so a True costs what a warm start's warm-up costs and leaves nothing to do."""
-    try:
-        with int8_activations(int8):
-            warm_model(net, cancel=lambda: True)  # asked before each compilation: stop at the first
-    except LoomCancelled:
-        return False
-    return True
+    with int8_activations(int8):
+        return _runs_cached(lambda cancel: warm_model(net, cancel=cancel))
 
 
 def every_kernel_cached() -> bool:
     """Whether numba's cache holds every kernel :func:`warm_up` runs; the cached ones are loaded
     on the way (what a warm start does anyway)."""
+    return _runs_cached(lambda cancel: warm_up(cancel=cancel))
+
+
+def _runs_cached(warm: Callable[[Cancel], object]) -> bool:
+    """Whether ``warm(cancel)`` runs without compiling: ``cancel`` is asked before each
+    compilation, and says stop at the first."""
     try:
-        warm_up(cancel=lambda: True)  # asked before each compilation: stop at the first
+        warm(lambda: True)
     except LoomCancelled:
         return False
     return True
