@@ -40,8 +40,10 @@ from .quant_int8_rows import (
     dot_frame,
     fmuladd,
     half_to_float,
-    lanes_dot,
     lanes_dot_sum,
+    madd_dots,
+    q8_dot,
+    q8_offset,
     splat,
 )
 
@@ -54,7 +56,12 @@ TILE_KIND = {v: k for k, v in ROW_KIND.items()}
 _BLOCK_BYTES = {WQ4_0_T: 18, WQ4_1_T: 20, WQ8_0_T: 34}  # the file's
 _CHUNKS = {WQ4_0_T: 4, WQ4_1_T: 4, WQ8_0_T: 8}
 _ZERO_SHIFT = {WQ4_0_T: 3, WQ8_0_T: 7}  # stored quants are value + 2^shift
-_ROWS_AT_ONCE = 4  # activation rows per pass over a tile (then 1-3 in one more call)
+# Activation rows per pass over a tile (then 1-3 in one more call). With vpdpbusd, 4: a pass's
+# 16-lane accumulators (rows x tiles) fit AVX-512's 32 registers. With AVX2's vpmaddubsw, 1:
+# they are twice as many 256-bit halves against 16 registers, and spilling them made passes of 4
+# rows x 2 tiles 1.4-1.5x slower than a pass per row over tiles still in the L1 cache (Q4_0,
+# Q4_1 and Q8_0 at 4-8 rows, machine A).
+_ROWS_AT_ONCE = 1 if madd_dots(64) else 4
 TILES_AT_ONCE = 2  # tiles per pass (_tile_dot's doc); ranges of a multiple of this many tiles
 # take no single-tile pass
 
@@ -122,7 +129,8 @@ def _tile_dot(kind: int, n: int, nt: int):
                 totals = []  # [activation row][tile]: the block's integer sums
                 for i in range(n):
                     start = ir.Constant(v16i, [0] * TILE)
-                    if kind in _ZERO_SHIFT:  # -zero * sum(x quants): the block's nsum, shifted
+                    if kind in _ZERO_SHIFT and (kind != WQ8_0_T or q8_offset(64)):
+                        # -zero * sum(x quants): the block's nsum, shifted
                         nsum = load(nsum_rows[i], builder.mul(b, i64(4)), _I32)
                         start = splat(builder, builder.shl(nsum, _I32(_ZERO_SHIFT[kind])), TILE)
                     totals.append([start] * nt)
@@ -139,7 +147,7 @@ def _tile_dot(kind: int, n: int, nt: int):
                         for i in range(n):
                             x4 = builder.bitcast(splat(builder, load(xg_rows[i], x_at, _I32), TILE), v64)
                             if kind == WQ8_0_T:  # quants stored as w + 128: no int16 sums
-                                totals[i] = [lanes_dot(builder, total, v, x4)
+                                totals[i] = [q8_dot(builder, total, v, x4)
                                              for total, v in zip(totals[i], weights, strict=True)]
                             else:
                                 for tt, v in enumerate(weights):
@@ -212,7 +220,9 @@ def _passes(nt):
     """``passes(kind, w, wi, stride, nb, xg, xd, xs, nsum, out, r)``: every activation row times
     the nt tiles at byte wi, ROWS_AT_ONCE rows a pass while that many remain, then the other 1-3
     in one pass (a row's result is the same operations in any pass)."""
-    one, two, three, many = (_by_kind(n, nt) for n in (1, 2, 3, _ROWS_AT_ONCE))
+    dots = {n: _by_kind(n, nt) for n in {1, 2, 3, _ROWS_AT_ONCE} if n <= _ROWS_AT_ONCE}
+    one, many = dots[1], dots[_ROWS_AT_ONCE]
+    two, three = dots.get(2, one), dots.get(3, one)  # (never called when a pass takes one row)
 
     @njit(inline="always")
     def passes(kind, w, wi, stride, nb, xg, xd, xs, nsum, out, r):
