@@ -2,7 +2,7 @@
 
     python tests/bench/bench_vs_llamacpp.py [--model smollm2-135m|FILE.gguf] [--tokens 64] [--repeat 3]
         [--llama-python /path/to/venv/bin/python] [--activations float32,int8] [--llama-batch 512]
-        [--prompt-tokens N]
+        [--prompt-tokens N] [--no-lookup]
 
 llama-cpp-python is not a dependency of Loom Lab: install it in any environment
 (`pip install llama-cpp-python`, it compiles llama.cpp) and pass that interpreter. On Xeons with
@@ -12,7 +12,9 @@ build without AMX evaluates them (docs/performance.md:
 Both engines decode greedily with 2 threads; the best of ``--repeat`` runs is reported as JSON, for Loom Lab
 in each activation mode asked for (``float32``, exact against transformers; ``int8``, 8-bit
 activations as llama.cpp computes) with its ratios to llama.cpp. Loom Lab runs as a user's
-``generate`` does (greedy requests speculate with prompt lookup, which stops on this prompt).
+``generate`` does: greedy requests speculate with prompt lookup, which copies part of some models'
+continuations of this prompt (each run reports its drafted and accepted tokens); ``--no-lookup``
+decodes one token a step, as llama.cpp does here.
 Each engine and mode runs in a process of its own, whose peak RSS is reported beside its speeds.
 ``--prompt-tokens N`` repeats the prompt's text to at least N tokens (a long prefill).
 """
@@ -61,16 +63,19 @@ print(json.dumps(best))
 """
 
 
-def loomlab_run(model_path: str, prompt: str, tokens: int, repeat: int, activations: str) -> dict:
+def loomlab_run(model_path: str, prompt: str, tokens: int, repeat: int, activations: str,
+                lookup: bool = True) -> dict:
     best = None
+    speculative = "auto" if lookup else None
     with load_model(model_path, activations=activations, first_run="wait") as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt, as llama.cpp's
         list(model.generate(prompt, max_tokens=2))  # warm-up
         for _ in range(repeat):
-            list(model.generate(prompt, max_tokens=tokens))
+            list(model.generate(prompt, max_tokens=tokens, speculative=speculative))
             m = model.metrics()
             run = {"prompt_tokens": m.prompt_tokens, "prefill_tokens_per_s": m.prefill_tokens_per_s,
-                   "decode_tokens_per_s": m.decode_tokens_per_s}
+                   "decode_tokens_per_s": m.decode_tokens_per_s, "drafted_tokens": m.drafted_tokens,
+                   "accepted_tokens": m.accepted_tokens}
             if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = run
     best["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -95,12 +100,13 @@ def main() -> None:
                     help="llama.cpp's n_batch; 1 feeds the prompt a token at a time (its prefill then "
                          "understated), for builds that crash evaluating batched prompts")
     ap.add_argument("--prompt-tokens", type=int, default=0, help="a longer prompt: at least this many tokens")
+    ap.add_argument("--no-lookup", action="store_true", help="Loom Lab without prompt lookup")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one Loom Lab mode, in a process of its own
     args = ap.parse_args()
     prompt = long_prompt(args.prompt_tokens) if args.prompt_tokens else PROMPT
     path = str(Path(args.model)) if Path(args.model).is_file() else str(registry.fetch(args.model))
     if args.child:
-        print(json.dumps(loomlab_run(path, prompt, args.tokens, args.repeat, args.child)))
+        print(json.dumps(loomlab_run(path, prompt, args.tokens, args.repeat, args.child, not args.no_lookup)))
         return
     modes = args.activations.split(",")
     ours = {mode: _child([sys.executable, __file__, *sys.argv[1:], "--child", mode]) for mode in modes}

@@ -45,9 +45,11 @@ def _drafter(kind, draft):
 
 
 class _Unclocked(PromptLookup):
-    """Prompt lookup without a trial or a clock: no record ever counts against a length."""
+    """Prompt lookup without a trial or a clock: no record ever counts against a length, and a
+    first draft is as long as the rule allows."""
 
     TRIAL = 0
+    FIRST_DRAFT = 100
 
     def timed(self, drafted, seconds):
         pass
@@ -165,7 +167,7 @@ def test_the_target_cannot_draft_for_itself(model):
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
-    """The rule, past a length's trial (which proposes TRIAL_TOKENS at most)."""
+    """The rule, for a length's first proposal (without FIRST_DRAFT's limit)."""
     lookup = _Unclocked(num_draft=3, min_ngram=1)
     assert lookup.propose([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 3) == [7, 8, 2]  # latest "2 3"
     assert lookup.propose([5, 6, 7, 5], 3) == [6, 7]  # a 1-gram when no 2- or 3-gram matches: 2 at most
@@ -209,15 +211,22 @@ def test_prompt_lookup_drafts_with_an_ngram_length_while_it_produces_tokens_fast
     lookup.timed(0, 0.010)
     lookup.timed(0, 0.010)  # plain steps: 1 token in 10 ms, 100 tokens/s
     two = [1, 2, 3, 4, 5, 1, 2]  # "1 2" recurs: a 2-gram match, 4 tokens to copy
-    assert lookup.propose(two, 6) == [3, 4]  # its trial: TRIAL_TOKENS at most
+    assert lookup.propose(two, 6) == [3, 4]  # a first draft: FIRST_DRAFT at most
     lookup.timed(2, 0.012)
-    lookup.record(2, 0)  # 1 token in 12 ms
-    assert lookup.propose(two, 6) == [3, 4]
-    lookup.timed(2, 0.012)
-    lookup.record(2, 1)  # 3 tokens in 24 ms: 125 tokens/s >= 100, trusted after its trial
-    assert lookup.propose(two, 6) == [3, 4, 5, 1]  # per_token * n
-    lookup.timed(4, 0.020)
-    lookup.record(4, 0)  # 4 tokens in 44 ms: 91 tokens/s < 100, 2-grams draft no more
+    lookup.record(2, 0)  # 1 token in 12 ms; cut short: the next draft 1 shorter
+    assert lookup.propose(two, 6) == [3]
+    # each step weighs the length's record by RECENT (0.75) before adding its own
+    lookup.timed(1, 0.011)
+    lookup.record(1, 1)  # 0.75 + 2 tokens in 9 + 11 ms: 138 tokens/s >= 100, trusted after its trial
+    assert lookup.propose(two, 6) == [3, 4, 5]  # kept whole: 2 longer
+    lookup.timed(3, 0.010)
+    lookup.record(3, 3)  # 6.06 tokens in 25 ms
+    assert lookup.propose(two, 6) == [3, 4, 5, 1]  # 5 allowed, per_token * n = 4 at most
+    lookup.timed(4, 0.030)
+    lookup.record(4, 0)  # 5.55 tokens in 48.8 ms: 114 tokens/s
+    assert lookup.propose(two, 6) == [3, 4, 5]
+    lookup.timed(3, 0.040)
+    lookup.record(3, 0)  # 5.16 tokens in 76.6 ms: 67 tokens/s < 100, 2-grams draft no more
     assert lookup.propose(two, 6) == []
     three = [7, 8, 9, 6, 7, 8, 9]  # 3-grams keep their own record: a trial
     assert lookup.propose(three, 6) == [6, 7]
@@ -228,14 +237,14 @@ def test_prompt_lookup_trusts_a_length_until_plain_steps_have_been_timed():
     lookup = PromptLookup().fork()
     two = [1, 2, 3, 4, 5, 1, 2]
     for _ in range(PromptLookup.TRIAL):
-        lookup.propose(two, 6)
-        lookup.timed(2, 0.5)
-        lookup.record(2, 0)
-    assert lookup.propose(two, 6) == [3, 4, 5, 1]  # no plain step to compare with yet
-    lookup.timed(4, 0.5)
-    lookup.record(4, 0)
+        drafted = len(lookup.propose(two, 6))
+        lookup.timed(drafted, 0.5)
+        lookup.record(drafted, 0)
+    assert lookup.propose(two, 6) == [3]  # no plain step to compare with yet
+    lookup.timed(1, 0.5)
+    lookup.record(1, 0)
     lookup.timed(0, 0.010)
-    assert lookup.propose(two, 6) == []  # 3 tokens in 1.5 s against 100 tokens/s
+    assert lookup.propose(two, 6) == []  # 2.3 (weighted) tokens in 1.16 s against 100 tokens/s
 
 
 class _Logged(PromptLookup):
