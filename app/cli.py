@@ -173,6 +173,23 @@ def add_activations_option(p) -> None:
                    help="the exact path (--activations float32)")
 
 
+SPECULATIVE_HELP = ("greedy requests speculate with prompt lookup (default; the same output, faster where "
+                    "the reply repeats the prompt, stopped where it does not gain); off: one token a step")
+
+
+def add_speculative_option(p) -> None:
+    """``--speculative prompt-lookup|off`` on a command that generates: ``args.speculative`` is
+    "prompt-lookup" or None (off), what generation takes."""
+    p.add_argument("--speculative", type=_speculative, default="prompt-lookup", metavar="{prompt-lookup,off}",
+                   help=SPECULATIVE_HELP)
+
+
+def _speculative(text: str) -> str | None:
+    if text not in ("prompt-lookup", "off"):
+        raise argparse.ArgumentTypeError(f"choose prompt-lookup or off, not {text!r}")
+    return None if text == "off" else text
+
+
 def _backend_name(text: str) -> str:
     from loomlab.core.backend import backend_names
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from ..cli import CliError, add_activations_option, add_backend_option, progress_bar
+from ..cli import CliError, add_activations_option, add_backend_option, add_speculative_option, progress_bar
 
 #: Exit status of a command whose constrained output was cut by --max-tokens: it does not match.
 EXIT_CUT = 1
@@ -58,6 +58,7 @@ def register(sub) -> None:
     bench.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
     bench.add_argument("--json", action="store_true")
     add_activations_option(bench)
+    add_speculative_option(bench)
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -336,13 +337,14 @@ def cmd_bench(args) -> int:
 
     with _load(args, first_run="wait") as model:  # the kernels are what it measures
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
-        list(model.generate(BENCH_PROMPT, max_tokens=2))  # warm-up: JIT compilation, caches
+        speculative = args.speculative
+        list(model.generate(BENCH_PROMPT, max_tokens=2, speculative=speculative))  # warm-up: JIT, caches
         best = None
         for _ in range(args.repeat):
             t = time.perf_counter()
             threads = set()  # the kernels' thread counts seen between tokens (they follow the load)
             records = []
-            for record in model.generate(BENCH_PROMPT, max_tokens=args.tokens):
+            for record in model.generate(BENCH_PROMPT, max_tokens=args.tokens, speculative=speculative):
                 records.append(record)
                 threads.add(numba.get_num_threads())
             m = model.metrics()
@@ -350,6 +352,7 @@ def cmd_bench(args) -> int:
                    "prefill_tokens_per_s": round(m.prefill_tokens_per_s, 1),
                    "decode_tokens_per_s": round(m.decode_tokens_per_s, 1),
                    "time_to_first_token_ms": round(m.time_to_first_token_s * 1000, 1),
+                   "drafted_tokens": m.drafted_tokens, "accepted_tokens": m.accepted_tokens,
                    "wall_s": round(time.perf_counter() - t, 3),
                    "kernel_threads": sorted(threads),
                    "others_busy_cores": round(thread_chooser.others, 2) if thread_chooser else None}
@@ -358,6 +361,7 @@ def cmd_bench(args) -> int:
         m = model.metrics()
         best["peak_rss_mib"] = round(m.peak_rss_bytes / 2**20, 1)
         best["activations"] = model.activations
+        best["speculative"] = args.speculative or "off"
         best["backend"] = model.backend.name
     result = {"model": args.model, "machine": machine(), "python": platform.python_version(),
               "numba_threads": numba.get_num_threads(), **best}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from ..cli import CliError, add_activations_option, add_backend_option, progress_bar
+from ..cli import CliError, add_activations_option, add_backend_option, add_speculative_option, progress_bar
 
 
 def register(sub) -> None:
@@ -22,9 +22,7 @@ def register(sub) -> None:
     p.add_argument("--max-connections", type=int,
                    help="open connections at most; one more gets 503 (default: half the open-files limit, "
                         "at most 1024; docs/serving.md lists every limit)")
-    p.add_argument("--speculative", choices=["prompt-lookup", "off"], default="prompt-lookup",
-                   help="greedy requests speculate with prompt lookup (default; the same output, faster "
-                        "where the reply repeats the prompt, stopped where it does not gain)")
+    add_speculative_option(p)
     p.add_argument("--name", help="the model name clients use (default: the model's own)")
     p.add_argument("--log", action="store_true", help="print one line per finished request on stderr")
     add_backend_option(p)
@@ -48,7 +46,7 @@ def cmd_serve(args) -> int:
                     activations=args.activations) as model:
         server = Server(model, host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
                         model_name=args.name, on_log=_log_line if args.log else None,
-                        speculative=None if args.speculative == "off" else args.speculative, limits=limits)
+                        speculative=args.speculative, limits=limits)
         url = server.start()
         try:
             print(f"serving {server.model_name} at {url} on {model.backend.name} (Ctrl-C stops)",

@@ -62,6 +62,14 @@ def test_bench_reports_speeds(capsys):
     # the kernels' thread counts seen while decoding lie within numba's pool (they follow the load)
     assert r["kernel_threads"] and set(r["kernel_threads"]) <= set(range(1, r["numba_threads"] + 1))
     assert r["others_busy_cores"] >= 0
+    assert r["speculative"] == "prompt-lookup" and 0 <= r["accepted_tokens"] <= r["drafted_tokens"]
+
+
+def test_bench_speculative_off_decodes_a_token_a_step(capsys):
+    assert main(["bench", "smollm2-135m", "--tokens", "24", "--repeat", "1", "--speculative", "off",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["speculative"] == "off" and r["drafted_tokens"] == 0 and r["generated_tokens"] == 24
 
 
 @pytest.mark.parametrize("argv, message", [
