@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...errors import LoomShapeError
-from .kernel_hints import wide_vectors
+from .kernel_hints import prefetch_until, wide_vectors
 from .quant import KERNEL_OPTIONS
 from .quant_int8_rows import fmuladd, half_to_float, splat
 from .quantize import from_bits
@@ -284,6 +284,21 @@ _scores_for, _values_for = _by_count(_scores_kernel), _by_count(_values_kernel)
 
 
 @njit(inline="always")
+def _prefetch_cache(keys_t, values, kv, lo, n):
+    """Ask for the keys and values of positions ``lo .. lo + n - 1`` of KV head ``kv`` before a
+    pass reads them. In a decode step they come from memory (the weights streamed between two
+    layers' attention evict them), and the keys are ``hd`` rows a whole cache row apart, which
+    the hardware prefetchers do not follow: a Gemma 3 unit (256 head dims, 60 positions) took
+    44 us from memory against 9 from the cache."""
+    hd, cap = keys_t.shape[1], keys_t.shape[2]
+    for d in range(hd):
+        at = ((kv * hd + d) * cap + lo) * keys_t.itemsize
+        prefetch_until(keys_t, at, at + n * keys_t.itemsize)
+    at = (kv * cap + lo) * hd * values.itemsize
+    prefetch_until(values, at, at + n * hd * values.itemsize)
+
+
+@njit(inline="always")
 def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
     """Queries ``qs[:count]`` of KV head ``kv`` (query g at position ``ps[g]`` sees keys
     ``los[g] .. ps[g]``) over ``keys_t[Hkv, hd, S]`` (head_dim-major: a score is a sum over d in
@@ -295,6 +310,7 @@ def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
     for g in range(1, count):
         lo, hi = min(lo, los[g]), max(hi, ps[g])
     n = hi + 1 - lo
+    _prefetch_cache(keys_t, values, kv, lo, n)
     w = np.empty((GROUP, n + (-n) % _SPAN + LANES), F32)
     tops, totals = np.empty(GROUP, F32), np.empty(GROUP, F32)
     _scores_for(count, qs, keys_t, kv, lo, n, los, ps, scale, w, tops)
