@@ -337,14 +337,13 @@ def cmd_bench(args) -> int:
 
     with _load(args, first_run="wait") as model:  # the kernels are what it measures
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt
-        speculative = args.speculative
-        list(model.generate(BENCH_PROMPT, max_tokens=2, speculative=speculative))  # warm-up: JIT, caches
+        list(model.generate(BENCH_PROMPT, max_tokens=2, speculative=args.speculative))  # warm-up: JIT, caches
         best = None
         for _ in range(args.repeat):
             t = time.perf_counter()
             threads = set()  # the kernels' thread counts seen between tokens (they follow the load)
             records = []
-            for record in model.generate(BENCH_PROMPT, max_tokens=args.tokens, speculative=speculative):
+            for record in model.generate(BENCH_PROMPT, max_tokens=args.tokens, speculative=args.speculative):
                 records.append(record)
                 threads.add(numba.get_num_threads())
             m = model.metrics()

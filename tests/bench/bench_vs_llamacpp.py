@@ -31,6 +31,7 @@ from pathlib import Path
 
 from loomlab.core.llm.files import registry
 from loomlab.core.llm.generate.prefix_cache import PrefixCache
+from loomlab.core.llm.generate.speculative import AUTO
 from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.procinfo import machine
 
@@ -66,7 +67,7 @@ print(json.dumps(best))
 def loomlab_run(model_path: str, prompt: str, tokens: int, repeat: int, activations: str,
                 lookup: bool = True) -> dict:
     best = None
-    speculative = "auto" if lookup else None
+    speculative = AUTO if lookup else None
     with load_model(model_path, activations=activations, first_run="wait") as model:
         model.prefix_cache = PrefixCache(0)  # every run prefills the whole prompt, as llama.cpp's
         list(model.generate(prompt, max_tokens=2))  # warm-up
