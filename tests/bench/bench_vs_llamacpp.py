@@ -16,6 +16,9 @@ activations as llama.cpp computes) with its ratios to llama.cpp. Loom Lab runs a
 continuations of this prompt (each run reports its drafted and accepted tokens); ``--no-lookup``
 decodes one token a step, as llama.cpp does here.
 Each engine and mode runs in a process of its own, whose peak RSS is reported beside its speeds.
+For llama.cpp it also reports how many tokens a second one evaluation of 8 new tokens yields and
+its speed-up over one token (the most 8 streams could gain there; compare
+``tests/bench/bench_batching.py --streams 1,8``).
 ``--prompt-tokens N`` repeats the prompt's text to at least N tokens (a long prefill).
 """
 
@@ -59,6 +62,14 @@ for _ in range(repeat):
            "decode_tokens_per_s": n / decode}
     if best is None or run["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
         best = run
+steps = {1: [], 8: []}  # one evaluation of 1 and of 8 new tokens after the prompt, alternated
+for _ in range(repeat * 4):
+    for k in steps:
+        llm.reset(); llm.eval(ids)
+        t0 = time.perf_counter(); llm.eval(ids[:k]); steps[k].append(time.perf_counter() - t0)
+one, eight = (sorted(t)[len(t) // 2] for t in steps.values())
+best["eight_rows_tokens_per_s"] = 8 / eight
+best["eight_rows_speedup"] = 8 * one / eight
 best["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(best))
 """
