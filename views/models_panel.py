@@ -819,7 +819,7 @@ def _format_count(n: int) -> str:
 
 
 def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
-    weights, kv = format_bytes(info.file_bytes), format_bytes(info.kv_cache_bytes)
+    weights = format_bytes(info.file_bytes)
     return [
         ("Name", info.name),
         ("Architecture", f"{info.architecture} ({info.format.upper()})"),
@@ -828,13 +828,12 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
                   f"{info.kv_heads} KV · head dim {info.head_dim}"),
         ("Context", f"{info.context_length:,} tokens"),
         ("Vocabulary", f"{info.vocab_size:,}"),
-        ("Quant types", ", ".join(f"{name} × {n}" for name, n in info.tensor_types.items())),
+        ("Quant types", info.types_text),
         ("Chat template", "yes" if info.chat_template else "no"),
         ("Mode", info.mode if info.supports_chat else
          f"{info.mode}: a base model, it continues text (a chat would echo the prompt)"),
         ("File size", weights),
-        ("Memory estimate", f"{format_bytes(info.estimated_memory)} (weights {weights}"
-                            f" + KV cache {kv} at full context)"),
+        ("Memory estimate", info.memory_text),
         ("Path", info.path),
     ]
 

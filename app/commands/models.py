@@ -80,16 +80,15 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps({**asdict(info), "estimated_memory": info.estimated_memory}, indent=2))
         return 0
-    types = ", ".join(f"{k} x{v}" for k, v in info.tensor_types.items())
     rows = [("name", info.name), ("format", info.format), ("architecture", info.architecture),
             ("parameters", f"{info.parameters:,}"),
             ("blocks / hidden", f"{info.blocks} / {info.hidden_size}"),
             ("heads / kv heads / head dim", f"{info.heads} / {info.kv_heads} / {info.head_dim}"),
             ("vocabulary", f"{info.vocab_size:,}"), ("context length", f"{info.context_length:,}"),
-            ("tensor types", types), ("chat template", "yes" if info.chat_template else "no (fallback)"),
+            ("tensor types", info.types_text),
+            ("chat template", "yes" if info.chat_template else "no (fallback)"),
             ("file size", format_bytes(info.file_bytes)),
-            ("estimated memory", f"{format_bytes(info.estimated_memory)} (weights mapped + "
-                                 f"{format_bytes(info.kv_cache_bytes)} KV cache at full context)")]
+            ("estimated memory", info.memory_text)]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

@@ -28,7 +28,6 @@ from gguf import GGMLQuantizationType as GT
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-DNDEBUG", "-fPIC", "-shared", "-std=gnu11"]
 
 # ggml-quants.c refers to these for its imatrix paths and asserts; the reference quantizers do not.
@@ -62,24 +61,39 @@ def load() -> ctypes.CDLL:
         path = cache_dir() / "ggml_quants_ref.so"
         if not path.exists():
             _build(path)
-        lib = ctypes.CDLL(str(path))
-        for fmt in FORMATS:
-            fn = getattr(lib, f"quantize_row_{_c_name(fmt)}_ref")
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-            fn.restype = None
-        _lib = lib
+        _lib = ctypes.CDLL(str(path))
     return _lib
+
+
+def _row_function(name: str):
+    """ggml-quants.c's ``void name(const void *, void *, int64_t)`` (every row quantizer and
+    dequantizer has that signature)."""
+    fn = getattr(load(), name)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    return fn
 
 
 def quantize(matrix: np.ndarray, fmt: str) -> np.ndarray:
     """``matrix`` float32 [rows, cols] encoded by llama.cpp's ``quantize_row_<fmt>_ref``:
     uint8 [rows, row_bytes]. Blocks never straddle rows, so the whole matrix is one C call."""
-    lib = load()
     W = np.ascontiguousarray(matrix, dtype=np.float32)
     elems, nbytes = GGML_QUANT_SIZES[GT[fmt]]
     assert W.ndim == 2 and W.shape[1] % elems == 0, (W.shape, fmt)
     out = np.zeros((W.shape[0], W.shape[1] // elems * nbytes), np.uint8)
-    getattr(lib, f"quantize_row_{_c_name(fmt)}_ref")(W.ctypes.data, out.ctypes.data, W.size)
+    _row_function(f"quantize_row_{_c_name(fmt)}_ref")(W.ctypes.data, out.ctypes.data, W.size)
+    return out
+
+
+def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
+    """uint8 ``blocks`` [rows, row_bytes] of type ``fmt`` decoded by llama.cpp's
+    ``dequantize_row_<fmt>``: float32 [rows, cols]. Any type ggml-quants.c reads (Q2_K, IQ4_XS,
+    MXFP4 ...), as one C call."""
+    q = np.ascontiguousarray(blocks, dtype=np.uint8)
+    elems, nbytes = GGML_QUANT_SIZES[GT[fmt]]
+    assert q.ndim == 2 and q.shape[1] % nbytes == 0, (q.shape, fmt)
+    out = np.zeros((q.shape[0], q.shape[1] // nbytes * elems), np.float32)
+    _row_function(f"dequantize_row_{_c_name(fmt)}")(q.ctypes.data, out.ctypes.data, out.size)
     return out
 
 

@@ -131,7 +131,8 @@ def test_details_equal_describe(make_panel, qtbot, smollm_path):
     blocks = f"{info.blocks} blocks in {info.blocks + 3} cells"
     assert shown["Shape"].startswith(f"{blocks} · d={info.hidden_size}")
     assert shown["Context"] == f"{info.context_length:,} tokens"
-    assert shown["Quant types"] == ", ".join(f"{t} × {n}" for t, n in info.tensor_types.items())
+    assert shown["Quant types"] == info.types_text
+    assert info.types_text == ", ".join(f"{t} × {n}" for t, n in info.tensor_types.items())  # none decoded
     assert shown["Chat template"] == ("yes" if info.chat_template else "no")
     assert shown["File size"] == f"{info.file_bytes / 2**20:.1f} MiB"
     assert shown["Memory estimate"].startswith(f"{info.estimated_memory / 2**20:.1f} MiB")

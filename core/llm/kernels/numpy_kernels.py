@@ -45,7 +45,7 @@ def _decoded(m) -> np.ndarray:
     if isinstance(m, np.ndarray):
         return np.asarray(m, dtype=np.float32)
     raw = m.raw_blocks
-    if raw is None:  # a plain type (F16, F32 ...) is kept as float32 values already
+    if raw is None or m.decoded:  # a plain or decoded type is kept as float32 values already
         return m.dequantize()
     values = dequantize(np.asarray(raw), GGMLQuantizationType(m.ggml_type))
     return np.asarray(values, dtype=np.float32).reshape(m.shape)

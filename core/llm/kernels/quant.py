@@ -46,7 +46,9 @@ from typing import Any, ClassVar
 
 import numba
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
+from gguf import quants as gguf_quants  # decoders of the types without a kernel
 from numba import njit, prange
 
 from ...errors import LoomShapeError, ModelFormatError
@@ -108,11 +110,12 @@ def _lane_sum(lanes):
 #   FIVE (Q5_0, Q5_1): a 32-weight block: L = 16, P = 2
 #   INT8 (Q8_0): a 32-weight block: L = 32, P = 1
 #   Q6K: half a super-block (128 weights): L = 32, P = 4
+#   Q5K (Q5_K): NIB4's groups of 32 bytes plus each weight's fifth bit: L = 32, P = 2
 # ``lay`` = (block bytes, first quant byte, log2 groups per block, G, nibble shift, zero) is one
 # tuple type for every format, so all formats share a compiled kernel (two, with and without
 # offsets ``m``: None compiles the add of -0.0 away, which LLVM drops from ``w + m``).
 
-NIB4, FIVE, INT8, Q6K = 0, 1, 2, 3
+NIB4, FIVE, INT8, Q6K, Q5K = 0, 1, 2, 3, 4
 
 
 @njit(inline="always")
@@ -154,6 +157,22 @@ def _q5(nibble, high, bit, zero):
 
 
 @njit(inline="always")
+def _q5_k(nibble, plane, bit):
+    """A Q5_K quant: the nibble and bit ``bit`` of its byte of the fifth-bit plane. In int32:
+    with numba's int64 and a run-time shift, LLVM kept 4-lane vectors (4.5x slower)."""
+    return F32(np.int32(nibble) | ((np.int32(plane) >> np.int32(bit)) & np.int32(1)) << np.int32(4))
+
+
+@njit(inline="always")
+def _q5_k_place(k, lay):
+    """Q5_K group k (64 weights of a super-block's quarter g): its first nibble byte, its first
+    plane byte, and g (the plane bit of its low nibbles; its high nibbles take bit 2g + 1)."""
+    bbytes, qoff, gshift, G = lay[0], lay[1], lay[2], lay[3]
+    blk, g = k >> gshift, k & ((1 << gshift) - 1)
+    return blk * bbytes + qoff + g * G, blk * bbytes + 16, 2 * g
+
+
+@njit(inline="always")
 def _q6(lo_byte, hi_byte, nib_shift, hi_shift):
     return _f(((lo_byte >> nib_shift) & 15) | (((hi_byte >> hi_shift) & 3) << 4)) - F32(32)
 
@@ -185,6 +204,13 @@ def _decode(kind, q, r, k, lay, s, m, dst, o):
             v = _byte(q, r, base + j)
             dst[_u(o + j)] = sl * (_f(v & 15) - zero) + ml
             dst[_u(o + G + j)] = sh * (_f(v >> 4) - zero) + mh
+    elif kind == Q5K:
+        base, plane, bit = _q5_k_place(k, lay)
+        sl, sh, ml, mh = s[r, 2 * k], s[r, 2 * k + 1], _offset(m, r, 2 * k), _offset(m, r, 2 * k + 1)
+        for j in range(G):
+            v, h = _byte(q, r, base + j), _byte(q, r, plane + j)
+            dst[_u(o + j)] = sl * _q5_k(v & 15, h, bit) + ml
+            dst[_u(o + G + j)] = sh * _q5_k(v >> 4, h, bit + 1) + mh
     elif kind == FIVE:
         base = k * bbytes + qoff
         h, d, mb, z = _q5_high_bits(q, r, base), s[r, k], _offset(m, r, k), _q5_zero(m)
@@ -328,6 +354,39 @@ def _nib4_matvec(q, lay, s, m, x, out):
 
 
 @njit(**KERNEL_OPTIONS)
+def _q5_k_matvec(q, lay, s, m, x, out):
+    G = lay[3]
+    rows = q.shape[0]
+    n_groups = (q.shape[1] // lay[0]) << lay[2]
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        wide_vectors()
+        la = np.empty(G, F32)
+        lb = np.empty(G, F32)
+        for r0 in range(c * ROW_CHUNK, min(rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            r1 = min(r0 + 1, rows - 1)
+            prefetch_row(q, r0)
+            prefetch_row(q, r1)
+            la[:] = 0
+            lb[:] = 0
+            for gi in range(n_groups):
+                base, plane, bit = _q5_k_place(gi, lay)
+                sl0, sh0, sl1, sh1 = s[r0, 2 * gi], s[r0, 2 * gi + 1], s[r1, 2 * gi], s[r1, 2 * gi + 1]
+                ml0, mh0, ml1, mh1 = m[r0, 2 * gi], m[r0, 2 * gi + 1], m[r1, 2 * gi], m[r1, 2 * gi + 1]
+                x0 = 2 * gi * G
+                for j in range(G):
+                    xl = x[_u(x0 + j)]
+                    xh = x[_u(x0 + G + j)]
+                    v, h = _byte(q, r0, base + j), _byte(q, r0, plane + j)
+                    w, e = _byte(q, r1, base + j), _byte(q, r1, plane + j)
+                    la[j] += ((sl0 * _q5_k(v & 15, h, bit) + ml0) * xl
+                              + (sh0 * _q5_k(v >> 4, h, bit + 1) + mh0) * xh)
+                    lb[j] += ((sl1 * _q5_k(w & 15, e, bit) + ml1) * xl
+                              + (sh1 * _q5_k(w >> 4, e, bit + 1) + mh1) * xh)
+            out[r0] = _lane_sum(la)
+            out[r1] = _lane_sum(lb)
+
+
+@njit(**KERNEL_OPTIONS)
 def _q5_matvec(q, lay, s, m, x, out):
     bbytes, hoff, _, G, _, _ = lay
     rows = q.shape[0]
@@ -424,7 +483,7 @@ def _q6_k_matvec(q, lay, s, m, x, out):
             out[r1] = _lane_sum(lb)
 
 
-_FUSED = {NIB4: _nib4_matvec, FIVE: _q5_matvec, INT8: _q8_0_matvec, Q6K: _q6_k_matvec}
+_FUSED = {NIB4: _nib4_matvec, FIVE: _q5_matvec, INT8: _q8_0_matvec, Q6K: _q6_k_matvec, Q5K: _q5_k_matvec}
 
 
 FLOAT_LANES = 32
@@ -503,6 +562,52 @@ class _BF16(PlainFormat):
         return (raw.view("<u2").astype(np.uint32) << 16).view(F32)
 
 
+DECODE_ELEMS = 1 << 20  # a decoded format converts this many weights at a time (bounds the temporaries)
+
+
+class DecodedFormat(PlainFormat):
+    """A block format without a matrix kernel (IQ4_XS, Q2_K, MXFP4 ...): its blocks are decoded
+    once, at construction, into a float32 matrix that the float kernels multiply (4 bytes a
+    weight instead of the file's 0.3-1.1). The decoders are gguf-py's (``gguf.quants``; Q8_K's,
+    which gguf-py lacks, here), bit-equal to llama.cpp's ``dequantize_row_*``; the file's blocks
+    stay available to export unchanged (:attr:`QuantMatrix.raw_blocks`)."""
+
+    def to_f32(self, raw):
+        rows, cols = raw.shape[0], raw.shape[1] // self.block_bytes * self.block_elems
+        out = np.empty((rows, cols), F32)
+        step = max(1, DECODE_ELEMS // cols)
+        for r in range(0, rows, step):
+            out[r:r + step] = self.decode(raw[r:r + step])
+        return out
+
+    def decode(self, raw: np.ndarray) -> np.ndarray:
+        """uint8 blocks [rows, bytes per row] as float32 [rows, weights per row]."""
+        return gguf_quants.dequantize(raw, GT(self.ggml_type)).astype(F32, copy=False)
+
+
+class _Q8_K(DecodedFormat):
+    """llama.cpp's activation blocks, which a file may also hold: float32 d, 256 int8 quants,
+    16 int16 sums (unused here); weight = d * q (``dequantize_row_q8_K``)."""
+
+    ggml_type, block_elems, block_bytes = GT.Q8_K, 256, 292
+
+    def decode(self, raw):
+        blocks = raw.reshape(raw.shape[0], -1, self.block_bytes)
+        d = np.ascontiguousarray(blocks[:, :, :4]).view("<f4")
+        return (d * blocks[:, :, 4:260].view(np.int8)).reshape(raw.shape[0], -1)
+
+
+def _register_decoded(names: tuple[str, ...]) -> None:
+    for name in names:
+        elems, nbytes = GGML_QUANT_SIZES[GT[name]]
+        fields = {"ggml_type": GT[name], "block_elems": elems, "block_bytes": nbytes}
+        type(f"_{name}", (DecodedFormat,), fields)
+
+
+_register_decoded(("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+                   "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"))  # the types gguf-py decodes
+
+
 def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
     """The float16 at byte ``at`` of every block, as float32 [rows, n_blocks]."""
     return np.ascontiguousarray(blocks[:, :, at:at + 2]).view("<f2")[..., 0].astype(F32)
@@ -524,7 +629,8 @@ class BlockFormat(GgmlFormat):
 
     def layout(self) -> tuple:
         """``_decode``'s ``lay`` tuple: the same types for every format (one compiled kernel)."""
-        gshift = max(0, (self.block_elems // (2 * self.group)).bit_length() - 1) if self.kind == NIB4 else 0
+        groups = self.kind in (NIB4, Q5K)
+        gshift = max(0, (self.block_elems // (2 * self.group)).bit_length() - 1) if groups else 0
         return self.block_bytes, self.qoff, gshift, self.group, self.shift, F32(self.zero)
 
 
@@ -559,6 +665,14 @@ class _Q4_K(BlockFormat):
         scale = (d[:, :, None] * sc).reshape(rows, nb * 8)
         offset = -(dmin[:, :, None] * mn).reshape(rows, nb * 8)
         return scale, offset
+
+
+class _Q5_K(_Q4_K):
+    """Q4_K's scales and nibbles (at byte 48) plus a plane of fifth bits at byte 16: byte l's bit
+    2g holds the fifth bit of weight 64g + l, bit 2g + 1 that of weight 64g + 32 + l."""
+
+    ggml_type, block_elems, block_bytes = GT.Q5_K, 256, 176
+    kind, qoff = Q5K, 48
 
 
 class _Q5_0(BlockFormat):
@@ -596,6 +710,7 @@ class _Q6_K(BlockFormat):
 
 
 SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
+DECODED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, DecodedFormat))
 
 
 _tiles = threading.local()
@@ -646,8 +761,11 @@ class QuantMatrix:
         self._q, self._dense, self._fmt = None, None, fmt
         self._kernel_args: tuple | None = None  # the float kernels' (_float_args), on first use
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
+        self.decoded = isinstance(fmt, DecodedFormat)  # blocks decoded to float32 at load
         if isinstance(fmt, PlainFormat):
             self._dense = read_only(np.ascontiguousarray(fmt.to_f32(raw)))
+            if self.decoded:
+                self._q = raw  # the file's blocks, for an export that keeps them
         else:
             self._q = raw
             self._fused = _FUSED[fmt.kind]
@@ -691,7 +809,8 @@ class QuantMatrix:
     @property
     def raw_blocks(self) -> np.ndarray | None:
         """The blocks as a GGUF file stores them, uint8 ``[rows, bytes per row]`` (read-only), or
-        None for a plain type (F16, F32 ...), which is kept as float32 values."""
+        None for a plain type (F16, F32 ...), which is kept as float32 values. A decoded type
+        (:attr:`decoded`) has both."""
         return self._q
 
     @property

@@ -33,14 +33,14 @@ from numba.core.sigutils import normalize_signature
 from numba.extending import intrinsic
 
 from . import quant_int8_rows, quant_int8_superblocks, quant_int8_tiles
-from .quant_int8_rows import rows_products
+from .quant_int8_rows import ROW_KINDS, rows_products
 from .quant_int8_superblocks import SUPER_KINDS, superblock_products
 from .quant_int8_tiles import TILE_KINDS, tiles_products
 
 _P, _N = types.voidptr, types.int64
 PRODUCT = types.void(_P, _N, _N, _N, _N, _P, _P, _P, _P, _N, _N, _P, _N)
 _ARG_IS_POINTER = tuple(t == _P for t in PRODUCT.args)
-KINDS = 10  # kind numbers 0 .. 9: rows' five, the super-blocks' two, the tiles' three
+KINDS = 1 + max(*ROW_KINDS, *SUPER_KINDS, *TILE_KINDS)  # kind numbers 0 .. KINDS - 1
 
 _functions: dict[int, object] = {}  # kind -> its cfunc, kept alive: callers hold its address
 _lock = threading.Lock()

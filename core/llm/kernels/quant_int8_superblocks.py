@@ -1,22 +1,24 @@
-"""Whole-row integer dots for Q4_K and Q6_K (256-weight super-blocks) on repacked rows, as
+"""Whole-row integer dots for Q4_K, Q5_K and Q6_K (256-weight super-blocks) on repacked rows, as
 :mod:`.quant_int8_rows` does for the 32-weight formats.
 
 The file's super-blocks keep their quants in an order made for 32-byte vectors (Q4_K: groups of
 32 bytes whose low nibbles are one sub-block and high nibbles the next; Q6_K: four runs of 32
-weights built from two nibble runs and a 2-bit plane), and Q4_K packs its sixteen 6-bit scales
-and mins into 12 bytes. Each row is repacked once into the order of the weights, so that 64
+weights built from two nibble runs and a 2-bit plane), and Q4_K (Q5_K too) packs its sixteen
+6-bit scales and mins into 12 bytes. Each row is repacked once into the order of the weights, so that 64
 consecutive weights are one 64-byte vector whatever the format:
 
     nibbles: byte i (0-127) holds the low 4 bits of weight i and (high nibble) of weight 128 + i;
     Q6_K's plane: byte i (0-63) holds the top 2 bits of weights i, 64 + i, 128 + i, 192 + i;
-    then per super-block Q4_K's 8 scales and 8 mins as bytes (148 bytes a super-block where the
-    file has 144), or Q6_K's 16 int8 scales; then the f16 d (and Q4_K's dmin) of every super-block.
+    Q5_K's plane, the file's own: byte i (0-31) bit k holds the fifth bit of weight 32k + i;
+    then per super-block Q4_K's (Q5_K's) 8 scales and 8 mins as bytes (148 bytes a super-block
+    where the file has 144; 180 for 176), or Q6_K's 16 int8 scales; then the f16 d (and Q4_K's and
+    Q5_K's dmin) of every super-block.
 
 A super-block is four 64-weight chunks; a chunk's ``vpdpbusd`` against the activations (Q8_K,
 natural order) leaves sub-block j's products in lanes 4j' .. (16 or 32 weights per sub-block);
 each lane is multiplied by its sub-block's integer scale and summed over the chunks in int32
 (Q6_K's ``-32 * bsum`` per sub-block enters as the lanes' starting value), then converted to
-float once per super-block and multiplied by ``d * d_x``. Q4_K's mins meet the activations'
+float once per super-block and multiplied by ``d * d_x``. Q4_K's (Q5_K's) mins meet the activations'
 sums per 32 in an 8-lane product per super-block (``- dmin * d_x * sum(min * bsum)``).
 """
 
@@ -40,9 +42,10 @@ from .quant_int8_rows import (
     totals,
 )
 
-WQ4_K, WQ6_K = 5, 6  # quant_int8's numbering, after quant_int8_rows' five
-SUPER_KINDS = (WQ4_K, WQ6_K)
-_BYTES = {WQ4_K: 148, WQ6_K: 210}  # repacked bytes per super-block
+WQ4_K, WQ6_K, WQ5_K = 5, 6, 10  # quant_int8's numbering: after quant_int8_rows' five and the tiles'
+SUPER_KINDS = (WQ4_K, WQ6_K, WQ5_K)
+_FILE_BYTES = {WQ4_K: 144, WQ6_K: 210, WQ5_K: 176}  # a super-block in the file
+_BYTES = {WQ4_K: 148, WQ6_K: 210, WQ5_K: 180}  # repacked
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
@@ -57,9 +60,10 @@ def q4_k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales, mins
 
 
-def _q4_k_quants(blocks: np.ndarray) -> np.ndarray:
-    """Q4_K's 256 nibbles per super-block in the weights' order, ``[rows, nb, 256]``."""
-    qs = blocks[:, :, 16:144].reshape(*blocks.shape[:2], 4, 32)
+def _q4_k_quants(blocks: np.ndarray, at: int = 16) -> np.ndarray:
+    """Q4_K's 256 nibbles per super-block in the weights' order, ``[rows, nb, 256]`` (Q5_K's low
+    four bits: its nibbles ``at`` byte 48)."""
+    qs = blocks[:, :, at:at + 128].reshape(*blocks.shape[:2], 4, 32)
     return np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(*blocks.shape[:2], 256)
 
 
@@ -76,11 +80,13 @@ def _q6_k_quants(blocks: np.ndarray) -> np.ndarray:
 def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     """The file's super-blocks ``raw`` (uint8, ``rows * nb`` of them) as repacked rows (module
     doc): uint8 ``[rows, nb * _BYTES[kind]]``."""
-    blocks = raw.reshape(-1, nb, 144 if kind == WQ4_K else 210)
+    blocks = raw.reshape(-1, nb, _FILE_BYTES[kind])
     rows = blocks.shape[0]
-    q = _q4_k_quants(blocks) if kind == WQ4_K else _q6_k_quants(blocks)
+    q = _q6_k_quants(blocks) if kind == WQ6_K else _q4_k_quants(blocks, 48 if kind == WQ5_K else 16)
     parts = [(q[:, :, :128] & 0x0F) | ((q[:, :, 128:] & 0x0F) << 4)]
-    if kind == WQ4_K:
+    if kind == WQ5_K:
+        parts.append(blocks[:, :, 16:48])
+    if kind != WQ6_K:
         parts += [np.concatenate(q4_k_scales(blocks), axis=-1), blocks[:, :, 0:2], blocks[:, :, 2:4]]
     else:
         top = q.reshape(rows, nb, 4, 64) >> 4
@@ -121,12 +127,25 @@ def _super_dot(kind: int, m: int, n: int):
                 one = half_to_float(builder, load(row, at, ir.VectorType(_I16, 1)))
                 return builder.extract_element(one, _I32(0))
 
-            aux_at = builder.mul(nblocks, i64(128))  # Q4_K's scales and mins, Q6_K's plane
-            scales_at = builder.add(aux_at, builder.mul(nblocks, i64(64))) if kind == WQ6_K else aux_at
+            aux_at = builder.mul(nblocks, i64(128))  # Q4_K's scales and mins, Q5_K's and Q6_K's plane
+            plane_bytes = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64}[kind]
+            scales_at = builder.add(aux_at, builder.mul(nblocks, i64(plane_bytes)))
             d_at = builder.add(scales_at, builder.mul(nblocks, i64(16)))
             dmin_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
 
             accs, mins = accumulators(builder, v16f, m, n), accumulators(builder, v8f, m, n)
+
+            def fifth_bits(row, at, w):
+                """Q5_K: bit 4 of the weights of chunk c (64c + i) from plane byte i % 32, bit
+                2c + i // 32, or-ed into the nibbles ``w[c]``."""
+                plane = load(row, at, ir.VectorType(_I8, 32))
+                both = builder.shuffle_vector(plane, plane, ir.Constant(ir.VectorType(_I32, 64),
+                                                                        [i % 32 for i in range(64)]))
+                zero, sixteen = ir.Constant(v64, [0] * 64), ir.Constant(v64, [16] * 64)
+                for c in range(4):
+                    mask = ir.Constant(v64, [1 << (2 * c + i // 32) for i in range(64)])
+                    isset = builder.icmp_unsigned("!=", builder.and_(both, mask), zero)
+                    w[c] = builder.or_(w[c], builder.select(isset, sixteen, zero))
 
             def superblock(b):
                 acts = []
@@ -139,7 +158,7 @@ def _super_dot(kind: int, m: int, n: int):
                         five = ir.Constant(v16i, [5] * 16)
                         starts = [builder.shl(load(n16_rows[i], a, v16i), five) for a in at]
                     xd_b = builder.load(builder.gep(xd_rows[i], [b], inbounds=True))
-                    bsums = load(b32_rows[i], builder.mul(b, i64(8)), v8i) if kind == WQ4_K else None
+                    bsums = load(b32_rows[i], builder.mul(b, i64(8)), v8i) if kind != WQ6_K else None
                     acts.append((chunks, starts, xd_b, bsums))
                 for j, row in enumerate(weight_rows):
                     nib = [load(row, builder.add(builder.mul(b, i64(128)), i64(64 * h)), v64) for h in (0, 1)]
@@ -157,7 +176,9 @@ def _super_dot(kind: int, m: int, n: int):
                         # a scale per 16 weights: 4 lanes
                         per_lane = [[4 * c + k // 4 for k in range(16)] for c in range(4)]
                     else:
-                        at = builder.add(aux_at, builder.mul(b, i64(16)))
+                        if kind == WQ5_K:
+                            fifth_bits(row, builder.add(aux_at, builder.mul(b, i64(32))), w)
+                        at = builder.add(scales_at, builder.mul(b, i64(16)))
                         sc = builder.zext(load(row, at, ir.VectorType(_I8, 8)), v8i)
                         mn = builder.zext(load(row, builder.add(at, i64(8)), ir.VectorType(_I8, 8)), v8i)
                         # a scale per 32 weights: 8 lanes
@@ -165,7 +186,7 @@ def _super_dot(kind: int, m: int, n: int):
                     spreads = [builder.shuffle_vector(sc, sc, ir.Constant(v16i, lanes)) for lanes in per_lane]
                     d = scalar_f16(row, builder.add(d_at, builder.mul(b, i64(2))))
                     dmin = None
-                    if kind == WQ4_K:
+                    if kind != WQ6_K:
                         dmin = scalar_f16(row, builder.add(dmin_at, builder.mul(b, i64(2))))
                     prepared = [dot_scales(builder, spread) for spread in spreads]
                     for i, (chunks, starts, xd_b, bsums) in enumerate(acts):
@@ -185,7 +206,7 @@ def _super_dot(kind: int, m: int, n: int):
 
             with cgutils.for_range(builder, nblocks) as loop:
                 superblock(loop.index)
-            sums = totals(builder, accs, mins, builder.fsub if kind == WQ4_K else None)
+            sums = totals(builder, accs, mins, builder.fsub if kind != WQ6_K else None)
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xq, t0, xd, nsum16, bsum32), codegen
     return dot
@@ -193,12 +214,14 @@ def _super_dot(kind: int, m: int, n: int):
 
 def _by_kind(m, n):
     """One function over the super-block dots of m weight rows and n activation rows."""
-    q4_k, q6_k = (_super_dot(k, m, n) for k in SUPER_KINDS)
+    q4_k, q6_k, q5_k = (_super_dot(k, m, n) for k in SUPER_KINDS)
 
     @njit(inline="always")
     def dot(kind, w, wi, stride, nb, xq, t, xd, nsum16, bsum32):
         if kind == WQ4_K:
             return q4_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
+        if kind == WQ5_K:
+            return q5_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
         return q6_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
     return dot
 

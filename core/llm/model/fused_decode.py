@@ -89,7 +89,7 @@ def _share(n, tid, threads):
 
 @njit(inline="always")
 def _is_super(kind):
-    return kind == _SUPER[0] or kind == _SUPER[1]
+    return kind == _SUPER[0] or kind == _SUPER[1] or kind == _SUPER[2]
 
 
 @njit(cache=True, nogil=True)

@@ -13,8 +13,10 @@ from typing import Any
 
 from ...errors import LoomConfigError, ModelFormatError
 from ...io.bounded_read import parse_json_text, read_small_text
+from ...units import format_bytes
 from ..files.hf_files import TOKENIZER_CONFIG
 from ..files.weights_source import WeightSource, open_source
+from ..kernels.quant import DECODED_TYPES
 from .loader import ARCHITECTURES, read_args
 from .model_args import MAX_DIM, MAX_TOKENS, Settings
 
@@ -61,6 +63,8 @@ class ModelInfo:
     file_bytes: int = 0
     kv_cache_bytes: int = 0  # at the full context length
     supports_chat: bool = False  # see supports_chat()
+    decoded_types: tuple[str, ...] = ()  # tensor types without a matrix kernel: float32 copies at load
+    decoded_bytes: int = 0  # what those copies cost
 
     @property
     def mode(self) -> str:
@@ -68,9 +72,26 @@ class ModelInfo:
         return CHAT if self.supports_chat else COMPLETION
 
     @property
+    def types_text(self) -> str:
+        """The tensor types with their counts, and which are decoded at load and what that costs."""
+        text = ", ".join(f"{name} × {n}" for name, n in self.tensor_types.items())
+        if self.decoded_types:
+            text += (f" ({', '.join(self.decoded_types)} decoded to float32 at load, no kernel yet: "
+                     f"+{format_bytes(self.decoded_bytes)})")
+        return text
+
+    @property
+    def memory_text(self) -> str:
+        """The memory estimate and its parts."""
+        decoded = f" + decoded copies {format_bytes(self.decoded_bytes)}" if self.decoded_bytes else ""
+        return (f"{format_bytes(self.estimated_memory)} (weights {format_bytes(self.file_bytes)} + KV cache "
+                f"{format_bytes(self.kv_cache_bytes)} at full context{decoded})")
+
+    @property
     def estimated_memory(self) -> int:
-        """Weights stay memory-mapped as in the file; the KV cache comes on top."""
-        return self.file_bytes + self.kv_cache_bytes
+        """Weights stay memory-mapped as in the file; the KV cache and the float32 copies of
+        matrices in types without a kernel (:attr:`decoded_types`) come on top."""
+        return self.file_bytes + self.kv_cache_bytes + self.decoded_bytes
 
 
 def describe(path: str | Path) -> ModelInfo:
@@ -121,12 +142,15 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
     if isinstance(tokens, list):  # the tokenizer's vocabulary, when the file carries one
         n["vocab_size"] = len(tokens)
     template = "tokenizer.chat_template" in meta
+    decoded = [t for t in tensors if t.type_name in DECODED_TYPES]
     return ModelInfo(
         str(path), "gguf", str(meta.get("general.name", path.stem)), source.architecture,
         sum(t.n_elements for t in tensors),
         tensor_types=dict(Counter(t.type_name for t in tensors).most_common()), chat_template=template,
         file_bytes=source.file.file_size, kv_cache_bytes=_kv_bytes(n),
-        supports_chat=supports_chat(template, path, meta), **n)
+        supports_chat=supports_chat(template, path, meta),
+        decoded_types=tuple(sorted({t.type_name for t in decoded})),
+        decoded_bytes=sum(4 * t.n_elements for t in decoded), **n)
 
 
 def _describe_hf(source: WeightSource) -> ModelInfo:

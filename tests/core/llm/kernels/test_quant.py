@@ -21,8 +21,9 @@ from loomlab.core.errors import LoomShapeError, ModelFormatError
 from loomlab.core.llm.files import registry
 from loomlab.core.llm.kernels import quant
 from loomlab.core.llm.kernels.quant import QuantMatrix
+from tests.oracles import llamacpp
 
-QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q6_K]
+QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q5_K, GT.Q6_K]
 # gguf-py can quantize these; K-quants it only dequantizes, so their blocks are random bytes.
 QUANTIZABLE = {GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0}
 
@@ -35,7 +36,7 @@ def random_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator)
     block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
     blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
     # Every byte pattern is a valid block except for the float16 scales: make those finite.
-    for at in {GT.Q4_K: (0, 2), GT.Q6_K: (208,)}[ggml_type]:
+    for at in {GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,)}[ggml_type]:
         scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at:at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return blocks.reshape(rows, -1)
@@ -75,7 +76,7 @@ def test_random_blocks_match_gguf(ggml_type, rows, n_blocks):
         assert_product_close(m.matmul(X), W, X)
 
 
-@pytest.mark.parametrize("ggml_type", [GT.Q4_1, GT.Q5_1, GT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [GT.Q4_1, GT.Q5_1, GT.Q5_K, GT.Q6_K], ids=lambda t: t.name)
 def test_matmul_over_many_tiles(ggml_type, monkeypatch):
     """Tiles of a few rows, the last one partial, must still cover every output column."""
     monkeypatch.setattr(quant, "TILE_BYTES", 3 * 512 * 4)
@@ -86,9 +87,60 @@ def test_matmul_over_many_tiles(ggml_type, monkeypatch):
     assert_product_close(QuantMatrix(data, ggml_type, (41, 512)).matmul(X), W, X)
 
 
+# ---------------------------------------------------------------------------------------------
+# Types without a kernel: decoded to float32 at load. Oracle: llama.cpp's dequantize_row_* (its C,
+# compiled), bit for bit, on blocks of its reference quantizers and, for the grid types, whose
+# quantizers need tables built first, on random bytes with finite scales.
+
+DECODED = [GT[name] for name in quant.DECODED_TYPES]
+GRID_TYPES = {GT.IQ1_S, GT.IQ1_M, GT.IQ2_XXS, GT.IQ2_XS, GT.IQ2_S, GT.IQ3_XXS, GT.IQ3_S}
+
+
+def decoded_type_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    if ggml_type not in GRID_TYPES:
+        weights = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 2.0, (rows, 1))
+        return llamacpp.quantize(weights, ggml_type.name)
+    block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
+    if ggml_type == GT.IQ1_M:  # its f16 scale is the top nibbles of its four uint16 sub-scales
+        blocks[:, :, 55] = (blocks[:, :, 55] & 0x0F) | 0x30  # sign 0, exponent 12-15
+    else:
+        scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
+        blocks[:, :, 0:2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("ggml_type", DECODED, ids=lambda t: t.name)
+def test_decoded_types_match_llama_cpp(ggml_type):
+    rng = np.random.default_rng(int(ggml_type))
+    rows, cols = 37, max(2 * GGML_QUANT_SIZES[ggml_type][0], 256)
+    data = decoded_type_blocks(ggml_type, rows, cols, rng)
+    W = llamacpp.dequantize(data, ggml_type.name)
+    assert np.isfinite(W).all()
+    m = QuantMatrix(data, ggml_type, (rows, cols))
+    assert m.decoded and m.raw_blocks is not None
+    np.testing.assert_array_equal(m.dequantize().view(np.uint32), W.view(np.uint32))
+    np.testing.assert_array_equal(m.raw_blocks, data)  # kept for export
+    ids = rng.integers(0, rows, 7)
+    np.testing.assert_array_equal(m.rows(ids), W[ids])
+    x = rng.standard_normal(cols).astype(np.float32)
+    assert_product_close(m.matvec(x)[None], W, x[None])
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    assert_product_close(m.matmul(X), W, X)
+
+
+def test_decoded_types_convert_in_parts(monkeypatch):
+    """A matrix larger than a part converts part by part into one array (temporaries bounded)."""
+    monkeypatch.setattr(quant, "DECODE_ELEMS", 3 * 256)
+    rng = np.random.default_rng(9)
+    data = decoded_type_blocks(GT.Q2_K, 11, 256, rng)
+    np.testing.assert_array_equal(QuantMatrix(data, GT.Q2_K, (11, 256)).dequantize(),
+                                  llamacpp.dequantize(data, "Q2_K"))
+
+
 def test_every_format_is_registered_with_gguf_block_sizes():
     """One table, filled by declaring ``ggml_type``: each entry's block geometry is gguf-py's."""
-    assert set(quant.FORMATS) == {*QUANTIZED, GT.F32, GT.F16, GT.BF16}
+    assert set(quant.FORMATS) == {*QUANTIZED, *DECODED, GT.F32, GT.F16, GT.BF16}
     for ggml_type, fmt in quant.FORMATS.items():
         assert fmt.ggml_type == ggml_type
         assert (fmt.block_elems, fmt.block_bytes) == GGML_QUANT_SIZES[GT(ggml_type)]
@@ -144,7 +196,7 @@ def test_plain_types_pass_through(ggml_type, as_bytes):
 
 
 @pytest.mark.parametrize(("data", "ggml_type", "shape", "match"), [
-    (np.zeros((2, 18), np.uint8), GT.Q2_K, (2, 32), "no matrix kernel"),
+    (np.zeros((2, 18), np.uint8), GT.Q8_1, (2, 32), "no matrix kernel"),
     (np.zeros((2, 18), np.uint8), 999, (2, 32), "999 .unknown."),
     (np.zeros((2, 18), np.uint8), "Q4_0", (2, 32), "integer id"),
     (np.zeros((2, 18), np.uint8), GT.Q4_0, (2, 48), "not whole blocks of 32"),

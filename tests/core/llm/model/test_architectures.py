@@ -317,11 +317,12 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 
 # ----- GGUF files written as llama.cpp's converter writes them ---------------------------------------
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
-               reshape: str = "") -> Path:
-    """``tests/data/tiny-hf/<name>`` as a GGUF: gguf-py's tensor names, llama's Q/K rows permuted,
-    gemma's norms stored as ``1 + w``; matrices quantized to ``qtype`` when given (and stored as
-    gguf-py's float32 dequantization of those blocks when ``dequantized``)."""
-    with open_hf(TINY / name) as hf:
+               reshape: str = "", folder: Path | None = None, encode=None) -> Path:
+    """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
+    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
+    when given (and stored as gguf-py's float32 dequantization of those blocks when
+    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``."""
+    with open_hf(folder or TINY / name) as hf:
         cfg = hf.config
         tensors = {k: t.data().astype(np.float32) for k, t in hf.tensors.items()}
     writer = gguf.GGUFWriter(str(path), arch)
@@ -350,7 +351,10 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
             continue
         if gguf_name == reshape:
             w = w[:-1]
-        if qtype is not None and w.ndim == 2 and dequantized:
+        if encode is not None and w.ndim == 2:
+            data, raw_dtype = encode(w)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_dtype)
+        elif qtype is not None and w.ndim == 2 and dequantized:
             writer.add_tensor(gguf_name, gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype))
         elif qtype is not None and w.ndim == 2:
             writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
