@@ -111,11 +111,12 @@ def _lane_sum(lanes):
 #   INT8 (Q8_0): a 32-weight block: L = 32, P = 1
 #   Q6K: half a super-block (128 weights): L = 32, P = 4
 #   Q5K (Q5_K): NIB4's groups of 32 bytes plus each weight's fifth bit: L = 32, P = 2
+#   Q3K, Q2K (Q3_K, Q2_K): half a super-block (128 weights) of 2-bit runs: L = 32, P = 4
 # ``lay`` = (block bytes, first quant byte, log2 groups per block, G, nibble shift, zero) is one
 # tuple type for every format, so all formats share a compiled kernel (two, with and without
 # offsets ``m``: None compiles the add of -0.0 away, which LLVM drops from ``w + m``).
 
-NIB4, FIVE, INT8, Q6K, Q5K = 0, 1, 2, 3, 4
+NIB4, FIVE, INT8, Q6K, Q5K, Q3K, Q2K = 0, 1, 2, 3, 4, 5, 6
 
 
 @njit(inline="always")
@@ -123,7 +124,7 @@ def _geometry(kind, G):
     """Lanes and products per lane of one chunk of ``kind``."""
     if kind == INT8:
         return G, 1
-    if kind == Q6K:
+    if kind == Q6K or kind == Q3K or kind == Q2K:
         return 2 * G, 4
     return G, 2
 
@@ -186,6 +187,36 @@ def _q6_place(t):
 
 
 @njit(inline="always")
+def _low_bit_half(kind, q, r, k, lay, s, m, dst, o):
+    """Q3_K / Q2_K half k of a super-block: weight 32p + l of the half (p = 0-3, l = 0-31) is bits
+    2p, 2p + 1 of its run's byte l, with a scale (``s``: d * sub-scale) and Q2_K's offset (``m``:
+    -dmin * min) per 16 weights; Q3_K subtracts 4 unless bit 4h + p of mask byte l is set."""
+    bbytes, qoff = lay[0], lay[1]
+    blk, half = k >> 1, k & 1
+    run, sub = blk * bbytes + qoff + 32 * half, blk * 16 + 8 * half
+    for kk in range(2):
+        a, b, c, e = s[r, sub + kk], s[r, sub + 2 + kk], s[r, sub + 4 + kk], s[r, sub + 6 + kk]
+        ma, mb = _offset(m, r, sub + kk), _offset(m, r, sub + 2 + kk)
+        mc, me = _offset(m, r, sub + 4 + kk), _offset(m, r, sub + 6 + kk)
+        for n in range(16):
+            j = kk * 16 + n
+            v = np.int32(_byte(q, r, run + j))
+            if kind == Q3K:
+                h = np.int32(_byte(q, r, blk * bbytes + j)) >> np.int32(4 * half)
+                v0, v1 = (v & 3) | ((h & 1) << 2), ((v >> 2) & 3) | ((h & 2) << 1)
+                v2, v3 = ((v >> 4) & 3) | (h & 4), ((v >> 6) & 3) | ((h & 8) >> 1)
+                dst[_u(o + j)] = a * F32(v0 - 4) + ma
+                dst[_u(o + 32 + j)] = b * F32(v1 - 4) + mb
+                dst[_u(o + 64 + j)] = c * F32(v2 - 4) + mc
+                dst[_u(o + 96 + j)] = e * F32(v3 - 4) + me
+            else:
+                dst[_u(o + j)] = a * F32(v & 3) + ma
+                dst[_u(o + 32 + j)] = b * F32((v >> 2) & 3) + mb
+                dst[_u(o + 64 + j)] = c * F32((v >> 4) & 3) + mc
+                dst[_u(o + 96 + j)] = e * F32(v >> 6) + me
+
+
+@njit(inline="always")
 def _decode(kind, q, r, k, lay, s, m, dst, o):
     """Chunk k of row r, dequantized into ``dst[o : o + P * L]`` with gguf-py's float32 ops.
 
@@ -218,6 +249,8 @@ def _decode(kind, q, r, k, lay, s, m, dst, o):
             v = _byte(q, r, base + 4 + j)
             dst[_u(o + j)] = d * _q5(v & 15, h, j, z) + mb
             dst[_u(o + G + j)] = d * _q5(v >> 4, h, j + G, z) + mb
+    elif kind == Q3K or kind == Q2K:
+        _low_bit_half(kind, q, r, k, lay, s, m, dst, o)
     elif kind == INT8:
         base, d = k * bbytes + qoff, s[r, k]
         for j in range(G):
@@ -604,7 +637,7 @@ def _register_decoded(names: tuple[str, ...]) -> None:
         type(f"_{name}", (DecodedFormat,), fields)
 
 
-_register_decoded(("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+_register_decoded(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
                    "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"))  # the types gguf-py decodes
 
 
@@ -673,6 +706,39 @@ class _Q5_K(_Q4_K):
 
     ggml_type, block_elems, block_bytes = GT.Q5_K, 256, 176
     kind, qoff = Q5K, 48
+
+
+def q3_k_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K's twelve bytes per super-block ``[rows, nb, 12]`` -> its 16 signed 6-bit sub-scales
+    ``[rows, nb, 16]`` (low nibbles of bytes 0-7, then their high nibbles; top bits in 8-11)."""
+    low = np.concatenate([packed[:, :, :8] & 0x0F, packed[:, :, :8] >> 4], axis=-1)
+    top = np.concatenate([(packed[:, :, 8:12] >> (2 * k)) & 3 for k in range(4)], axis=-1)
+    return (low | (top << 4)).astype(np.int8) - np.int8(32)
+
+
+class _Q3_K(BlockFormat):
+    """256 weights: a 32-byte mask of third bits, 64 bytes of 2-bit runs, 12 bytes of sub-scales, f16 d."""
+
+    ggml_type, block_elems, block_bytes = GT.Q3_K, 256, 110
+    kind, qoff = Q3K, 32
+
+    def side(self, blocks):
+        d = _f16_field(blocks, 108)
+        return (d[:, :, None] * q3_k_scales(blocks[:, :, 96:108]).astype(F32)).reshape(d.shape[0], -1), None
+
+
+class _Q2_K(BlockFormat):
+    """256 weights: 16 bytes of 4-bit sub-scale and min pairs, 64 bytes of 2-bit runs, f16 d and dmin."""
+
+    ggml_type, block_elems, block_bytes = GT.Q2_K, 256, 84
+    kind, qoff = Q2K, 16
+
+    def side(self, blocks):
+        d, dmin = _f16_field(blocks, 80), _f16_field(blocks, 82)
+        sub = blocks[:, :, :16]
+        scale = (d[:, :, None] * (sub & 0x0F).astype(F32)).reshape(d.shape[0], -1)
+        offset = -(dmin[:, :, None] * (sub >> 4).astype(F32)).reshape(d.shape[0], -1)
+        return scale, offset
 
 
 class _Q5_0(BlockFormat):
@@ -768,7 +834,7 @@ class QuantMatrix:
                 self._q = raw  # the file's blocks, for an export that keeps them
         else:
             self._q = raw
-            self._fused = _FUSED[fmt.kind]
+            self._fused = _FUSED.get(fmt.kind)  # without one, a row takes the batch kernel (same bits)
 
     def _float_args(self) -> tuple:
         """The float kernels' leading arguments ``(kind, blocks, layout, scales, offsets)`` and the
@@ -898,7 +964,7 @@ class QuantMatrix:
         pace()
         if self._dense is not None:
             _float_matmul(self._dense, X, out)
-        elif X.shape[0] <= FUSED_MAX_T:
+        elif X.shape[0] <= FUSED_MAX_T and self._fused is not None:
             args = self._float_args()[1]
             for t in range(X.shape[0]):
                 self._fused(*args, X[t], out[t])

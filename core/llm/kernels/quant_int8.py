@@ -19,7 +19,7 @@ subtracts ``zero * sum`` exactly, which is llama.cpp's result with a u8 x s8 pro
 
 Kernel shape: each matrix's rows are repacked once, on first use (:mod:`.quant_int8_rows` for
 the 32-weight formats, :mod:`.quant_int8_tiles` instead for Q4_0 / Q4_1 / Q8_0 matrices of whole
-16-row tiles, :mod:`.quant_int8_superblocks` for Q4_K / Q5_K / Q6_K), so that 64 quants are one vector
+16-row tiles, :mod:`.quant_int8_superblocks` for the K-quants), so that 64 quants are one vector
 load; the integer products are LLVM IR that LLVM's x86 backend compiles to
 ``vpdpbusd`` where the CPU has AVX-VNNI or AVX512-VNNI (plain IR elsewhere), then one float
 multiply-add by both scales per block, as in llama.cpp. Each kind's products are one function
@@ -55,7 +55,7 @@ from .quant_int8_rows import (
     repack,
     roundf,
 )
-from .quant_int8_superblocks import SUPER_KINDS, WQ4_K, WQ5_K, WQ6_K, superblock_sums
+from .quant_int8_superblocks import SUPER_KINDS, WQ2_K, WQ3_K, WQ4_K, WQ5_K, WQ6_K, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
 from .quant_int8_tiles import TILE, TILE_KIND, TILE_KINDS, TILES_AT_ONCE, tiles_fit
 from .quant_int8_tiles import repack as tiles_repack
@@ -71,7 +71,8 @@ _BLOCK = {AQ8_0: 32, AQ8_1: 32, AQ8_K: 256}
 # Weight kinds of the kernel, and the activation each one takes (llama.cpp's vec_dot_type).
 _WEIGHT_KIND = {GT.Q4_0: (WQ4_0, AQ8_0), GT.Q4_1: (WQ4_1, AQ8_1), GT.Q5_0: (WQ5_0, AQ8_0),
                 GT.Q5_1: (WQ5_1, AQ8_1), GT.Q8_0: (WQ8_0, AQ8_0), GT.Q4_K: (WQ4_K, AQ8_K),
-                GT.Q5_K: (WQ5_K, AQ8_K), GT.Q6_K: (WQ6_K, AQ8_K)}
+                GT.Q2_K: (WQ2_K, AQ8_K), GT.Q3_K: (WQ3_K, AQ8_K), GT.Q5_K: (WQ5_K, AQ8_K),
+                GT.Q6_K: (WQ6_K, AQ8_K)}
 INT8_TYPES: tuple[str, ...] = tuple(GT(t).name for t in _WEIGHT_KIND)
 
 
@@ -282,7 +283,7 @@ def supports(qm: QuantMatrix) -> bool:
 
 def int8_matmul(qm: QuantMatrix, X: np.ndarray) -> np.ndarray:
     """``X @ W.T`` with each row of ``X[T, in]`` quantized to 8 bits as llama.cpp does for
-    ``qm``'s format (Q8_1 for Q4_1 / Q5_1, Q8_K for Q4_K / Q5_K / Q6_K, Q8_0 otherwise) and integer dot
+    ``qm``'s format (Q8_1 for Q4_1 / Q5_1, Q8_K for the K-quants, Q8_0 otherwise) and integer dot
     products per block -> float32 ``[T, out]``. Row t has the same bits as ``int8_matvec(qm, X[t])``.
 
     Raises:

@@ -30,6 +30,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .quant import q3_k_scales
 from .quant_int8_rows import (
     accumulators,
     dot_frame,
@@ -42,10 +43,10 @@ from .quant_int8_rows import (
     totals,
 )
 
-WQ4_K, WQ6_K, WQ5_K = 5, 6, 10  # quant_int8's numbering: after quant_int8_rows' five and the tiles'
-SUPER_KINDS = (WQ4_K, WQ6_K, WQ5_K)
-_FILE_BYTES = {WQ4_K: 144, WQ6_K: 210, WQ5_K: 176}  # a super-block in the file
-_BYTES = {WQ4_K: 148, WQ6_K: 210, WQ5_K: 180}  # repacked
+WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K = 5, 6, 10, 11, 12  # quant_int8's numbering (rows' five, tiles' three)
+SUPER_KINDS = (WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K)
+_FILE_BYTES = {WQ4_K: 144, WQ6_K: 210, WQ5_K: 176, WQ2_K: 84, WQ3_K: 110}  # a super-block in the file
+_PLANE_BYTES = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64, WQ2_K: 0, WQ3_K: 32}  # per super-block, after the quants
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
@@ -77,21 +78,48 @@ def _q6_k_quants(blocks: np.ndarray) -> np.ndarray:
     return (low | (high << 4)).reshape(rows, nb, 256)
 
 
+@njit(inline="always")
+def is_superblock_kind(kind):
+    """Whether ``kind`` is one of :data:`SUPER_KINDS` (in compiled code)."""
+    return kind == WQ4_K or kind == WQ6_K or kind == WQ5_K or kind == WQ2_K or kind == WQ3_K
+
+
+def _two_bit_quants(runs: np.ndarray) -> np.ndarray:
+    """Q2_K's / Q3_K's 64 bytes of 2-bit runs per super-block ``[rows, nb, 64]`` -> the 256 2-bit
+    quants in the weights' order (half h, byte l, bits 2p: weight 128h + 32p + l)."""
+    rows, nb = runs.shape[:2]
+    q = runs.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    return (q & 3).reshape(rows, nb, 256)
+
+
+def _pairs_plane(q: np.ndarray) -> np.ndarray:
+    """2-bit values ``[rows, nb, 256]`` as 64 bytes a super-block: byte i holds those of weights
+    i, 64 + i, 128 + i, 192 + i in bits 0-1, 2-3, 4-5, 6-7."""
+    c = q.reshape(*q.shape[:2], 4, 64)
+    return c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)
+
+
 def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     """The file's super-blocks ``raw`` (uint8, ``rows * nb`` of them) as repacked rows (module
-    doc): uint8 ``[rows, nb * _BYTES[kind]]``."""
+    doc): uint8 ``[rows, nb * repacked bytes]``."""
     blocks = raw.reshape(-1, nb, _FILE_BYTES[kind])
     rows = blocks.shape[0]
-    q = _q6_k_quants(blocks) if kind == WQ6_K else _q4_k_quants(blocks, 48 if kind == WQ5_K else 16)
-    parts = [(q[:, :, :128] & 0x0F) | ((q[:, :, 128:] & 0x0F) << 4)]
-    if kind == WQ5_K:
-        parts.append(blocks[:, :, 16:48])
-    if kind != WQ6_K:
-        parts += [np.concatenate(q4_k_scales(blocks), axis=-1), blocks[:, :, 0:2], blocks[:, :, 2:4]]
+    if kind == WQ2_K:  # 2-bit pairs; 4-bit scales, 4-bit mins; d; dmin
+        sub = blocks[:, :, 0:16]
+        parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 16:80])), np.concatenate([sub & 0x0F, sub >> 4], -1),
+                 blocks[:, :, 80:82], blocks[:, :, 82:84]]
+    elif kind == WQ3_K:  # 2-bit pairs; the file's mask of third bits; int8 scales; d
+        parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 32:96])), blocks[:, :, 0:32],
+                 q3_k_scales(blocks[:, :, 96:108]).view(np.uint8), blocks[:, :, 108:110]]
     else:
-        top = q.reshape(rows, nb, 4, 64) >> 4
-        parts += [top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6),
-                  blocks[:, :, 192:208], blocks[:, :, 208:210]]
+        q = _q6_k_quants(blocks) if kind == WQ6_K else _q4_k_quants(blocks, 48 if kind == WQ5_K else 16)
+        parts = [(q[:, :, :128] & 0x0F) | ((q[:, :, 128:] & 0x0F) << 4)]
+        if kind == WQ6_K:
+            parts += [_pairs_plane(q >> 4), blocks[:, :, 192:208], blocks[:, :, 208:210]]
+        else:
+            if kind == WQ5_K:
+                parts.append(blocks[:, :, 16:48])
+            parts += [np.concatenate(q4_k_scales(blocks), axis=-1), blocks[:, :, 0:2], blocks[:, :, 2:4]]
     flat = [np.ascontiguousarray(p).reshape(rows, -1) for p in parts]
     return np.ascontiguousarray(np.concatenate(flat, axis=1), dtype=np.uint8)
 
@@ -113,6 +141,9 @@ def _super_dot(kind: int, m: int, n: int):
     """``dot(w, wi, stride, nb, xq, t0, xd, nsum16, bsum32)``: ``m`` repacked rows (bytes ``wi,
     wi + stride, ...`` of ``w``, ``nb`` super-blocks) times ``n`` Q8_K activation rows t0 ..
     (quants ``xq``, scales ``xd`` and :func:`superblock_sums`' arrays) -> m * n float32."""
+    two_bit = kind in (WQ2_K, WQ3_K)
+    per16 = kind in (WQ2_K, WQ3_K, WQ6_K)  # a scale per 16 weights (else per 32, with a min)
+    zero_shift = {WQ6_K: 5, WQ3_K: 2}.get(kind)  # log2 of the zero point the quants are stored above
 
     @intrinsic
     def dot(typingctx, w, wi, stride, nb, xq, t0, xd, nsum16, bsum32):
@@ -123,90 +154,113 @@ def _super_dot(kind: int, m: int, n: int):
             v16i, v16f = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
             v8i, v8f = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
+            def const(v):
+                return ir.Constant(v64, [v] * 64)
+
             def scalar_f16(row, at):
                 one = half_to_float(builder, load(row, at, ir.VectorType(_I16, 1)))
                 return builder.extract_element(one, _I32(0))
 
-            aux_at = builder.mul(nblocks, i64(128))  # Q4_K's scales and mins, Q5_K's and Q6_K's plane
-            plane_bytes = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64}[kind]
-            scales_at = builder.add(aux_at, builder.mul(nblocks, i64(plane_bytes)))
-            d_at = builder.add(scales_at, builder.mul(nblocks, i64(16)))
+            def at(start, b, size):
+                return builder.add(start, builder.mul(b, i64(size)))
+
+            # the parts of a row (module doc): quants, planes, scales (and mins), d (and dmin)
+            aux_at = builder.mul(nblocks, i64(64 if two_bit else 128))
+            scales_at = builder.add(aux_at, builder.mul(nblocks, i64(_PLANE_BYTES[kind])))
+            d_at = builder.add(scales_at, builder.mul(nblocks, i64(32 if kind == WQ2_K else 16)))
             dmin_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
 
-            accs, mins = accumulators(builder, v16f, m, n), accumulators(builder, v8f, m, n)
+            accs = accumulators(builder, v16f, m, n)
+            mins = accumulators(builder, v16f if kind == WQ2_K else v8f, m, n)
 
-            def fifth_bits(row, at, w):
-                """Q5_K: bit 4 of the weights of chunk c (64c + i) from plane byte i % 32, bit
-                2c + i // 32, or-ed into the nibbles ``w[c]``."""
-                plane = load(row, at, ir.VectorType(_I8, 32))
+            def or_bit_plane(row, start, w, value):
+                """Q5_K's fifth / Q3_K's third bit of the weights of chunk c (64c + i), from byte
+                i % 32 of the 32-byte plane at ``start``, bit 2c + i // 32: ``value`` or-ed into
+                ``w[c]`` where it is set."""
+                plane = load(row, start, ir.VectorType(_I8, 32))
                 both = builder.shuffle_vector(plane, plane, ir.Constant(ir.VectorType(_I32, 64),
                                                                         [i % 32 for i in range(64)]))
-                zero, sixteen = ir.Constant(v64, [0] * 64), ir.Constant(v64, [16] * 64)
                 for c in range(4):
                     mask = ir.Constant(v64, [1 << (2 * c + i // 32) for i in range(64)])
-                    isset = builder.icmp_unsigned("!=", builder.and_(both, mask), zero)
-                    w[c] = builder.or_(w[c], builder.select(isset, sixteen, zero))
+                    isset = builder.icmp_unsigned("!=", builder.and_(both, mask), const(0))
+                    w[c] = builder.or_(w[c], builder.select(isset, const(value), const(0)))
+
+            def quants(row, b):
+                """The weights' unsigned quants as four 64-lane chunks (weights 64c .. 64c + 63)."""
+                if two_bit:  # byte i: weights i, 64 + i, 128 + i, 192 + i in bits 0-1, 2-3, 4-5, 6-7
+                    plane = load(row, at(i64(0), b, 64), v64)
+                    w = [builder.and_(builder.lshr(plane, const(2 * c)), const(3)) for c in range(4)]
+                else:
+                    nib = [load(row, builder.add(at(i64(0), b, 128), i64(64 * h)), v64) for h in (0, 1)]
+                    low = [builder.and_(v, const(0x0F)) for v in nib]
+                    high = [builder.lshr(v, const(4)) for v in nib]
+                    w = [low[0], low[1], high[0], high[1]]
+                if kind == WQ6_K:  # the top 2 bits of chunk c are bits 2c, 2c+1 of the plane
+                    plane = load(row, at(aux_at, b, 64), v64)
+                    for c in range(4):
+                        top = builder.and_(builder.lshr(plane, const(2 * c)), const(3))
+                        w[c] = builder.or_(w[c], builder.shl(top, const(4)))
+                elif kind in (WQ5_K, WQ3_K):
+                    or_bit_plane(row, at(aux_at, b, 32), w, 16 if kind == WQ5_K else 4)
+                return w
 
             def superblock(b):
                 acts = []
                 for i in range(n):
                     x_at = builder.mul(b, i64(256))
                     chunks = [load(xq_rows[i], builder.add(x_at, i64(64 * c)), v64) for c in range(4)]
-                    starts = [ir.Constant(v16i, [0] * 16)] * 4
-                    if kind == WQ6_K:  # -32 * bsum of each sub-block of 16 in its first lane
-                        at = [builder.add(builder.mul(b, i64(64)), i64(16 * c)) for c in range(4)]
-                        five = ir.Constant(v16i, [5] * 16)
-                        starts = [builder.shl(load(n16_rows[i], a, v16i), five) for a in at]
+                    starts = None  # per16: minus the activations' sum of each 16 at lane 4j
+                    if per16:
+                        starts = [load(n16_rows[i], builder.add(builder.mul(b, i64(64)), i64(16 * c)), v16i)
+                                  for c in range(4)]
+                        if zero_shift is not None:  # times the zero point: the lanes' starting values
+                            shift = ir.Constant(v16i, [zero_shift] * 16)
+                            starts = [builder.shl(v, shift) for v in starts]
                     xd_b = builder.load(builder.gep(xd_rows[i], [b], inbounds=True))
-                    bsums = load(b32_rows[i], builder.mul(b, i64(8)), v8i) if kind != WQ6_K else None
+                    bsums = None if per16 else load(b32_rows[i], builder.mul(b, i64(8)), v8i)
                     acts.append((chunks, starts, xd_b, bsums))
                 for j, row in enumerate(weight_rows):
-                    nib = [load(row, builder.add(builder.mul(b, i64(128)), i64(64 * h)), v64) for h in (0, 1)]
-                    low = [builder.and_(v, ir.Constant(v64, [0x0F] * 64)) for v in nib]
-                    high = [builder.lshr(v, ir.Constant(v64, [4] * 64)) for v in nib]
-                    w = [low[0], low[1], high[0], high[1]]  # weights 0-63, 64-127, 128-191, 192-255
-                    if kind == WQ6_K:
-                        plane = load(row, builder.add(aux_at, builder.mul(b, i64(64))), v64)
-                        for c in range(4):  # the top 2 bits of chunk c are bits 2c, 2c+1 of the plane
-                            top = builder.and_(builder.lshr(plane, ir.Constant(v64, [2 * c] * 64)),
-                                               ir.Constant(v64, [3] * 64))
-                            w[c] = builder.or_(w[c], builder.shl(top, ir.Constant(v64, [4] * 64)))
-                        sc = builder.sext(load(row, builder.add(scales_at, builder.mul(b, i64(16))),
-                                               ir.VectorType(_I8, 16)), v16i)
-                        # a scale per 16 weights: 4 lanes
+                    w = quants(row, b)
+                    sc_at = at(scales_at, b, 32 if kind == WQ2_K else 16)
+                    if per16:  # a scale per 16 weights: 4 lanes
+                        sc = load(row, sc_at, ir.VectorType(_I8, 16))
+                        sc = builder.zext(sc, v16i) if kind == WQ2_K else builder.sext(sc, v16i)
                         per_lane = [[4 * c + k // 4 for k in range(16)] for c in range(4)]
-                    else:
-                        if kind == WQ5_K:
-                            fifth_bits(row, builder.add(aux_at, builder.mul(b, i64(32))), w)
-                        at = builder.add(scales_at, builder.mul(b, i64(16)))
-                        sc = builder.zext(load(row, at, ir.VectorType(_I8, 8)), v8i)
-                        mn = builder.zext(load(row, builder.add(at, i64(8)), ir.VectorType(_I8, 8)), v8i)
-                        # a scale per 32 weights: 8 lanes
+                        mn = builder.zext(load(row, builder.add(sc_at, i64(16)), ir.VectorType(_I8, 16)),
+                                          v16i) if kind == WQ2_K else None
+                    else:  # a scale per 32 weights: 8 lanes
+                        sc = builder.zext(load(row, sc_at, ir.VectorType(_I8, 8)), v8i)
+                        mn = builder.zext(load(row, builder.add(sc_at, i64(8)), ir.VectorType(_I8, 8)), v8i)
                         per_lane = [[2 * c + k // 8 for k in range(16)] for c in range(4)]
                     spreads = [builder.shuffle_vector(sc, sc, ir.Constant(v16i, lanes)) for lanes in per_lane]
-                    d = scalar_f16(row, builder.add(d_at, builder.mul(b, i64(2))))
-                    dmin = None
-                    if kind != WQ6_K:
-                        dmin = scalar_f16(row, builder.add(dmin_at, builder.mul(b, i64(2))))
+                    min_spreads = ([builder.shuffle_vector(mn, mn, ir.Constant(v16i, lanes)) for lanes in per_lane]
+                                   if kind == WQ2_K else None)
+                    d = scalar_f16(row, at(d_at, b, 2))
+                    dmin = scalar_f16(row, at(dmin_at, b, 2)) if mn is not None else None
                     prepared = [dot_scales(builder, spread) for spread in spreads]
                     for i, (chunks, starts, xd_b, bsums) in enumerate(acts):
                         total = ir.Constant(v16i, [0] * 16)
+                        min_total = ir.Constant(v16i, [0] * 16)
                         for c in range(4):  # (start + dot) * scale, lane by lane
-                            scaled = lanes_dot_scaled(builder, w[c], chunks[c], prepared[c])
-                            total = builder.add(total, scaled)
-                            if kind == WQ6_K:
+                            total = builder.add(total, lanes_dot_scaled(builder, w[c], chunks[c], prepared[c]))
+                            if zero_shift is not None:
                                 total = builder.add(total, builder.mul(starts[c], spreads[c]))
+                            elif kind == WQ2_K:  # - min * sum per 16, at lane 4j
+                                min_total = builder.add(min_total, builder.mul(starts[c], min_spreads[c]))
                         scale, acc = splat(builder, builder.fmul(d, xd_b), 16), accs[j][i]
                         summed = fmuladd(builder, builder.sitofp(total, v16f), scale, builder.load(acc))
                         builder.store(summed, acc)
                         if dmin is not None:
-                            prod = builder.sitofp(builder.mul(mn, bsums), v8f)
-                            scale = splat(builder, builder.fmul(dmin, xd_b), 8)
+                            prod = (builder.sitofp(min_total, v16f) if kind == WQ2_K
+                                    else builder.sitofp(builder.mul(mn, bsums), v8f))
+                            scale = splat(builder, builder.fmul(dmin, xd_b), prod.type.count)
                             builder.store(fmuladd(builder, prod, scale, builder.load(mins[j][i])), mins[j][i])
 
             with cgutils.for_range(builder, nblocks) as loop:
                 superblock(loop.index)
-            sums = totals(builder, accs, mins, builder.fsub if kind != WQ6_K else None)
+            # Q4_K, Q5_K: minus dmin * the mins' sums; Q2_K's are negative already
+            combine = {WQ4_K: builder.fsub, WQ5_K: builder.fsub, WQ2_K: builder.fadd}.get(kind)
+            sums = totals(builder, accs, mins, combine)
             return context.make_tuple(builder, sig.return_type, sums)
         return types.UniTuple(types.float32, m * n)(w, wi, stride, nb, xq, t0, xd, nsum16, bsum32), codegen
     return dot
@@ -214,7 +268,7 @@ def _super_dot(kind: int, m: int, n: int):
 
 def _by_kind(m, n):
     """One function over the super-block dots of m weight rows and n activation rows."""
-    q4_k, q6_k, q5_k = (_super_dot(k, m, n) for k in SUPER_KINDS)
+    q4_k, q6_k, q5_k, q2_k, q3_k = (_super_dot(k, m, n) for k in SUPER_KINDS)
 
     @njit(inline="always")
     def dot(kind, w, wi, stride, nb, xq, t, xd, nsum16, bsum32):
@@ -222,6 +276,10 @@ def _by_kind(m, n):
             return q4_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
         if kind == WQ5_K:
             return q5_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
+        if kind == WQ2_K:
+            return q2_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
+        if kind == WQ3_K:
+            return q3_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
         return q6_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
     return dot
 

@@ -52,7 +52,7 @@ from ..kernels.quant import ROW_CHUNK, pace
 from ..kernels.quant_int8 import int8_enabled, quantize_q8_k, repacked, supports
 from ..kernels.quant_int8_products import KINDS, call_product_at, product_address
 from ..kernels.quant_int8_rows import quantize_grouped
-from ..kernels.quant_int8_superblocks import SUPER_KINDS
+from ..kernels.quant_int8_superblocks import is_superblock_kind
 from ..kernels.quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled
 from ..kernels.spin_barrier import PAD, abort, counters, meet
 from .kv_cache import KVCache
@@ -66,7 +66,6 @@ VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "bo", "b_gate", "b_up", "b
 _NM, _NV = len(MATRICES), len(VECTORS)
 _WQ, _WK, _WV, _WO, _GATE, _UP, _DOWN = range(_NM)
 _ANORM, _FNORM, _BQ, _BK, _BV, _BO, _BGATE, _BUP, _BDOWN, _QNORM, _KNORM, _APOST, _FPOST = range(_NV)
-_SUPER = tuple(SUPER_KINDS)
 # A thread's share of a matrix is multiplied in pieces of about this many bytes (see _product):
 # the pieces keep 2-3 rows' passes over a piece in the L2 cache; for one row the piece size
 # measured alike, the kernels prefetching as they stream (docs/kernels.md).
@@ -85,11 +84,6 @@ MAX_ROWS = 64
 def _share(n, tid, threads):
     """Thread ``tid``'s part ``[lo, hi)`` of ``n`` items."""
     return n * tid // threads, n * (tid + 1) // threads
-
-
-@njit(inline="always")
-def _is_super(kind):
-    return kind == _SUPER[0] or kind == _SUPER[1] or kind == _SUPER[2]
 
 
 @njit(cache=True, nogil=True)
@@ -112,7 +106,7 @@ def _quantize(x, acts, kinds, first, count):
     grouped, k = acts
     need_g = need_k = False
     for m in range(first, first + count):
-        if _is_super(kinds[m]):
+        if is_superblock_kind(kinds[m]):
             need_k = True
         else:
             need_g = True
@@ -183,7 +177,7 @@ def _product(m, mats, kinds, rows, fns, acts, tid, threads, out):
     fn = fns[kind]
     for r0 in range(lo, hi, step):
         r1 = min(hi, r0 + step)
-        if _is_super(kind):
+        if is_superblock_kind(kind):
             call_product_at(fn, address, n, row_bytes, r0, r1, k[0], k[1], k[4], k[5], out)
         else:
             call_product_at(fn, address, n, row_bytes, r0, r1, grouped[0], grouped[1], grouped[2], grouped[3],

@@ -7,7 +7,7 @@ Activation quantizers: bit for bit against ports of ``quantize_row_q8_0_ref`` / 
 Products: against ``ggml_vec_dot_<w>_<x>``'s formula summed in float64 from both sides' ints and
 scales. The weight ints come from gguf-py (the oracle for the block layouts): dequantizing a copy
 of the blocks with the super scale d set to 1 (and the min scale to 0) gives each weight's
-``sub-scale * quant`` (Q4_K, Q5_K: with d = 0 and dmin = 1, minus its min). The kernel's integer sums
+``sub-scale * quant`` (Q2_K, Q4_K, Q5_K: with d = 0 and dmin = 1, minus its min). The kernel's integer sums
 are exact, so it differs from the oracle only by its float32 operations per block (two products
 and up to two sums) and the sum over blocks: at most (blocks + 4) * 2^-24 of the sum of the
 terms' magnitudes.
@@ -162,7 +162,8 @@ def test_quantizer_rejects_bad_input():
 # weight type -> (activation kind, byte offsets of the f16 super scale d and of the min scale)
 DOT = {GT.Q4_0: ("Q8_0", 0, None), GT.Q4_1: ("Q8_1", 0, 2), GT.Q5_0: ("Q8_0", 0, None),
        GT.Q5_1: ("Q8_1", 0, 2), GT.Q8_0: ("Q8_0", 0, None), GT.Q4_K: ("Q8_K", 0, 2),
-       GT.Q5_K: ("Q8_K", 0, 2), GT.Q6_K: ("Q8_K", 208, None)}
+       GT.Q5_K: ("Q8_K", 0, 2), GT.Q6_K: ("Q8_K", 208, None), GT.Q2_K: ("Q8_K", 80, 82),
+       GT.Q3_K: ("Q8_K", 108, None)}
 
 
 def f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -195,7 +196,7 @@ def reference_products(data: np.ndarray, ggml_type: GT, X: np.ndarray):
     scale = [np.einsum("rbe,tbe->trb", np.abs(ints), np.abs(xq)) * np.abs(d_w[None] * xd[:, None, :])]
     if ggml_type in (GT.Q4_1, GT.Q5_1):  # + m * s, s = fp16(d_x * sum(q_x))
         terms.append(f16_field(blocks, m_at)[None] * act.s.astype(F64)[:, None, :])
-    elif ggml_type in (GT.Q4_K, GT.Q5_K):  # - dmin * d_x * sum(min * bsums)
+    elif ggml_type in (GT.Q2_K, GT.Q4_K, GT.Q5_K):  # - dmin * d_x * sum(min * bsums)
         mins = with_scales(blocks, ggml_type, {d_at: 0.0, m_at: 1.0}).reshape(rows, nb, elems)
         terms.append(np.einsum("rbe,tbe->trb", mins, xq) * f16_field(blocks, m_at)[None] * xd[:, None, :])
     scale += [np.abs(t) for t in terms[1:]]
@@ -344,7 +345,7 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path, monkeypatch):
     rows take the row layout, 48 (whole tiles) Q4_0 / Q4_1 / Q8_0's tiles."""
     rng = np.random.default_rng(5)
     cases = {}
-    formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q5_K, GT.Q6_K)
+    formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K)
     names = []
     for ggml_type in formats:
         cols = 7 * 32 if GGML_QUANT_SIZES[ggml_type][0] == 32 else 2 * 256  # groups of 4, 2 and 1 blocks
