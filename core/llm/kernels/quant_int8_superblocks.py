@@ -106,8 +106,9 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     rows = blocks.shape[0]
     if kind == WQ2_K:  # 2-bit pairs; 4-bit scales, 4-bit mins; d; dmin
         sub = blocks[:, :, 0:16]
-        parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 16:80])), np.concatenate([sub & 0x0F, sub >> 4], -1),
-                 blocks[:, :, 80:82], blocks[:, :, 82:84]]
+        scales_mins = np.concatenate([sub & 0x0F, sub >> 4], -1)
+        parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 16:80])), scales_mins, blocks[:, :, 80:82],
+                 blocks[:, :, 82:84]]
     elif kind == WQ3_K:  # 2-bit pairs; the file's mask of third bits; int8 scales; d
         parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 32:96])), blocks[:, :, 0:32],
                  q3_k_scales(blocks[:, :, 96:108]).view(np.uint8), blocks[:, :, 108:110]]
@@ -232,9 +233,9 @@ def _super_dot(kind: int, m: int, n: int):
                         sc = builder.zext(load(row, sc_at, ir.VectorType(_I8, 8)), v8i)
                         mn = builder.zext(load(row, builder.add(sc_at, i64(8)), ir.VectorType(_I8, 8)), v8i)
                         per_lane = [[2 * c + k // 8 for k in range(16)] for c in range(4)]
-                    spreads = [builder.shuffle_vector(sc, sc, ir.Constant(v16i, lanes)) for lanes in per_lane]
-                    min_spreads = ([builder.shuffle_vector(mn, mn, ir.Constant(v16i, lanes)) for lanes in per_lane]
-                                   if kind == WQ2_K else None)
+                    spreads, min_spreads = ([builder.shuffle_vector(v, v, ir.Constant(v16i, lanes))
+                                             for lanes in per_lane] if v is not None else None
+                                            for v in (sc, mn if kind == WQ2_K else None))
                     d = scalar_f16(row, at(d_at, b, 2))
                     dmin = scalar_f16(row, at(dmin_at, b, 2)) if mn is not None else None
                     prepared = [dot_scales(builder, spread) for spread in spreads]
@@ -242,7 +243,8 @@ def _super_dot(kind: int, m: int, n: int):
                         total = ir.Constant(v16i, [0] * 16)
                         min_total = ir.Constant(v16i, [0] * 16)
                         for c in range(4):  # (start + dot) * scale, lane by lane
-                            total = builder.add(total, lanes_dot_scaled(builder, w[c], chunks[c], prepared[c]))
+                            dot = lanes_dot_scaled(builder, w[c], chunks[c], prepared[c])
+                            total = builder.add(total, dot)
                             if zero_shift is not None:
                                 total = builder.add(total, builder.mul(starts[c], spreads[c]))
                             elif kind == WQ2_K:  # - min * sum per 16, at lane 4j

@@ -36,7 +36,8 @@ def random_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator)
     block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
     blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
     # Every byte pattern is a valid block except for the float16 scales: make those finite.
-    for at in {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,)}[ggml_type]:
+    scale_bytes = {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,)}
+    for at in scale_bytes[ggml_type]:
         scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at:at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return blocks.reshape(rows, -1)
