@@ -52,6 +52,7 @@ from gguf import quants as gguf_quants  # decoders of the types without a kernel
 from numba import njit, prange
 
 from ...errors import LoomShapeError, ModelFormatError
+from . import mapped_pages
 from .cpu_threads import ThreadChooser
 from .kernel_hints import prefetch_row, wide_vectors
 
@@ -618,6 +619,51 @@ class DecodedFormat(PlainFormat):
         return gguf_quants.dequantize(raw, GT(self.ggml_type)).astype(F32, copy=False)
 
 
+class ConvertedFormat(DecodedFormat):
+    """A 32-weight format whose weights are exactly Q8_0's, an int8 value times a float16 scale:
+    IQ4_NL (a nibble's entry in a table of 16 int8) and MXFP4 (the same with E2M1's doubled
+    values, and a power-of-two E8M0 scale). Converted to Q8_0 blocks at construction (34 bytes a
+    block for the file's 17-18), so that Q8_0's kernels multiply it in both modes with the
+    integers llama.cpp's own kernels use; decoded to float32 instead when a scale has no float16
+    (an MXFP4 exponent beyond float16's range)."""
+
+    table: ClassVar[tuple[int, ...]]  # each nibble's int8 value
+
+    def to_q8_0(self, raw: np.ndarray) -> np.ndarray | None:
+        """uint8 blocks [rows, bytes per row] as Q8_0 blocks, or None."""
+        blocks = raw.reshape(raw.shape[0], -1, self.block_bytes)
+        scale = self.f16_scales(blocks)
+        if scale is None:
+            return None
+        qs = blocks[:, :, self.block_bytes - 16:]
+        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # weights 0-15, then 16-31
+        values = np.array(self.table, np.int8)[nibbles]
+        return np.concatenate([scale, values.view(np.uint8)], axis=-1).reshape(raw.shape[0], -1)
+
+    def f16_scales(self, blocks: np.ndarray) -> np.ndarray | None:
+        """Each block's scale as float16 bytes ``[rows, nb, 2]``, or None."""
+        raise NotImplementedError
+
+
+class _IQ4_NL(ConvertedFormat):
+    ggml_type, block_elems, block_bytes = GT.IQ4_NL, 32, 18
+    table = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+    def f16_scales(self, blocks):
+        return blocks[:, :, :2]
+
+
+class _MXFP4(ConvertedFormat):
+    ggml_type, block_elems, block_bytes = GT.MXFP4, 32, 17
+    table = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+    def f16_scales(self, blocks):
+        e = blocks[:, :, 0].astype(np.int32)  # E8M0 halved (ggml_e8m0_to_fp32_half): 2^(e - 128)
+        if e.size and (e.min() < 104 or e.max() > 143):  # float16 holds 2^-24 .. 2^15
+            return None
+        return np.ldexp(np.float16(1), e - 128).astype("<f2").view(np.uint8).reshape(*e.shape, 2)
+
+
 class _Q8_K(DecodedFormat):
     """llama.cpp's activation blocks, which a file may also hold: float32 d, 256 int8 quants,
     16 int16 sums (unused here); weight = d * q (``dequantize_row_q8_K``)."""
@@ -637,8 +683,8 @@ def _register_decoded(names: tuple[str, ...]) -> None:
         type(f"_{name}", (DecodedFormat,), fields)
 
 
-_register_decoded(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
-                   "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"))  # the types gguf-py decodes
+_register_decoded(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "TQ1_0",
+                   "TQ2_0", "NVFP4"))  # the types gguf-py decodes
 
 
 def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -776,7 +822,9 @@ class _Q6_K(BlockFormat):
 
 
 SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
-DECODED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, DecodedFormat))
+CONVERTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, ConvertedFormat))
+DECODED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, DecodedFormat)
+                                       and GT(t).name not in CONVERTED_TYPES)
 
 
 _tiles = threading.local()
@@ -824,6 +872,11 @@ class QuantMatrix:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
         raw = read_only(self._raw_bytes(data, fmt, name))
+        self.converted_from = ""  # the file's type when its blocks were converted to Q8_0's
+        if isinstance(fmt, ConvertedFormat) and (q8 := fmt.to_q8_0(raw)) is not None:
+            mapped_pages.release(raw)
+            self.converted_from, self.ggml_type = self.type_name, int(GT.Q8_0)
+            raw, fmt = read_only(q8), FORMATS[GT.Q8_0]
         self._q, self._dense, self._fmt = None, None, fmt
         self._kernel_args: tuple | None = None  # the float kernels' (_float_args), on first use
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)
@@ -831,6 +884,7 @@ class QuantMatrix:
         if isinstance(fmt, PlainFormat):
             self._dense = read_only(np.ascontiguousarray(fmt.to_f32(raw)))
             if self.decoded:
+                mapped_pages.release(raw)  # read again only by an export
                 self._q = raw  # the file's blocks, for an export that keeps them
         else:
             self._q = raw

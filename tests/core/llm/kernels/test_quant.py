@@ -111,23 +111,41 @@ def decoded_type_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Gene
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("ggml_type", DECODED, ids=lambda t: t.name)
-def test_decoded_types_match_llama_cpp(ggml_type):
+CONVERTED = [GT[name] for name in quant.CONVERTED_TYPES]
+
+
+@pytest.mark.parametrize("ggml_type", DECODED + CONVERTED, ids=lambda t: t.name)
+def test_decoded_and_converted_types_match_llama_cpp(ggml_type):
     rng = np.random.default_rng(int(ggml_type))
     rows, cols = 37, max(2 * GGML_QUANT_SIZES[ggml_type][0], 256)
     data = decoded_type_blocks(ggml_type, rows, cols, rng)
     W = llamacpp.dequantize(data, ggml_type.name)
     assert np.isfinite(W).all()
     m = QuantMatrix(data, ggml_type, (rows, cols))
-    assert m.decoded and m.raw_blocks is not None
     np.testing.assert_array_equal(m.dequantize().view(np.uint32), W.view(np.uint32))
-    np.testing.assert_array_equal(m.raw_blocks, data)  # kept for export
+    if ggml_type in CONVERTED:  # Q8_0 blocks of the same weights: Q8_0's kernels in both modes
+        assert (m.type_name, m.converted_from, m.decoded) == ("Q8_0", ggml_type.name, False)
+        np.testing.assert_array_equal(quants.dequantize(m.raw_blocks, GT.Q8_0), W)
+    else:
+        assert m.decoded and m.converted_from == ""
+        np.testing.assert_array_equal(m.raw_blocks, data)  # kept for export
     ids = rng.integers(0, rows, 7)
     np.testing.assert_array_equal(m.rows(ids), W[ids])
     x = rng.standard_normal(cols).astype(np.float32)
     assert_product_close(m.matvec(x)[None], W, x[None])
     X = rng.standard_normal((5, cols)).astype(np.float32)
     assert_product_close(m.matmul(X), W, X)
+
+
+def test_mxfp4_scales_beyond_float16_decode_to_float32():
+    """E8M0 exponents of 2^-25 and 2^16 have no float16: such a matrix is decoded, not converted."""
+    rng = np.random.default_rng(10)
+    for exponent in (128 - 25, 128 + 16):
+        data = decoded_type_blocks(GT.MXFP4, 3, 64, rng)
+        data.reshape(3, 2, 17)[1, 0, 0] = exponent
+        m = QuantMatrix(data, GT.MXFP4, (3, 64))
+        assert (m.type_name, m.decoded) == ("MXFP4", True)
+        np.testing.assert_array_equal(m.dequantize(), llamacpp.dequantize(data, "MXFP4"))
 
 
 def test_decoded_types_convert_in_parts(monkeypatch):
@@ -141,7 +159,7 @@ def test_decoded_types_convert_in_parts(monkeypatch):
 
 def test_every_format_is_registered_with_gguf_block_sizes():
     """One table, filled by declaring ``ggml_type``: each entry's block geometry is gguf-py's."""
-    assert set(quant.FORMATS) == {*QUANTIZED, *DECODED, GT.F32, GT.F16, GT.BF16}
+    assert set(quant.FORMATS) == {*QUANTIZED, *DECODED, *CONVERTED, GT.F32, GT.F16, GT.BF16}
     for ggml_type, fmt in quant.FORMATS.items():
         assert fmt.ggml_type == ggml_type
         assert (fmt.block_elems, fmt.block_bytes) == GGML_QUANT_SIZES[GT(ggml_type)]

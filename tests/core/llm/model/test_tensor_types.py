@@ -64,7 +64,7 @@ def encoder(fmt: str, decoded: bool):
     return encode
 
 
-@pytest.mark.parametrize("fmt", ["IQ4_XS", "IQ4_NL", "MXFP4", "TQ1_0", "TQ2_0"])
+@pytest.mark.parametrize("fmt", ["IQ4_XS", "TQ1_0", "TQ2_0"])
 def test_a_model_in_a_decoded_type_equals_its_float_twin(tmp_path, wide_llama, fmt):
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     twin = write_gguf(tmp_path / "f.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, True))
@@ -96,23 +96,25 @@ def exact_logits(path: Path, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         net.close()
 
 
-@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "MXFP4"])
 def test_a_model_in_a_kernel_type_matches_its_float_twin(tmp_path, wide_llama, fmt):
     """Blocks multiplied in place, against the float32 twin: the same weights, summed in another
     order (the kernels' lanes), so equal within float32 rounding."""
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     twin = write_gguf(tmp_path / "f.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, True))
-    assert describe(path).decoded_types == ()
+    info = describe(path)
+    assert info.decoded_types == ()
+    assert info.converted_types == ((fmt,) if fmt in ("IQ4_NL", "MXFP4") else ())
     ids = np.random.default_rng(2).integers(0, 256, 12)
     for a, b in zip(exact_logits(path, ids), exact_logits(twin, ids), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 @pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
-@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K"])
-def test_k_quants_decode_fused_as_on_the_grid(tmp_path, wide_llama, spy, monkeypatch, fmt, n_threads):
-    """With 8-bit activations the fused step multiplies the K-quants by their integer kernels,
-    bit for bit as the grid does, in every step."""
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL"])
+def test_new_types_decode_fused_as_on_the_grid(tmp_path, wide_llama, spy, monkeypatch, fmt, n_threads):
+    """With 8-bit activations the fused step multiplies the K-quants (and IQ4_NL, as Q8_0) by
+    their integer kernels, bit for bit as the grid does, in every step."""
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     net = load_causal_lm(path)
     prompt = [5, 17, 42, 3, 88, 11]
