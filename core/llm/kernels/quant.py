@@ -559,6 +559,11 @@ class GgmlFormat:
     block_bytes: ClassVar[int]
     array_dtypes: ClassVar[tuple[str, ...]] = ()  # accepted in place of raw bytes, shaped as the matrix
 
+    @property
+    def name(self) -> str:
+        """The ggml type's name, e.g. ``"Q4_K"``."""
+        return GT(self.ggml_type).name
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "ggml_type" in cls.__dict__:
@@ -822,9 +827,9 @@ class _Q6_K(BlockFormat):
 
 
 SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
-CONVERTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, ConvertedFormat))
-DECODED_TYPES: tuple[str, ...] = tuple(GT(t).name for t, f in FORMATS.items() if isinstance(f, DecodedFormat)
-                                       and GT(t).name not in CONVERTED_TYPES)
+CONVERTED_TYPES: tuple[str, ...] = tuple(f.name for f in FORMATS.values() if isinstance(f, ConvertedFormat))
+DECODED_TYPES: tuple[str, ...] = tuple(f.name for f in FORMATS.values()
+                                       if isinstance(f, DecodedFormat) and f.name not in CONVERTED_TYPES)
 
 
 _tiles = threading.local()
