@@ -61,6 +61,7 @@ from .workers import Job, JobRunner
 
 ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
 COLUMNS = ("Name", "Kind", "Source", "Size", "Mode", "State")
+CANNOT_LOAD = "cannot load"  # the Mode of a file this build cannot run (its tooltip and details say why)
 NETWORK_FILTER = "Loom networks (*.json *.loom);;All files (*)"
 PROGRESS_STEPS = 1000  # the bar counts permille, so multi-GB byte counts never overflow its int range
 KERNELS_POLL_MS = 1000  # how often a first run's kernel count is read while they compile
@@ -345,9 +346,10 @@ class ModelsPanel(QWidget):
     # ----- list rows -------------------------------------------------------------------------------
     def _row_items(self, entry: Entry) -> list[QStandardItem]:
         items = [QStandardItem(text) for text in self._row_texts(entry)]
+        problem = getattr(entry, "problem", "")
         for item in items:
             item.setEditable(False)
-            item.setToolTip(str(entry.path))
+            item.setToolTip(f"{entry.path}\n{problem}" if problem else str(entry.path))
         items[0].setData(entry, ENTRY_ROLE)
         return items
 
@@ -357,7 +359,7 @@ class ModelsPanel(QWidget):
             size = format_count(model_parts(entry.net).layers, "layer")
             return [entry.name, kind, "file", size, "", "open"]
         size = format_bytes(entry.size) if entry.size else ""
-        mode = self._modes.get(_key(entry), "")
+        mode = self._modes.get(_key(entry), CANNOT_LOAD if entry.problem else "")
         if _key(entry) == self._loaded_key:
             state = "loaded"
         elif entry.source == "builtin":
@@ -409,8 +411,9 @@ class ModelsPanel(QWidget):
         entry = self.selected_entry()
         if seq == self._describe_seq and isinstance(entry, ModelEntry):
             self.current_info = info
-            self._show_details(_info_rows(info))
-            self._set_mode(_key(entry), info.mode)
+            rows = _info_rows(info)
+            self._show_details([("Problem", info.problem), *rows] if info.problem else rows)
+            self._set_mode(_key(entry), CANNOT_LOAD if info.problem else info.mode)
 
     def _set_mode(self, key: str, mode: str) -> None:
         self._modes[key] = mode
@@ -421,6 +424,7 @@ class ModelsPanel(QWidget):
     def _on_describe_failed(self, seq: int, entry: ModelEntry, message: str) -> None:
         if seq == self._describe_seq:
             self._show_details([("Name", entry.name), ("Path", str(entry.path)), ("Error", message)])
+            self._set_mode(_key(entry), CANNOT_LOAD)
 
     def _show_details(self, rows: list[tuple[str, str]]) -> None:
         while self._form.rowCount():

@@ -48,7 +48,7 @@ def cmd_list(args) -> int:
     print_table(("name", "kind", "source", "size", "path"), rows)
     rejected = [e for e in found if e.problem]
     if rejected:
-        print(f"\nnot models ({len(rejected)}):")
+        print(f"\ncannot load ({len(rejected)}):")
         for e in rejected:
             print(f"  {e.path}: {e.problem}")
     return 0
@@ -88,7 +88,7 @@ def cmd_info(args) -> int:
             ("tensor types", info.types_text),
             ("chat template", "yes" if info.chat_template else "no (fallback)"),
             ("file size", format_bytes(info.file_bytes)),
-            ("estimated memory", info.memory_text)]
+            ("estimated memory", info.memory_text)] + ([("problem", info.problem)] if info.problem else [])
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

@@ -33,7 +33,7 @@ def test_models_list_puts_files_that_are_not_models_apart_with_the_reason(tmp_pa
     (tmp_path / "real.gguf").write_bytes(_gguf_header().ljust(64, b"\0"))
     assert main(["models", "list", str(tmp_path), "--no-defaults"]) == 0
     out = capsys.readouterr().out
-    table, rejected = out.split("\nnot models (2):\n")
+    table, rejected = out.split("\ncannot load (2):\n")
     assert "real" in table and "empty" not in table and "fake" not in table
     real = next(line for line in table.splitlines() if line.startswith("real "))
     assert " 64 B " in real  # the size in the unit every panel uses (not "0.0 MiB")

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import gguf
 import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6.QtGui import QColor, QPalette
@@ -26,7 +27,7 @@ from loomlab.core.llm.model import model_info
 from loomlab.core.llm.model.model_info import CHAT, COMPLETION
 from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
 from loomlab.views import models_panel
-from loomlab.views.models_panel import COLUMNS, ModelsPanel, NetworkEntry
+from loomlab.views.models_panel import CANNOT_LOAD, COLUMNS, ModelsPanel, NetworkEntry
 from loomlab.views.workers import JobRunner
 
 from .contrast import AA, assert_legible, contrast, dark_theme
@@ -101,6 +102,27 @@ def test_details_of_a_broken_file_show_the_format_error(make_panel, qtbot, tmp_p
     _select(qtbot, panel, "tiny-fake")
     assert str(expected.value) in panel.details()["Error"]
     assert panel.current_info is None and panel.load_button.isEnabled()  # still usable, no crash
+
+
+def test_a_model_this_build_cannot_run_is_listed_with_the_reason(make_panel, qtbot, tmp_path):
+    """Listed so before it is selected (the listing's cheap check reads the architecture), the
+    reason in its tooltip and, once read, first in its details; a broken file likewise."""
+    writer = gguf.GGUFWriter(str(tmp_path / "other-arch.gguf"), "deepseek2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    _fake_gguf(tmp_path, "tiny-fake.gguf")
+    panel = make_panel([str(tmp_path)])
+    row = panel.visible_names().index("other-arch")
+    reason = "architecture 'deepseek2' is not supported"
+    assert _row_text(panel, row, "Mode") == CANNOT_LOAD
+    assert reason in panel.list_view.model().index(row, 0).data(Qt.ItemDataRole.ToolTipRole)
+    _select(qtbot, panel, "other-arch")
+    qtbot.waitUntil(lambda: "Problem" in panel.details(), timeout=20000)
+    assert panel.details()["Problem"].startswith(reason) and panel.current_info.problem.startswith(reason)
+    fake = panel.visible_names().index("tiny-fake")
+    assert _row_text(panel, fake, "Mode") == CANNOT_LOAD  # a header cut short
+    assert "not a GGUF model" in panel.list_view.model().index(fake, 0).data(Qt.ItemDataRole.ToolTipRole)
 
 
 def test_filter_hides_rows_that_do_not_match(make_panel, qtbot, tmp_path):

@@ -4,8 +4,9 @@ and :func:`resolve`, the one place a model name a user typed becomes a file or f
 A model is a ``.gguf`` file, or a Hugging Face directory (``config.json`` beside
 ``model.safetensors`` or a sharded ``model.safetensors.index.json``). Any layout is accepted:
 flat, nested, symlinked (symlink loops are visited once). Each candidate gets a cheap check (a
-GGUF file's 24-byte header, an HF folder's config.json); one that fails is still listed, with
-the reason in ``problem``, so that a listing can say why a file is not a model.
+GGUF file's 24-byte header and its architecture, an HF folder's config.json); one that fails is
+still listed, with the reason in ``problem``, so that a listing can say why a file is not a model
+or not one this build runs.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pathlib import Path
 
 from ...errors import LoomConfigError, ModelFormatError, ModelNotFoundError
 from ...io.bounded_read import parse_json_text, read_small_bytes
-from . import registry
-from .gguf_file import HEADER, check_header
+from . import architectures, registry
+from .gguf_file import check_header, leading_architecture
 from .hf_files import CONFIG, INDEX, MAX_JSON_FILE_BYTES, SINGLE
 
 MAX_DEPTH = 8
+HEADER_READ_BYTES = 4096  # the fixed header and (in practice) the first metadata pair
 
 
 @dataclass(frozen=True)
@@ -108,16 +110,19 @@ def _gguf_entry(path: Path, source: str) -> ModelEntry:
 
 
 def _gguf_problem(path: Path) -> str:
-    """Why ``path`` is not a GGUF model, judged by its fixed header alone: a listing must stay
+    """Why ``path`` is not a GGUF model this build runs, judged by its fixed header and its first
+    metadata pair (the architecture, where the file puts it first) alone: a listing must stay
     fast, and reading the metadata takes 50-140 ms for the built-ins."""
     try:
         with open(path, "rb") as f:
-            check_header(f.read(HEADER.size), os.fstat(f.fileno()).st_size)
+            head = f.read(HEADER_READ_BYTES)
+            check_header(head, os.fstat(f.fileno()).st_size)
     except OSError as e:
         return f"cannot read: {e.strerror}"
     except ModelFormatError as e:
         return f"not a GGUF model: {e}"
-    return ""
+    name = leading_architecture(head)
+    return "" if name is None else architectures.unsupported(name)
 
 
 def _hf_problem(folder: Path) -> str:
@@ -131,7 +136,7 @@ def _hf_problem(folder: Path) -> str:
         return str(e)
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         return "config.json has no model_type"
-    return ""
+    return architectures.unsupported(config["model_type"])
 
 
 def _hf_name(path: Path, root: Path) -> str:

@@ -204,6 +204,20 @@ def check_header(head: bytes, size: int) -> tuple[int, int, int]:
     return version, n_tensors, n_kv
 
 
+def leading_architecture(head: bytes) -> str | None:
+    """``general.architecture`` when it is the file's first metadata pair (llama.cpp's and
+    gguf-py's writers put it first), read from the file's first bytes ``head`` (a header that
+    :func:`check_header` passed); None when it is not there or not whole in ``head``."""
+    cur = _Cursor(head, len(head), HEADER.size)
+    try:
+        key = cur.string("metadata[0].key", MAX_KEY_BYTES)
+        if key != "general.architecture" or cur.unpack(_U32, key) != _STRING:
+            return None
+        return cur.string(key, MAX_KEY_BYTES)
+    except ModelFormatError:
+        return None
+
+
 def _parse(path: Path, buf: mmap.mmap, size: int, header: tuple[int, int, int]) -> GGUFFile:
     version, n_tensors, n_kv = header
     cur = _Cursor(buf, size, HEADER.size)

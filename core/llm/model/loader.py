@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from ...errors import ModelFormatError
+from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
 from . import gemma3, llama, qwen
 from .causal_lm import CausalLM
@@ -39,7 +40,7 @@ def architecture(name: str, fld: str = "general.architecture") -> ModuleType:
     """The module implementing architecture ``name``; ModelFormatError naming ``fld`` if none does."""
     module = ARCHITECTURES.get(name)
     if module is None:
-        raise ModelFormatError(fld, f"unsupported architecture {name!r}; supported: {sorted(ARCHITECTURES)}")
+        raise ModelFormatError(fld, unsupported(name) or f"architecture {name!r} has no module")
     return module
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from ...errors import LoomConfigError, ModelFormatError
 from ...io.bounded_read import parse_json_text, read_small_text
 from ...units import format_bytes
+from ..files.architectures import unsupported
 from ..files.hf_files import TOKENIZER_CONFIG
 from ..files.weights_source import WeightSource, open_source
 from ..kernels.quant import CONVERTED_TYPES, DECODED_TYPES
@@ -67,6 +68,7 @@ class ModelInfo:
     decoded_bytes: int = 0  # what those copies cost
     converted_types: tuple[str, ...] = ()  # tensor types converted to Q8_0 blocks at load (exact)
     converted_bytes: int = 0  # what those blocks cost
+    problem: str = ""  # why this build cannot run the model ("" when it can)
 
     @property
     def mode(self) -> str:
@@ -152,7 +154,7 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
         sum(t.n_elements for t in tensors),
         tensor_types=dict(Counter(t.type_name for t in tensors).most_common()), chat_template=template,
         file_bytes=source.file.file_size, kv_cache_bytes=_kv_bytes(n),
-        supports_chat=supports_chat(template, path, meta),
+        supports_chat=supports_chat(template, path, meta), problem=unsupported(source.architecture),
         decoded_types=tuple(sorted({t.type_name for t in decoded})),
         decoded_bytes=sum(4 * t.n_elements for t in decoded),
         converted_types=tuple(sorted({t.type_name for t in converted})),
@@ -167,7 +169,8 @@ def _describe_hf(source: WeightSource) -> ModelInfo:
         str(path), "hf", path.name, source.architecture, sum(math.prod(t.shape) for t in tensors),
         tensor_types=dict(Counter(t.dtype for t in tensors).most_common()), chat_template=template,
         file_bytes=sum(Path(f).stat().st_size for f in {t.file for t in tensors}),
-        kv_cache_bytes=_kv_bytes(n), supports_chat=supports_chat(template, path, source.metadata), **n)
+        kv_cache_bytes=_kv_bytes(n), supports_chat=supports_chat(template, path, source.metadata),
+        problem=unsupported(source.architecture), **n)
 
 
 def _kv_bytes(n: dict[str, int]) -> int:

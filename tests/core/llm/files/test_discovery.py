@@ -9,6 +9,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import gguf
 import pytest
 
 from loomlab.core.errors import LoomConfigError, ModelFormatError, ModelNotFoundError
@@ -102,6 +103,28 @@ def test_files_named_like_models_that_are_not_are_listed_with_the_reason(tmp_pat
     assert "expected b'GGUF'" in found["fake.gguf"].problem
     assert found["bad-hf"].problem.startswith("config.json is not JSON")
     assert found["no-type"].problem == "config.json has no model_type"
+
+
+def test_models_of_an_architecture_this_build_cannot_run_are_listed_with_the_reason(tmp_path):
+    """The architecture is read from the GGUF's first metadata pair (gguf-py writes it first) and
+    from config.json; a file whose first pair is another key passes the cheap check."""
+    for arch in ("deepseek2", "llama"):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        _hf(tmp_path / f"hf-{arch}")
+        (tmp_path / f"hf-{arch}" / "config.json").write_text(json.dumps({"model_type": arch}))
+    other_first = tmp_path / "other-first.gguf"
+    key, value = b"general.name", b"x"
+    other_first.write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                            + struct.pack("<IQ", 8, len(value)) + value)
+    found = {e.path.name: e.problem
+             for e in discover([tmp_path], include_defaults=False, include_builtins=False)}
+    reason = ("architecture 'deepseek2' is not supported "
+              "(supported: gemma3, gemma3_text, llama, mistral, qwen2, qwen3)")
+    assert found == {"deepseek2.gguf": reason, "hf-deepseek2": reason, "llama.gguf": "", "hf-llama": "",
+                     "other-first.gguf": ""}
 
 
 def test_an_hf_config_that_is_no_small_regular_file_is_listed_with_the_reason_at_once(tmp_path):

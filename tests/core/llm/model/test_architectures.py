@@ -22,12 +22,12 @@ from loomlab.core import VolumetricNetwork
 from loomlab.core.errors import LoomConfigError, LoomShapeError, ModelFormatError
 from loomlab.core.layers.attention import MultiHeadAttention
 from loomlab.core.layers.base import make_layer
-from loomlab.core.llm.files import registry
+from loomlab.core.llm.files import architectures, registry
 from loomlab.core.llm.files.gguf_file import open_gguf
 from loomlab.core.llm.files.hf_files import open_hf
 from loomlab.core.llm.model.layer_builders import attention_layer, mlp_layer
 from loomlab.core.llm.model.llm_layers import LLMHead, LLMRMSNorm, MatrixStore
-from loomlab.core.llm.model.loader import architecture, load_causal_lm
+from loomlab.core.llm.model.loader import ARCHITECTURES, architecture, load_causal_lm
 from loomlab.core.llm.model.model_args import ModelArgs
 from loomlab.core.llm.model.rope import Rope, RopeConfig
 from loomlab.core.morph import morph_layer
@@ -205,9 +205,13 @@ def test_bad_config_names_its_field(change, field):
 def test_unknown_settings_are_ignored_and_unknown_architectures_refused():
     args = architecture("llama").Args.from_gguf(SMALL, {})
     assert (args.head_dim, args.num_kv_heads, args.norm_eps) == (16, 4, 1e-6)
-    with pytest.raises(ModelFormatError, match="unsupported architecture 'gpt2'") as info:
+    with pytest.raises(ModelFormatError, match="architecture 'gpt2' is not supported") as info:
         architecture("gpt2")
     assert info.value.field == "general.architecture"
+
+
+def test_the_listing_knows_the_architectures_the_loader_builds():
+    assert set(ARCHITECTURES) == architectures.SUPPORTED
 
 
 def test_transformers_4_and_5_gemma3_configs_agree():

@@ -1,0 +1,12 @@
+"""The architecture names (GGUF ``general.architecture``, config.json ``model_type``) that the
+model floor builds, kept here so that a listing can tell a file it cannot run before anything
+loads it; ``model.loader.ARCHITECTURES`` maps each one to its module (a test keeps them equal)."""
+
+SUPPORTED: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma3_text"})
+
+
+def unsupported(name: str) -> str:
+    """Why a model of architecture ``name`` cannot run here ("" when it can)."""
+    if name in SUPPORTED:
+        return ""
+    return f"architecture {name!r} is not supported (supported: {', '.join(sorted(SUPPORTED))})"
