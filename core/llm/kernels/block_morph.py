@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as GT
 from .quant import FORMATS, QuantMatrix
 
 #: the block formats a language model's matrices morph to, largest first
-BLOCK_FORMATS = ("Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
+BLOCK_FORMATS = ("Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "Q3_K", "Q2_K")
 
 _encoded: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (id(source), format) -> matrix
 

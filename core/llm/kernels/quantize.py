@@ -2,15 +2,16 @@
 
 ``quantize(W, "Q4_0")`` gives the bytes of ``W``'s blocks, one row of blocks per row of ``W``: what
 a :class:`~loomlab.core.llm.kernels.quant.QuantMatrix` takes (``quantize_matrix`` builds one). Formats:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32 weights) and Q4_K, Q6_K (super-blocks of 256).
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32 weights) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks
+of 256).
 
 Each encoder is a line-by-line port of ``quantize_row_*_ref`` in llama.cpp's
-``ggml/src/ggml-quants.c`` (with ``make_qkx2_quants``, ``make_qx_quants`` and ``nearest_int`` for
-the K-quants, in the paths those two call): every step in float32, in C's order of operations and
-without fused multiply-adds, float16 scales through ggml's own ``ggml_compute_fp32_to_fp16``
+``ggml/src/ggml-quants.c`` (with ``make_qkx2_quants``, ``make_qx_quants``, ``make_q3_quants`` and
+``nearest_int`` for the K-quants, in the paths they call): every step in float32, in C's order of
+operations and without fused multiply-adds, float16 scales through ggml's own ``ggml_compute_fp32_to_fp16``
 (round to nearest even), ``nearest_int`` by its magic-number trick. The blocks are therefore
 byte-identical to gguf-py's ``quants.quantize`` for the five formats it implements and to
-llama.cpp's C for all seven (``tests/core/llm/kernels/test_quantize.py`` compiles the C as its oracle).
+llama.cpp's C for all ten (``tests/core/llm/kernels/test_quantize.py`` compiles the C as its oracle).
 
 The kernels run over rows in parallel on numba's threads and release the GIL: SmolLM2-135M's
 134 M weights take seconds (``tests/bench/bench_quantize.py``).
@@ -28,7 +29,8 @@ from ...errors import LoomConfigError, LoomShapeError
 from .quant import FORMATS, KERNEL_OPTIONS, QuantMatrix
 
 F32 = np.float32
-QUANTIZE_FORMATS: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+QUANTIZE_FORMATS: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "Q5_K", "Q3_K",
+                                     "Q2_K")
 _CODE = {name: i for i, name in enumerate(QUANTIZE_FORMATS)}
 _GROUP_MAX_EPS = F32(1e-15)
 
@@ -236,12 +238,17 @@ def _pack_32(o, qs, qh, L):
 
 
 # ---------------------------------------------------------------------------------------------
-# K-quants: make_qkx2_quants (use_mad false, as Q4_K calls it) and make_qx_quants (rmse_type 1,
-# no importance weights, as Q6_K calls it).
+# K-quants: make_qkx2_quants (as Q2_K, Q4_K and Q5_K call it), make_qx_quants (rmse_type 1, no
+# importance weights, as Q6_K calls it) and make_q3_quants (do_rmse, as Q3_K calls it).
+
+
+@njit(inline="always")
+def _error(diff, use_mad):
+    return abs(diff) if use_mad else diff * diff
 
 
 @njit
-def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep):
+def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     """Returns (scale, -min); L[:n] gets the quants."""
     vmin = x[0]
     vmax = x[0]
@@ -266,7 +273,7 @@ def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep):
     for i in range(n):
         L[i] = max(0, min(nmax, _nearest_int(iscale * (x[i] - vmin))))
         diff = scale * F32(L[i]) + vmin - x[i]
-        best_error += weights[i] * (diff * diff)
+        best_error += weights[i] * _error(diff, use_mad)
     if nstep < 1:
         return scale, -vmin
     for step in range(nstep + 1):
@@ -292,7 +299,7 @@ def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep):
             cur_error = F32(0)
             for i in range(n):
                 diff = this_scale * F32(Laux[i]) + this_min - x[i]
-                cur_error += weights[i] * (diff * diff)
+                cur_error += weights[i] * _error(diff, use_mad)
             if cur_error < best_error:
                 L[:n] = Laux[:n]
                 best_error = cur_error
@@ -346,8 +353,10 @@ def _make_qx_quants(n, nmax, x, L):
 
 
 @njit
-def _q4_k_block(x, o, L, Laux, weights, scales, mins):
-    """144 bytes: f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 of nibbles."""
+def _q45_k_block(x, o, L, Laux, weights, scales, mins, nmax):
+    """Q4_K (nmax 15): 144 bytes, f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 of
+    nibbles. Q5_K (nmax 31): 176 bytes, the same with 32 bytes of fifth bits before the nibbles."""
+    five = nmax == 31
     max_scale = F32(0)
     max_min = F32(0)
     for j in range(8):
@@ -358,8 +367,9 @@ def _q4_k_block(x, o, L, Laux, weights, scales, mins):
         av_x = np.sqrt(sum_x2 / F32(32))
         for i in range(32):
             weights[i] = av_x + abs(xs[i])
-        scales[j], mins[j] = _make_qkx2_quants(32, 15, xs, weights, L[32 * j:], Laux,
-                                               F32(-1), F32(0.1), 20)
+        scales[j], mins[j] = _make_qkx2_quants(32, nmax, xs, weights, L[32 * j:], Laux,
+                                               F32(-0.5) if five else F32(-1), F32(0.1), 15 if five else 20,
+                                               False)
         if scales[j] > max_scale:
             max_scale = scales[j]
         if mins[j] > max_min:
@@ -390,10 +400,157 @@ def _q4_k_block(x, o, L, Laux, weights, scales, mins):
             continue
         dm = _fp32(dmin16) * F32(m)
         for i in range(32):
-            L[32 * j + i] = max(0, min(15, _nearest_int((x[32 * j + i] + dm) / d)))
+            L[32 * j + i] = max(0, min(nmax, _nearest_int((x[32 * j + i] + dm) / d)))
+    qs = 48 if five else 16
+    if five:
+        o[16:48] = 0
     for h in range(4):
         for i in range(32):
-            o[16 + 32 * h + i] = L[64 * h + i] | (L[64 * h + 32 + i] << 4)
+            lo, hi = L[64 * h + i], L[64 * h + 32 + i]
+            if five:
+                o[16 + i] |= ((lo >> 4) << (2 * h)) | ((hi >> 4) << (2 * h + 1))
+            o[qs + 32 * h + i] = (lo & 15) | ((hi & 15) << 4)
+
+
+@njit
+def _q2_k_block(x, o, L, Laux, weights, scales, mins):
+    """84 bytes: 16 bytes of 4-bit scale and min pairs, 64 of 2-bit quants, f16 d, f16 dmin."""
+    max_scale = F32(0)
+    max_min = F32(0)
+    for j in range(16):
+        for i in range(16):
+            weights[i] = abs(x[16 * j + i])
+        scales[j], mins[j] = _make_qkx2_quants(16, 3, x[16 * j:16 * j + 16], weights, L[16 * j:], Laux,
+                                               F32(-0.5), F32(0.1), 15, True)
+        if scales[j] > max_scale:
+            max_scale = scales[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
+    o[0:16] = 0
+    if max_scale > 0:
+        iscale = F32(15) / max_scale
+        for j in range(16):
+            o[j] = _nearest_int(iscale * scales[j]) & 0xFF
+        _put16(o, 80, _fp16(max_scale / F32(15)))
+    else:
+        _put16(o, 80, _fp16(F32(0)))
+    if max_min > 0:
+        iscale = F32(15) / max_min
+        for j in range(16):
+            o[j] |= (_nearest_int(iscale * mins[j]) << 4) & 0xFF
+        _put16(o, 82, _fp16(max_min / F32(15)))
+    else:
+        _put16(o, 82, _fp16(F32(0)))
+    d16, dmin16 = _byte(o, 80) | (_byte(o, 81) << 8), _byte(o, 82) | (_byte(o, 83) << 8)
+    for j in range(16):
+        d = _fp32(d16) * F32(_byte(o, j) & 0xF)
+        if d == 0:
+            continue
+        dm = _fp32(dmin16) * F32(_byte(o, j) >> 4)
+        for i in range(16):
+            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / d)))
+    _pack_2_bit(o, 16, L)
+
+
+@njit(inline="always")
+def _byte(o, i):
+    """Byte i of a block as a signed integer (uint8 mixed with int64 would become float64)."""
+    return np.int64(o[i])
+
+
+@njit
+def _pack_2_bit(o, at, L):
+    """Q2_K's / Q3_K's quants (0-3) at byte ``at``: per 128 weights, byte l holds weights l, l + 32,
+    l + 64, l + 96 in bits 0-1, 2-3, 4-5, 6-7."""
+    for j in range(0, 256, 128):
+        for i in range(32):
+            o[at + j // 4 + i] = L[j + i] | (L[j + i + 32] << 2) | (L[j + i + 64] << 4) | (L[j + i + 96] << 6)
+
+
+@njit
+def _make_q3_quants(n, nmax, x, L):
+    """do_rmse true: returns the scale; L[:n] gets quants + nmax."""
+    vmax = F32(0)
+    amax = F32(0)
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            vmax = x[i]
+    if amax < _GROUP_MAX_EPS:
+        L[:n] = 0
+        return F32(0)
+    iscale = F32(-nmax) / vmax
+    sumlx = F32(0)
+    suml2 = F32(0)
+    for i in range(n):
+        lv = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        L[i] = lv
+        w = x[i] * x[i]
+        sumlx += w * x[i] * F32(lv)
+        suml2 += w * F32(lv) * F32(lv)
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = x[i] * x[i]
+            slx = sumlx - w * x[i] * F32(L[i])
+            if slx > 0:
+                sl2 = suml2 - w * F32(L[i]) * F32(L[i])
+                new_l = max(-nmax, min(nmax - 1, _nearest_int(x[i] * sl2 / slx)))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if changed == 0:
+            break
+    for i in range(n):
+        L[i] += nmax
+    return sumlx / suml2 if suml2 > F32(0) else F32(0)
+
+
+@njit
+def _q3_k_block(x, o, L, scales):
+    """110 bytes: 32 bytes of third bits, 64 of 2-bit quants, 12 of packed 6-bit scales, f16 d."""
+    max_scale = F32(0)
+    amax = F32(0)
+    for j in range(16):
+        scales[j] = _make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:])
+        if abs(scales[j]) > amax:
+            amax = abs(scales[j])
+            max_scale = scales[j]
+    o[96:108] = 0
+    if max_scale != 0:
+        iscale = F32(-32) / max_scale
+        for j in range(16):
+            lv = _int8(_nearest_int(iscale * scales[j]))
+            lv = max(-32, min(31, lv)) + 32
+            if j < 8:
+                o[96 + j] = lv & 0xF
+            else:
+                o[96 + j - 8] |= (lv & 0xF) << 4
+            o[96 + 8 + j % 4] |= (lv >> 4) << (2 * (j // 4))
+        _put16(o, 108, _fp16(F32(1) / iscale))
+    else:
+        _put16(o, 108, _fp16(F32(0)))
+    d16 = _byte(o, 108) | (_byte(o, 109) << 8)
+    for j in range(16):
+        sc = (_byte(o, 96 + j) & 0xF) if j < 8 else (_byte(o, 96 + j - 8) >> 4)
+        sc = (sc | (((_byte(o, 96 + 8 + j % 4) >> (2 * (j // 4))) & 3) << 4)) - 32
+        d = _fp32(d16) * F32(sc)
+        if d == 0:
+            continue
+        for i in range(16):
+            L[16 * j + i] = max(-4, min(3, _nearest_int(x[16 * j + i] / d))) + 4
+    o[0:32] = 0
+    for j in range(256):  # the third bit of weight j at bit j // 32 of byte j % 32
+        if L[j] > 3:
+            o[j % 32] |= 1 << (j // 32)
+            L[j] -= 4
+    _pack_2_bit(o, 32, L)
 
 
 @njit
@@ -442,7 +599,7 @@ def _quantize_rows(W, code, belems, bbytes, out):
         Laux = np.zeros(32, np.int64)
         weights = np.zeros(32, F32)
         scales = np.zeros(16, F32)
-        mins = np.zeros(8, F32)
+        mins = np.zeros(16, F32)
         for b in range(nb):
             x = W[r, b * belems:(b + 1) * belems]
             o = out[r, b * bbytes:(b + 1) * bbytes]
@@ -461,6 +618,12 @@ def _quantize_rows(W, code, belems, bbytes, out):
                 _affine_block(x, o, 31, L)
                 _pack_32(o, 8, 4, L)
             elif code == 5:
-                _q4_k_block(x, o, L, Laux, weights, scales, mins)
-            else:
+                _q45_k_block(x, o, L, Laux, weights, scales, mins, 15)
+            elif code == 6:
                 _q6_k_block(x, o, L, scales)
+            elif code == 7:
+                _q45_k_block(x, o, L, Laux, weights, scales, mins, 31)
+            elif code == 8:
+                _q3_k_block(x, o, L, scales)
+            else:
+                _q2_k_block(x, o, L, Laux, weights, scales, mins)

@@ -30,8 +30,8 @@ puts blk.3's MLP in int4), which must agree, and not mix with block formats.
 Rows that are not whole blocks. A format chosen for a matrix by name (1, 2, or a list) must fit its
 rows: a Q4_K (blocks of 256) for rows of 640 weights is refused, naming the tensor, the row and the
 block. A format a preset, a pattern or ``"*"`` gives falls back as llama.cpp's
-``tensor_type_fallback`` does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16 when the rows are
-not even whole blocks of 32; the plan lists every fallback.
+``tensor_type_fallback`` does: Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then
+F16 when the rows are not even whole blocks of 32; the plan lists every fallback.
 
 Presets port llama.cpp's ``llama_tensor_get_type`` (src/llama-quant.cpp) for the file types whose
 formats Loom Lab encodes: the output matrix, and the token embedding when the head is tied to it,
@@ -74,14 +74,15 @@ from ...layer_names import layer_name
 from ...layers.base import Layer
 from ...morph import MorphReport, check_target, layer_report, morph_sublayer, weighted_cells
 from ..kernels.block_morph import BLOCK_FORMATS, encoding_name, is_block_format, is_matrix, stored_nbytes
-from ..model.llm_layers import PART_FORMATS, MatrixStore, is_filler_bias
+from ..model.llm_layers import MatrixStore, is_filler_bias
 
 PRESET_PREFIX = "preset:"
 #: llama.cpp's file types whose formats Loom Lab encodes -> the type of the matrices no rule moves
-PRESETS = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
+PRESETS = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q3_K_L": "Q3_K",
+           "Q3_K_M": "Q3_K", "Q3_K_S": "Q3_K", "Q2_K": "Q2_K", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
            "Q5_1": "Q5_1", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}
 #: llama.cpp's tensor_type_fallback: a format whose blocks do not divide the rows -> the one used
-FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACKS = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 LAST_FALLBACK = "F16"  # when the fallback's blocks of 32 do not divide the rows either
 PATTERN_CHARS = "*?["
 LOOM_PART = "weights"  # the one part of a Loom layer (its flat weights) that recipes see
@@ -438,6 +439,7 @@ def _check_names_a_matrix(rule: _Rule, named: list[tuple[int, str]], layers: lis
 def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> RecipePlan:
     tied = not any("output.weight" in la.parts.values() for la in layers)  # llama.cpp's has_tied_embeddings
     n_blocks = len({m[1] for la in layers for t in la.tensors if (m := _BLOCK.match(t))})
+    gqa = _query_heads_per_kv_head(layers) if any(r.preset for r in rules.values()) else 1
     plans, fallbacks = [], []
     for la in layers:
         mine = {part: rules[la.position, part] for part in la.parts if (la.position, part) in rules}
@@ -457,8 +459,8 @@ def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> R
             m = _matrix(la, part, rule.value)
             if not is_matrix(m):
                 continue
-            wanted = _preset_format(rule.value, la.parts[part], m.shape[1], n_blocks, tied) if rule.preset \
-                else rule.value
+            wanted = (_preset_format(rule.value, la.parts[part], m.shape[1], n_blocks, tied, gqa)
+                      if rule.preset else rule.value)
             parts[part] = _fitted(la, part, rule, wanted, fallbacks)
         if parts:
             plans.append(_parts_plan(la, parts))
@@ -475,8 +477,20 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _preset_format(preset: str, tensor: str, row: int, n_blocks: int, tied: bool) -> str:
-    """llama.cpp's ``llama_tensor_get_type_impl`` for ``preset`` and one matrix (before fallbacks)."""
+def _query_heads_per_kv_head(layers: list[WeightedLayer]) -> int:
+    """llama.cpp's ``n_gqa()``: query heads per key/value head, from the first block's attn_q and
+    attn_k rows (1 when the model has neither)."""
+    for la in layers:
+        rows = {t.removesuffix(".weight").rsplit(".", 1)[-1]: la.layer.weights.blocks[part].shape[0]
+                for part, t in la.parts.items()}
+        if "attn_q" in rows and "attn_k" in rows:
+            return max(1, rows["attn_q"] // rows["attn_k"])
+    return 1
+
+
+def _preset_format(preset: str, tensor: str, row: int, n_blocks: int, tied: bool, gqa: int) -> str:
+    """llama.cpp's ``llama_tensor_get_type_impl`` for ``preset`` and one matrix (before fallbacks),
+    for a dense model (no experts) of any architecture but Falcon."""
     default = PRESETS[preset]
     if tensor == "output.weight" or tied and tensor == "token_embd.weight":
         if row % block_size(default):
@@ -484,16 +498,23 @@ def _preset_format(preset: str, tensor: str, row: int, n_blocks: int, tied: bool
         return default if default == "Q8_0" else "Q6_K"
     found = _BLOCK.match(tensor)
     block = int(found[1]) if found else -1
+    more_bits = _use_more_bits(block, n_blocks)
     if "attn_v.weight" in tensor:
-        if preset == "Q4_K_M" and _use_more_bits(block, n_blocks):
-            return "Q6_K"
-        if preset == "Q4_K_S" and block < 4:
-            return "Q5_K"
-    elif "ffn_down" in tensor:
-        if preset == "Q4_K_M" and _use_more_bits(block, n_blocks):
-            return "Q6_K"
-        if preset == "Q4_K_S" and block < n_blocks // 8:
-            return "Q5_K"
+        return {"Q2_K": "Q4_K" if gqa >= 4 else "Q3_K",
+                "Q3_K_M": "Q5_K" if block < 2 else "Q4_K",
+                "Q3_K_L": "Q5_K",
+                "Q4_K_M": "Q6_K" if more_bits else default,
+                "Q5_K_M": "Q6_K" if more_bits else default,
+                "Q4_K_S": "Q5_K" if block < 4 else default}.get(preset, default)
+    if "ffn_down" in tensor:
+        return {"Q2_K": "Q3_K",
+                "Q3_K_M": "Q5_K" if block < n_blocks // 16 else "Q4_K",
+                "Q3_K_L": "Q5_K",
+                "Q4_K_M": "Q6_K" if more_bits else default,
+                "Q5_K_M": "Q6_K" if more_bits else default,
+                "Q4_K_S": "Q5_K" if block < n_blocks // 8 else default}.get(preset, default)
+    if "attn_output.weight" in tensor:
+        return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(preset, default)
     return default
 
 
@@ -515,9 +536,6 @@ def _fitted(la: WeightedLayer, part: str, rule: _Rule, wanted: str, fallbacks: l
             used = LAST_FALLBACK
         if all(f.tensor != tensor for f in fallbacks):  # a tied table is one tensor in two layers
             fallbacks.append(Fallback(la.name, tensor, wanted, used, row))
-    if used not in PART_FORMATS:
-        raise LoomConfigError(f"recipe key {rule.key!r}: preset {rule.value} puts {tensor} in {used}, which "
-                              f"Loom Lab cannot encode yet (it encodes {', '.join(BLOCK_FORMATS)})")
     return used
 
 

@@ -265,7 +265,7 @@ def test_layers_by_name_tensor_or_position(model, tmp_path):
 
 @pytest.mark.parametrize("recipe, message", [
     ("int9", "neither a format nor a recipe file"),
-    ("Q3_K", "neither a format nor a recipe file"),  # a GGUF type that is no morph target here
+    ("IQ4_XS", "neither a format nor a recipe file"),  # a GGUF type that is no morph target here
     ({"blk.0.attn_norm": "int9"}, "unknown format 'int9'"),
     ({"blk.99.attn_norm": "int8"}, "recipe layer 'blk.99.attn_norm': no such weighted layer"),
     ({"123": "int8"}, "weighted layers are 0 to 122"),

@@ -44,7 +44,7 @@ def keys(tiny) -> st.SearchStrategy:
 
 
 FORMATS = st.sampled_from([*BLOCK_FORMATS, "int8", "fp4", "float16", "bfloat16", "float32", "Q4_K_M",
-                           "preset:Q4_0", "preset:Q9", "Q3_K", "float64", ""])
+                           "preset:Q4_0", "preset:Q9", "IQ4_XS", "float64", ""])
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
