@@ -113,11 +113,14 @@ def _lane_sum(lanes):
 #   Q6K: half a super-block (128 weights): L = 32, P = 4
 #   Q5K (Q5_K): NIB4's groups of 32 bytes plus each weight's fifth bit: L = 32, P = 2
 #   Q3K, Q2K (Q3_K, Q2_K): half a super-block (128 weights) of 2-bit runs: L = 32, P = 4
+#   IQ4X (IQ4_XS): a 32-weight sub-block of nibbles, each an index into IQ4_VALUES: L = 16, P = 2
 # ``lay`` = (block bytes, first quant byte, log2 groups per block, G, nibble shift, zero) is one
 # tuple type for every format, so all formats share a compiled kernel (two, with and without
 # offsets ``m``: None compiles the add of -0.0 away, which LLVM drops from ``w + m``).
 
-NIB4, FIVE, INT8, Q6K, Q5K, Q3K, Q2K = 0, 1, 2, 3, 4, 5, 6
+NIB4, FIVE, INT8, Q6K, Q5K, Q3K, Q2K, IQ4X = 0, 1, 2, 3, 4, 5, 6, 7
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      np.int8)  # IQ4_NL's and IQ4_XS's values of a nibble (kvalues_iq4nl)
 
 
 @njit(inline="always")
@@ -252,6 +255,12 @@ def _decode(kind, q, r, k, lay, s, m, dst, o):
             dst[_u(o + G + j)] = d * _q5(v >> 4, h, j + G, z) + mb
     elif kind == Q3K or kind == Q2K:
         _low_bit_half(kind, q, r, k, lay, s, m, dst, o)
+    elif kind == IQ4X:
+        base, d = (k >> 3) * bbytes + qoff + (k & 7) * G, s[r, k]
+        for j in range(G):
+            v = _byte(q, r, base + j)
+            dst[_u(o + j)] = d * F32(IQ4_VALUES[_u(v & 15)])
+            dst[_u(o + G + j)] = d * F32(IQ4_VALUES[_u(v >> 4)])
     elif kind == INT8:
         base, d = k * bbytes + qoff, s[r, k]
         for j in range(G):
@@ -652,7 +661,7 @@ class ConvertedFormat(DecodedFormat):
 
 class _IQ4_NL(ConvertedFormat):
     ggml_type, block_elems, block_bytes = GT.IQ4_NL, 32, 18
-    table = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+    table = tuple(int(v) for v in IQ4_VALUES)
 
     def f16_scales(self, blocks):
         return blocks[:, :, :2]
@@ -688,8 +697,8 @@ def _register_decoded(names: tuple[str, ...]) -> None:
         type(f"_{name}", (DecodedFormat,), fields)
 
 
-_register_decoded(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "TQ1_0",
-                   "TQ2_0", "NVFP4"))  # the types gguf-py decodes
+_register_decoded(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0",
+                   "NVFP4"))  # the types gguf-py decodes
 
 
 def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -757,6 +766,27 @@ class _Q5_K(_Q4_K):
 
     ggml_type, block_elems, block_bytes = GT.Q5_K, 256, 176
     kind, qoff = Q5K, 48
+
+
+def iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_XS super-blocks ``[rows, nb, 136]`` -> the 8 signed 6-bit sub-scales ``ls - 32`` of each,
+    ``[rows, nb, 8]`` (low 4 bits in ``scales_l``, top 2 in the uint16 ``scales_h``)."""
+    low = np.stack([blocks[:, :, 4:8] & 0x0F, blocks[:, :, 4:8] >> 4], axis=-1).reshape(*blocks.shape[:2], 8)
+    high = np.ascontiguousarray(blocks[:, :, 2:4]).view("<u2")[..., 0].astype(np.int32)
+    top = np.stack([(high >> (2 * ib)) & 3 for ib in range(8)], axis=-1)
+    return (low.astype(np.int32) | (top << 4)).astype(np.int8) - np.int8(32)
+
+
+class _IQ4_XS(BlockFormat):
+    """256 weights: f16 d, the sub-scales' top bits (uint16) and low nibbles (4 bytes), then per
+    sub-block of 32 16 bytes of nibbles (weights j and 16 + j), indices into :data:`IQ4_VALUES`."""
+
+    ggml_type, block_elems, block_bytes = GT.IQ4_XS, 256, 136
+    kind, qoff = IQ4X, 8
+
+    def side(self, blocks):
+        d = _f16_field(blocks, 0)
+        return (d[:, :, None] * iq4_xs_scales(blocks).astype(F32)).reshape(d.shape[0], -1), None
 
 
 def q3_k_scales(packed: np.ndarray) -> np.ndarray:

@@ -55,7 +55,7 @@ from .quant_int8_rows import (
     repack,
     roundf,
 )
-from .quant_int8_superblocks import SUPER_KINDS, WQ2_K, WQ3_K, WQ4_K, WQ5_K, WQ6_K, superblock_sums
+from .quant_int8_superblocks import SUPER_KINDS, WIQ4_XS, WQ2_K, WQ3_K, WQ4_K, WQ5_K, WQ6_K, superblock_sums
 from .quant_int8_superblocks import repack as superblocks_repack
 from .quant_int8_tiles import TILE, TILE_KIND, TILE_KINDS, TILES_AT_ONCE, tiles_fit
 from .quant_int8_tiles import repack as tiles_repack
@@ -72,7 +72,7 @@ _BLOCK = {AQ8_0: 32, AQ8_1: 32, AQ8_K: 256}
 _WEIGHT_KIND = {GT.Q4_0: (WQ4_0, AQ8_0), GT.Q4_1: (WQ4_1, AQ8_1), GT.Q5_0: (WQ5_0, AQ8_0),
                 GT.Q5_1: (WQ5_1, AQ8_1), GT.Q8_0: (WQ8_0, AQ8_0), GT.Q4_K: (WQ4_K, AQ8_K),
                 GT.Q2_K: (WQ2_K, AQ8_K), GT.Q3_K: (WQ3_K, AQ8_K), GT.Q5_K: (WQ5_K, AQ8_K),
-                GT.Q6_K: (WQ6_K, AQ8_K)}
+                GT.Q6_K: (WQ6_K, AQ8_K), GT.IQ4_XS: (WIQ4_XS, AQ8_K)}
 INT8_TYPES: tuple[str, ...] = tuple(GT(t).name for t in _WEIGHT_KIND)
 
 

@@ -30,23 +30,27 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quant import q3_k_scales
+from .quant import IQ4_VALUES, iq4_xs_scales, q3_k_scales
 from .quant_int8_rows import (
     accumulators,
     dot_frame,
     dot_scales,
     fmuladd,
     half_to_float,
+    host_features,
     lanes_dot_scaled,
     rows_driver,
     splat,
     totals,
 )
 
-WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K = 5, 6, 10, 11, 12  # quant_int8's numbering (rows' five, tiles' three)
-SUPER_KINDS = (WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K)
-_FILE_BYTES = {WQ4_K: 144, WQ6_K: 210, WQ5_K: 176, WQ2_K: 84, WQ3_K: 110}  # a super-block in the file
-_PLANE_BYTES = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64, WQ2_K: 0, WQ3_K: 32}  # per super-block, after the quants
+# quant_int8's numbering (after the rows' and the tiles' kinds)
+WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K, WIQ4_XS = 5, 6, 10, 11, 12, 13
+SUPER_KINDS = (WQ4_K, WQ6_K, WQ5_K, WQ2_K, WQ3_K, WIQ4_XS)
+# bytes of a super-block: in the file; repacked, of the planes after the quants and of the scales (and mins)
+_FILE_BYTES = {WQ4_K: 144, WQ6_K: 210, WQ5_K: 176, WQ2_K: 84, WQ3_K: 110, WIQ4_XS: 136}
+_PLANE_BYTES = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64, WQ2_K: 0, WQ3_K: 32, WIQ4_XS: 0}
+_SCALE_BYTES = {WQ4_K: 16, WQ5_K: 16, WQ6_K: 16, WQ2_K: 32, WQ3_K: 16, WIQ4_XS: 8}
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
@@ -81,7 +85,39 @@ def _q6_k_quants(blocks: np.ndarray) -> np.ndarray:
 @njit(inline="always")
 def is_superblock_kind(kind):
     """Whether ``kind`` is one of :data:`SUPER_KINDS` (in compiled code)."""
-    return kind == WQ4_K or kind == WQ6_K or kind == WQ5_K or kind == WQ2_K or kind == WQ3_K
+    return (kind == WQ4_K or kind == WQ6_K or kind == WQ5_K or kind == WQ2_K or kind == WQ3_K
+            or kind == WIQ4_XS)
+
+
+def table_lookup(builder, table, idx):
+    """Each byte of ``idx`` (64 lanes, values 0-15) replaced by ``table[idx]`` (16 int8 values):
+    ``vpshufb`` on 32-byte halves where numba compiles for AVX2, a chain of selects elsewhere."""
+    v32, v64 = ir.VectorType(_I8, 32), ir.VectorType(_I8, 64)
+    values = [int(v) for v in table]
+    if host_features().get("avx2"):
+        shuffle = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32, v32]),
+                                                 "llvm.x86.avx2.pshuf.b")
+        tab = ir.Constant(v32, values * 2)  # vpshufb looks up within each 16-byte lane
+        def lanes(first, count):
+            return ir.Constant(ir.VectorType(_I32, count), list(range(first, first + count)))
+
+        halves = [builder.call(shuffle, [tab, builder.shuffle_vector(idx, idx, lanes(32 * h, 32))])
+                  for h in (0, 1)]
+        return builder.shuffle_vector(halves[0], halves[1], lanes(0, 64))
+    out = ir.Constant(v64, [values[0]] * 64)
+    for k in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(v64, [k] * 64))
+        out = builder.select(hit, ir.Constant(v64, [values[k]] * 64), out)
+    return out
+
+
+def signed_dot_scaled(builder, w, x, scales):
+    """:func:`lanes_dot_scaled` for signed weights (|w| <= 127) by llama.cpp's sign trick: |w| times
+    x with w's sign (Q8_K's x lie in -127..127, so negating one never overflows)."""
+    zero = ir.Constant(w.type, [0] * w.type.count)
+    negative = builder.icmp_signed("<", w, zero)
+    return lanes_dot_scaled(builder, builder.select(negative, builder.sub(zero, w), w),
+                            builder.select(negative, builder.sub(zero, x), x), scales)
 
 
 def _two_bit_quants(runs: np.ndarray) -> np.ndarray:
@@ -109,6 +145,11 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
         scales_mins = np.concatenate([sub & 0x0F, sub >> 4], -1)
         parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 16:80])), scales_mins, blocks[:, :, 80:82],
                  blocks[:, :, 82:84]]
+    elif kind == WIQ4_XS:  # nibbles; int8 scales; d
+        qs = blocks[:, :, 8:136].reshape(rows, nb, 8, 16)
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, nb, 256)
+        parts = [q[:, :, :128] | (q[:, :, 128:] << 4), iq4_xs_scales(blocks).view(np.uint8),
+                 blocks[:, :, 0:2]]
     elif kind == WQ3_K:  # 2-bit pairs; the file's mask of third bits; int8 scales; d
         parts = [_pairs_plane(_two_bit_quants(blocks[:, :, 32:96])), blocks[:, :, 0:32],
                  q3_k_scales(blocks[:, :, 96:108]).view(np.uint8), blocks[:, :, 108:110]]
@@ -168,7 +209,7 @@ def _super_dot(kind: int, m: int, n: int):
             # the parts of a row (module doc): quants, planes, scales (and mins), d (and dmin)
             aux_at = builder.mul(nblocks, i64(64 if two_bit else 128))
             scales_at = builder.add(aux_at, builder.mul(nblocks, i64(_PLANE_BYTES[kind])))
-            d_at = builder.add(scales_at, builder.mul(nblocks, i64(32 if kind == WQ2_K else 16)))
+            d_at = builder.add(scales_at, builder.mul(nblocks, i64(_SCALE_BYTES[kind])))
             dmin_at = builder.add(d_at, builder.mul(nblocks, i64(2)))
 
             accs = accumulators(builder, v16f, m, n)
@@ -203,6 +244,8 @@ def _super_dot(kind: int, m: int, n: int):
                         w[c] = builder.or_(w[c], builder.shl(top, const(4)))
                 elif kind in (WQ5_K, WQ3_K):
                     or_bit_plane(row, at(aux_at, b, 32), w, 16 if kind == WQ5_K else 4)
+                elif kind == WIQ4_XS:
+                    w = [table_lookup(builder, IQ4_VALUES, v) for v in w]
                 return w
 
             def superblock(b):
@@ -218,18 +261,21 @@ def _super_dot(kind: int, m: int, n: int):
                             shift = ir.Constant(v16i, [zero_shift] * 16)
                             starts = [builder.shl(v, shift) for v in starts]
                     xd_b = builder.load(builder.gep(xd_rows[i], [b], inbounds=True))
-                    bsums = None if per16 else load(b32_rows[i], builder.mul(b, i64(8)), v8i)
+                    bsums = load(b32_rows[i], builder.mul(b, i64(8)), v8i) if kind in (WQ4_K, WQ5_K) else None
                     acts.append((chunks, starts, xd_b, bsums))
                 for j, row in enumerate(weight_rows):
                     w = quants(row, b)
-                    sc_at = at(scales_at, b, 32 if kind == WQ2_K else 16)
+                    sc_at = at(scales_at, b, _SCALE_BYTES[kind])
                     if per16:  # a scale per 16 weights: 4 lanes
                         sc = load(row, sc_at, ir.VectorType(_I8, 16))
                         sc = builder.zext(sc, v16i) if kind == WQ2_K else builder.sext(sc, v16i)
                         per_lane = [[4 * c + k // 4 for k in range(16)] for c in range(4)]
                         mn = builder.zext(load(row, builder.add(sc_at, i64(16)), ir.VectorType(_I8, 16)),
                                           v16i) if kind == WQ2_K else None
-                    else:  # a scale per 32 weights: 8 lanes
+                    elif kind == WIQ4_XS:  # a signed scale per 32 weights: 8 lanes
+                        sc, mn = builder.sext(load(row, sc_at, ir.VectorType(_I8, 8)), v8i), None
+                        per_lane = [[2 * c + k // 8 for k in range(16)] for c in range(4)]
+                    else:  # a scale and a min per 32 weights: 8 lanes
                         sc = builder.zext(load(row, sc_at, ir.VectorType(_I8, 8)), v8i)
                         mn = builder.zext(load(row, builder.add(sc_at, i64(8)), ir.VectorType(_I8, 8)), v8i)
                         per_lane = [[2 * c + k // 8 for k in range(16)] for c in range(4)]
@@ -243,7 +289,8 @@ def _super_dot(kind: int, m: int, n: int):
                         total = ir.Constant(v16i, [0] * 16)
                         min_total = ir.Constant(v16i, [0] * 16)
                         for c in range(4):  # (start + dot) * scale, lane by lane
-                            dot = lanes_dot_scaled(builder, w[c], chunks[c], prepared[c])
+                            dot = (signed_dot_scaled(builder, w[c], chunks[c], prepared[c]) if kind == WIQ4_XS
+                                   else lanes_dot_scaled(builder, w[c], chunks[c], prepared[c]))
                             total = builder.add(total, dot)
                             if zero_shift is not None:
                                 total = builder.add(total, builder.mul(starts[c], spreads[c]))
@@ -270,7 +317,7 @@ def _super_dot(kind: int, m: int, n: int):
 
 def _by_kind(m, n):
     """One function over the super-block dots of m weight rows and n activation rows."""
-    q4_k, q6_k, q5_k, q2_k, q3_k = (_super_dot(k, m, n) for k in SUPER_KINDS)
+    q4_k, q6_k, q5_k, q2_k, q3_k, iq4_xs = (_super_dot(k, m, n) for k in SUPER_KINDS)
 
     @njit(inline="always")
     def dot(kind, w, wi, stride, nb, xq, t, xd, nsum16, bsum32):
@@ -282,6 +329,8 @@ def _by_kind(m, n):
             return q2_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
         if kind == WQ3_K:
             return q3_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
+        if kind == WIQ4_XS:
+            return iq4_xs(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
         return q6_k(w, wi, stride, nb, xq, t, xd, nsum16, bsum32)
     return dot
 

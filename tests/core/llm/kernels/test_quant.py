@@ -23,7 +23,8 @@ from loomlab.core.llm.kernels import quant
 from loomlab.core.llm.kernels.quant import QuantMatrix
 from tests.oracles import llamacpp
 
-QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K]
+QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K,
+             GT.IQ4_XS]
 # gguf-py can quantize these; K-quants it only dequantizes, so their blocks are random bytes.
 QUANTIZABLE = {GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0}
 
@@ -36,7 +37,8 @@ def random_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator)
     block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
     blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
     # Every byte pattern is a valid block except for the float16 scales: make those finite.
-    scale_bytes = {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,)}
+    scale_bytes = {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,),
+                   GT.IQ4_XS: (0,)}
     for at in scale_bytes[ggml_type]:
         scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at:at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
@@ -152,9 +154,9 @@ def test_decoded_types_convert_in_parts(monkeypatch):
     """A matrix larger than a part converts part by part into one array (temporaries bounded)."""
     monkeypatch.setattr(quant, "DECODE_ELEMS", 3 * 256)
     rng = np.random.default_rng(9)
-    data = decoded_type_blocks(GT.IQ4_XS, 11, 256, rng)
-    np.testing.assert_array_equal(QuantMatrix(data, GT.IQ4_XS, (11, 256)).dequantize(),
-                                  llamacpp.dequantize(data, "IQ4_XS"))
+    data = decoded_type_blocks(GT.TQ2_0, 11, 256, rng)
+    np.testing.assert_array_equal(QuantMatrix(data, GT.TQ2_0, (11, 256)).dequantize(),
+                                  llamacpp.dequantize(data, "TQ2_0"))
 
 
 def test_every_format_is_registered_with_gguf_block_sizes():

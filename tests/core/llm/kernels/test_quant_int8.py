@@ -163,7 +163,7 @@ def test_quantizer_rejects_bad_input():
 DOT = {GT.Q4_0: ("Q8_0", 0, None), GT.Q4_1: ("Q8_1", 0, 2), GT.Q5_0: ("Q8_0", 0, None),
        GT.Q5_1: ("Q8_1", 0, 2), GT.Q8_0: ("Q8_0", 0, None), GT.Q4_K: ("Q8_K", 0, 2),
        GT.Q5_K: ("Q8_K", 0, 2), GT.Q6_K: ("Q8_K", 208, None), GT.Q2_K: ("Q8_K", 80, 82),
-       GT.Q3_K: ("Q8_K", 108, None)}
+       GT.Q3_K: ("Q8_K", 108, None), GT.IQ4_XS: ("Q8_K", 0, None)}
 
 
 def f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -345,7 +345,8 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path, monkeypatch):
     rows take the row layout, 48 (whole tiles) Q4_0 / Q4_1 / Q8_0's tiles."""
     rng = np.random.default_rng(5)
     cases = {}
-    formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K)
+    formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K,
+               GT.IQ4_XS)
     names = []
     for ggml_type in formats:
         cols = 7 * 32 if GGML_QUANT_SIZES[ggml_type][0] == 32 else 2 * 256  # groups of 4, 2 and 1 blocks
@@ -366,6 +367,20 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path, monkeypatch):
     with np.load(tmp_path / "out.npz") as got:
         for name, ggml_type in names:
             assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
+
+
+def test_iq4_xs_table_lookup_without_avx2_matches_llama_formula(tmp_path):
+    """IQ4_XS's nibble-to-value lookup as a chain of selects (no vpshufb), compiled for a generic
+    x86 CPU in a fresh process, against the formula."""
+    rng = np.random.default_rng(6)
+    data = random_blocks(GT.IQ4_XS, 21, 512, rng)
+    X = np.array([*rng.standard_normal((3, 512)), *edge_rows(rng, 512)], F32)
+    np.savez(tmp_path / "in.npz", **{"IQ4_XS-21_data": data, "IQ4_XS-21_X": X})
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
+    subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
+                    "IQ4_XS-21"], env=env, check=True, timeout=900)
+    with np.load(tmp_path / "out.npz") as got:
+        assert_llama_close(got["IQ4_XS-21"], data, GT.IQ4_XS, X)
 
 
 def test_fp16_round_is_the_float16_conversion():

@@ -64,7 +64,7 @@ def encoder(fmt: str, decoded: bool):
     return encode
 
 
-@pytest.mark.parametrize("fmt", ["IQ4_XS", "TQ1_0", "TQ2_0"])
+@pytest.mark.parametrize("fmt", ["TQ1_0", "TQ2_0"])
 def test_a_model_in_a_decoded_type_equals_its_float_twin(tmp_path, wide_llama, fmt):
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     twin = write_gguf(tmp_path / "f.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, True))
@@ -96,7 +96,7 @@ def exact_logits(path: Path, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         net.close()
 
 
-@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "MXFP4"])
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "MXFP4"])
 def test_a_model_in_a_kernel_type_matches_its_float_twin(tmp_path, wide_llama, fmt):
     """Blocks multiplied in place, against the float32 twin: the same weights, summed in another
     order (the kernels' lanes), so equal within float32 rounding."""
@@ -111,7 +111,7 @@ def test_a_model_in_a_kernel_type_matches_its_float_twin(tmp_path, wide_llama, f
 
 
 @pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
-@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL"])
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL"])
 def test_new_types_decode_fused_as_on_the_grid(tmp_path, wide_llama, spy, monkeypatch, fmt, n_threads):
     """With 8-bit activations the fused step multiplies the K-quants (and IQ4_NL, as Q8_0) by
     their integer kernels, bit for bit as the grid does, in every step."""
