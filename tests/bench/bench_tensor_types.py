@@ -48,7 +48,8 @@ def main() -> None:
     for ftype in args.types.split(","):
         path = out / f"{args.model}-{ftype}.gguf"
         if not path.exists():
-            subprocess.run([args.llama_python, "-c", QUANTIZE, str(f16), str(path), ftype], check=True)
+            subprocess.run([args.llama_python, "-c", QUANTIZE, str(f16), str(path), ftype], check=True,
+                           capture_output=True)
         done = subprocess.run([sys.executable, str(bench), "--model", str(path), "--llama-python",
                                args.llama_python, "--activations", "int8", "--no-lookup", "--repeat",
                                str(args.repeat)], check=True, capture_output=True, text=True)
