@@ -308,9 +308,9 @@ def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad
     return scale, -vmin
 
 
-@njit
-def _make_qx_quants(n, nmax, x, L):
-    """rmse_type 1 (weights x**2), no qw: returns the scale; L[:n] gets quants + nmax."""
+@njit(inline="always")
+def _signed_max(n, x):
+    """The value of largest magnitude among x[:n] (the first on ties) and that magnitude."""
     vmax = F32(0)
     amax = F32(0)
     for i in range(n):
@@ -318,6 +318,13 @@ def _make_qx_quants(n, nmax, x, L):
         if ax > amax:
             amax = ax
             vmax = x[i]
+    return vmax, amax
+
+
+@njit
+def _make_qx_quants(n, nmax, x, L):
+    """rmse_type 1 (weights x**2), no qw: returns the scale; L[:n] gets quants + nmax."""
+    vmax, amax = _signed_max(n, x)
     if amax < _GROUP_MAX_EPS:
         L[:n] = 0
         return F32(0)
@@ -470,13 +477,7 @@ def _pack_2_bit(o, at, L):
 @njit
 def _make_q3_quants(n, nmax, x, L):
     """do_rmse true: returns the scale; L[:n] gets quants + nmax."""
-    vmax = F32(0)
-    amax = F32(0)
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            vmax = x[i]
+    vmax, amax = _signed_max(n, x)
     if amax < _GROUP_MAX_EPS:
         L[:n] = 0
         return F32(0)
