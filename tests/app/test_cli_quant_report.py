@@ -103,7 +103,7 @@ def test_a_llama_cpp_preset_with_its_fallbacks(files, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--recipe", "int9"], "recipe 'int9' is neither a format nor a recipe file"),
-    (["--recipe", "preset:Q2_K"], "unknown preset 'Q2_K'"),
+    (["--recipe", "preset:IQ4_XS"], "unknown preset 'IQ4_XS'"),
     (["--recipe", "{dir}/unknown-layer.json"], "recipe layer 'blk.99.ffn_norm': no such weighted layer"),
     (["--recipe", "{dir}/bad-format.json"], "unknown format 'int9'"),
     (["--probe", "{dir}/missing.txt"], "cannot read the probe file"),
