@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from loomlab.core.errors import LoomShapeError
-from loomlab.core.llm.kernels.quant import FIVE, FORMATS, INT8, NIB4, QuantMatrix
+from loomlab.core.llm.kernels.quant import FIVE, FORMATS, INT8, NIB4, Q6K, QuantMatrix
 
 from .cuda_common import (
     MAX_THREADS,
@@ -39,6 +39,7 @@ F32 = np.float32
 PLAIN = 4  # F32 / F16 / BF16: the float32 matrix is the "scale" array, one weight per element
 THREADS = 128  # per block (one output row): 4 warps, each row's weights in strides of 128
 ROWS_PER_BLOCK = 4  # rows of X one block multiplies (matmul): each weight is decoded once for them
+DEVICE_KINDS = (NIB4, FIVE, INT8, Q6K)  # the block layouts _weight decodes
 
 
 def _weight(kind, q, s, m, has_m, r, i, bbytes, qoff, gshift, group, shift, zero):
@@ -129,12 +130,14 @@ class CudaQuantMatrix:
             raise LoomShapeError(f"CudaQuantMatrix needs a QuantMatrix; got {type(matrix).__name__}")
         numba_cuda()
         self.shape, self.type_name, self.threads = matrix.shape, matrix.type_name, check_threads(threads)
-        if matrix.raw_blocks is None:  # a plain type: QuantMatrix keeps it as a float32 matrix
+        fmt = FORMATS[matrix.ggml_type]
+        if matrix.raw_blocks is None or getattr(fmt, "kind", None) not in DEVICE_KINDS:
+            # a plain type (QuantMatrix keeps it as a float32 matrix), or blocks this kernel does
+            # not decode yet (Q2_K, Q3_K, Q5_K, IQ4_XS; the types decoded at load): float32 values
             scale, offset = matrix.dequantize(), None
             self._layout = (PLAIN, 0, 0, 0, 1, 0, F32(0))
             q = np.zeros((1, 1), np.uint8)
         else:
-            fmt = FORMATS[matrix.ggml_type]
             q = matrix.raw_blocks
             scale, offset = fmt.side(q.reshape(q.shape[0], -1, fmt.block_bytes))
             self._layout = (fmt.kind, *fmt.layout())

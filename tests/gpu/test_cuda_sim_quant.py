@@ -17,7 +17,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
 
 from loomlab.core.errors import LoomConfigError, LoomShapeError
-from loomlab.core.llm.kernels.quant import QuantMatrix
+from loomlab.core.llm.kernels.quant import FORMATS, QuantMatrix
+from loomlab.gpu.quant_cuda import DEVICE_KINDS
 
 from ..core.llm.kernels.test_quant import QUANTIZED, random_blocks
 
@@ -46,7 +47,9 @@ def assert_matches_cpu(got, want, m: QuantMatrix, X: np.ndarray) -> None:
 # 1 row, one block, one row of X; 3 rows (odd), two blocks, T = 5 (one full and one partial group
 # of the kernel's 4 rows of X per block)
 SHAPES = [(1, 1, 1), (3, 2, 5)]
-CASES = [(t, *shape) for t in (*QUANTIZED, GT.F16) for shape in SHAPES]
+# the layouts the kernel decodes, and Q5_K for the block types it takes as float32 values
+DEVICE_TYPES = [t for t in QUANTIZED if FORMATS[t].kind in DEVICE_KINDS] + [GT.Q5_K]
+CASES = [(t, *shape) for t in (*DEVICE_TYPES, GT.F16) for shape in SHAPES]
 
 
 @pytest.mark.parametrize(("ggml_type", "rows", "n_blocks", "T"), CASES,

@@ -23,7 +23,7 @@ from loomlab.core.llm.kernels.quant import QuantMatrix
 from ..core.llm.kernels.test_quant import QUANTIZED
 from .test_cuda_sim_attention import CASES as ATTEND_CASES
 from .test_cuda_sim_attention import inputs, magnitude
-from .test_cuda_sim_quant import assert_matches_cpu, matrix
+from .test_cuda_sim_quant import DEVICE_TYPES, assert_matches_cpu, matrix
 
 pytestmark = pytest.mark.cuda_simulator
 THREADS = 32  # the simulator runs every GPU thread as a Python thread: one warp per block
@@ -36,7 +36,7 @@ def kernels():
     return CudaLLMKernels(HOST, threads=THREADS)
 
 
-FORMATS = [*QUANTIZED, GT.F16, GT.F32, GT.BF16]
+FORMATS = [*DEVICE_TYPES, GT.F16, GT.F32, GT.BF16]
 
 
 def any_matrix(ggml_type: GT, rows: int, n_blocks: int, seed: int) -> QuantMatrix:
