@@ -1,8 +1,9 @@
 """Finding local models: folders the user names, the Hugging Face hub cache, LM Studio's folders;
 and :func:`resolve`, the one place a model name a user typed becomes a file or folder.
 
-A model is a ``.gguf`` file, or a Hugging Face directory (``config.json`` beside
-``model.safetensors`` or a sharded ``model.safetensors.index.json``). Any layout is accepted:
+A model is a ``.gguf`` file (a split model's first file stands for all of its files), or a
+Hugging Face directory (``config.json`` beside ``model.safetensors`` or a sharded
+``model.safetensors.index.json``). Any layout is accepted:
 flat, nested, symlinked (symlink loops are visited once). Each candidate gets a cheap check (a
 GGUF file's 24-byte header and its architecture, an HF folder's config.json); one that fails is
 still listed, with the reason in ``problem``, so that a listing can say why a file is not a model
@@ -20,6 +21,7 @@ from ...errors import LoomConfigError, ModelFormatError, ModelNotFoundError
 from ...io.bounded_read import parse_json_text, read_small_bytes
 from . import architectures, registry
 from .gguf_file import check_header, leading_architecture
+from .gguf_splits import first_split, split_parts
 from .hf_files import CONFIG, INDEX, MAX_JSON_FILE_BYTES, SINGLE
 
 MAX_DEPTH = 8
@@ -101,12 +103,19 @@ def _scan(root: Path, source: str) -> Iterable[ModelEntry]:
                              sum(_size(here / n) for n in names if n.endswith(".safetensors")),
                              problem=_hf_problem(here))
         for name in sorted(filenames):
-            if name.lower().endswith(".gguf"):
+            if name.lower().endswith(".gguf") and first_split(here / name) == here / name:
                 yield _gguf_entry(here / name, source)
 
 
 def _gguf_entry(path: Path, source: str) -> ModelEntry:
-    return ModelEntry(path.stem, path, "gguf", source, _size(path), problem=_gguf_problem(path))
+    """A GGUF file, or a split model by its first file: named without the part, sized as all its
+    parts, with the first part missing named as its problem."""
+    parts = split_parts(path)
+    missing = next((p.name for p in parts if not p.is_file()), "")
+    problem = f"part {parts.index(path.with_name(missing)) + 1} of {len(parts)} is missing: {missing}" \
+        if missing else _gguf_problem(path)
+    name = path.stem if len(parts) == 1 else path.name[:-len("-00001-of-00000.gguf")]
+    return ModelEntry(name, path, "gguf", source, sum(map(_size, parts)), problem=problem)
 
 
 def _gguf_problem(path: Path) -> str:

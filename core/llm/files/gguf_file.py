@@ -116,6 +116,7 @@ class GGUFFile:
         self.data_offset = data_offset
         self.file_size = file_size
         self.tensors: dict[str, GGUFTensor] = {}
+        self.parts: list[GGUFFile] = []  # a split model's other files (.gguf_splits), tensors included above
         self._map = MappedFile(path, mapping)
 
     @property
@@ -140,8 +141,16 @@ class GGUFFile:
                                    self.kv_offsets.get(key))
         return float(value) if kind is float else value
 
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of the whole model: this file's and those of its other parts."""
+        return self.file_size + sum(part.file_size for part in self.parts)
+
     def close(self) -> None:
-        """Drop the mapping; arrays already returned by ``data()`` keep it alive until they go."""
+        """Drop the mappings (the parts' too); arrays already returned by ``data()`` keep theirs
+        alive until they go."""
+        for part in self.parts:
+            part.close()
         self._map.close()
 
     def _bytes(self) -> np.ndarray:

@@ -96,7 +96,8 @@ class Weights(dict):
 
 
 def open_source(path: str | os.PathLike[str]) -> WeightSource:
-    """Open a ``.gguf`` file or an HF model directory (config.json + safetensors)."""
+    """Open a ``.gguf`` file (or a split model, from any of its files) or an HF model directory
+    (config.json + safetensors)."""
     path = Path(path)
     if path.is_dir():
         from .hf_files import open_hf
@@ -107,9 +108,9 @@ def open_source(path: str | os.PathLike[str]) -> WeightSource:
             hf.close()
             raise ModelFormatError("config.json:model_type", f"expected a string, got {model_type!r}")
         return WeightSource(path, "hf", model_type, hf.config, {}, hf)
-    from .gguf_file import open_gguf
+    from .gguf_splits import open_model_gguf
 
-    gguf = open_gguf(path)
+    gguf = open_model_gguf(path)
     try:
         arch = gguf.architecture
     except ModelFormatError:

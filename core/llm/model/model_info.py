@@ -153,7 +153,7 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
         str(path), "gguf", str(meta.get("general.name", path.stem)), source.architecture,
         sum(t.n_elements for t in tensors),
         tensor_types=dict(Counter(t.type_name for t in tensors).most_common()), chat_template=template,
-        file_bytes=source.file.file_size, kv_cache_bytes=_kv_bytes(n),
+        file_bytes=source.file.model_bytes, kv_cache_bytes=_kv_bytes(n),
         supports_chat=supports_chat(template, path, meta), problem=unsupported(source.architecture),
         decoded_types=tuple(sorted({t.type_name for t in decoded})),
         decoded_bytes=sum(4 * t.n_elements for t in decoded),

@@ -273,8 +273,8 @@ def _copy_metadata(writer: GGUFWriter, source, ftype: int | None) -> None:
     changes = {} if ftype is None else {"general.file_type": (int(ftype), GGUFValueType.UINT32),
                                         "general.quantized_by": (QUANTIZED_BY, GGUFValueType.STRING)}
     for key, value in meta.items():
-        if key == "general.architecture":
-            continue  # the writer starts with it (from the same value)
+        if key == "general.architecture" or key.startswith("split."):
+            continue  # the writer starts with it (from the same value); the export is one file
         vtype, etype = types[key]
         value = changes.pop(key, (value,))[0]
         if key == "general.alignment":

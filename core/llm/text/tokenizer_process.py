@@ -209,8 +209,9 @@ def _build(source: dict[str, str]) -> Tokenizer:
     if "hf" in source:
         return Tokenizer.from_file(source["hf"])
     from ..files.gguf_file import open_gguf
+    from ..files.gguf_splits import first_split
 
-    gguf = open_gguf(source["gguf"])
+    gguf = open_gguf(first_split(Path(source["gguf"])))  # a split model's metadata is in its first file
     try:
         return Tokenizer.from_gguf_metadata(gguf.metadata)
     finally:

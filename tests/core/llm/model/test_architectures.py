@@ -321,15 +321,17 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 
 # ----- GGUF files written as llama.cpp's converter writes them ---------------------------------------
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
-               reshape: str = "", folder: Path | None = None, encode=None) -> Path:
+               reshape: str = "", folder: Path | None = None, encode=None, split_max_tensors: int = 0) -> Path:
     """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
     llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
     when given (and stored as gguf-py's float32 dequantization of those blocks when
-    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``."""
+    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``; split
+    into files of ``split_max_tensors`` tensors (gguf-py's splitting, as ``convert_hf_to_gguf.py
+    --split-max-tensors``) when given."""
     with open_hf(folder or TINY / name) as hf:
         cfg = hf.config
         tensors = {k: t.data().astype(np.float32) for k, t in hf.tensors.items()}
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
