@@ -83,7 +83,7 @@ def cmd_quantize(args) -> int:
         if plan.fallbacks:
             print(fallback_summary(plan.fallbacks), file=sys.stderr)
         apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"))
-        result = export_gguf(model, args.output, progress=progress_bar)
+        result = export_gguf(model, args.output, progress=progress_bar, ftype=plan.file_type)
     summary = {"path": str(result.path), "bytes": result.nbytes, "tensors": result.tensors,
                "changed_tensors": result.changed, "file_type": result.file_type,
                "weight_bytes": plan.bytes, "fallbacks": [str(f) for f in plan.fallbacks]}

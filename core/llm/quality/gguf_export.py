@@ -77,11 +77,13 @@ class GGUFExport:
 
 
 def export_gguf(model, path: str | os.PathLike, *, progress: Progress | None = None,
-                cancel: Cancel = None) -> GGUFExport:
+                cancel: Cancel = None, ftype: LlamaFileType | None = None) -> GGUFExport:
     """Write ``model`` (a :class:`~.textmodel.TextModel` loaded from a GGUF file) to ``path`` as
     GGUF, in its current encodings (module docstring). Do not morph the model meanwhile.
 
-    ``progress("export", tensors written, tensors)``; ``cancel`` stops between tensors.
+    ``progress("export", tensors written, tensors)``; ``cancel`` stops between tensors. ``ftype``
+    is the ``general.file_type`` to write when tensors changed (a preset's, which llama-quantize
+    writes); without it, the source's when nothing changed, else :func:`file_type` of the mix.
 
     Raises:
         LoomConfigError: a model not loaded from a GGUF file, a layer in a Loom dtype GGUF cannot
@@ -97,7 +99,10 @@ def export_gguf(model, path: str | os.PathLike, *, progress: Progress | None = N
         raise LoomConfigError(f"cannot export over {path}: the model reads its weights from that file")
     tensors = _plan(model.net, source)
     changed = sum(not t.from_file for t in tensors)
-    ftype = source.metadata.get("general.file_type") if not changed else file_type(tensors)
+    if not changed:
+        ftype = source.metadata.get("general.file_type")
+    elif ftype is None:
+        ftype = file_type(tensors)
     writer = GGUFWriter(None, source.architecture)
     _copy_metadata(writer, source, None if not changed else ftype)
     for t in tensors:

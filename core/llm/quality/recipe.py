@@ -63,7 +63,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, LlamaFileType
 from gguf import GGMLQuantizationType as GT
 
 from ... import dtypes
@@ -226,6 +226,13 @@ class RecipePlan:
     layers: tuple[LayerPlan, ...]  # every layer the recipe gives a format, in order
     fallbacks: tuple[Fallback, ...] = ()
     bytes: int = 0  # the model's weight bytes once applied (as net.memory_bytes() counts them then)
+    preset: str = ""  # the preset "*" gives, if any: the file type llama-quantize writes (file_type)
+
+    @property
+    def file_type(self) -> LlamaFileType | None:
+        """llama.cpp's ``general.file_type`` of the preset (``MOSTLY_Q4_K_M`` ...), as llama-quantize
+        writes it whatever the tensors' mix is; None without a preset."""
+        return LlamaFileType.__members__[f"MOSTLY_{self.preset}"] if self.preset else None
 
     @property
     def changed(self) -> tuple[LayerPlan, ...]:
@@ -465,7 +472,8 @@ def _plan(layers: list[WeightedLayer], rules: dict[tuple[int, str], _Rule]) -> R
         if parts:
             plans.append(_parts_plan(la, parts))
     size = _planned_bytes(layers, {lp.position: lp for lp in plans})
-    return RecipePlan(tuple(plans), tuple(fallbacks), size)
+    preset = next((r.value for r in rules.values() if r.preset), "")
+    return RecipePlan(tuple(plans), tuple(fallbacks), size, preset)
 
 
 def _is_loom(rule: _Rule) -> bool:

@@ -321,7 +321,8 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 
 # ----- GGUF files written as llama.cpp's converter writes them ---------------------------------------
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
-               reshape: str = "", folder: Path | None = None, encode=None, split_max_tensors: int = 0) -> Path:
+               reshape: str = "", folder: Path | None = None, encode=None,
+               split_max_tensors: int = 0) -> Path:
     """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
     llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
     when given (and stored as gguf-py's float32 dequantization of those blocks when

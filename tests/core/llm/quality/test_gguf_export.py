@@ -19,6 +19,7 @@ from loomlab.core.llm.files.gguf_file import open_gguf
 from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.llm.model.loader import load_causal_lm
 from loomlab.core.llm.quality.gguf_export import export_gguf, export_refusal
+from loomlab.core.llm.quality.recipe import apply_recipe, plan_recipe
 from loomlab.core.morph import morph_sublayer
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
@@ -232,6 +233,24 @@ def test_k_formats_are_written_as_the_blocks_forward_reads(tmp_path):
         np.testing.assert_array_equal(reopened.step(ids, None), expected)
     finally:
         reopened.close()
+
+
+@pytest.mark.parametrize("preset, llama_h", [("Q3_K_S", 11), ("Q5_K_S", 16)])
+def test_a_preset_is_written_as_llama_quantizes_file_type(tmp_path, preset, llama_h):
+    """``general.file_type`` is the preset's (llama.h's LLAMA_FTYPE_MOSTLY_<preset>), as
+    llama-quantize writes it, not the _M type the majority rule would give the mix."""
+    net = synthetic_llama(tmp_path / "k.gguf")
+    try:
+        plan = plan_recipe(net, preset)
+        apply_recipe(net, plan)
+        model = SimpleNamespace(net=net, name="synthetic")
+        mix = export_gguf(model, tmp_path / "mix.gguf")
+        report = export_gguf(model, tmp_path / "out.gguf", ftype=plan.file_type)
+        assert plan_recipe(net, "Q4_0").file_type is None  # a format, not a preset
+    finally:
+        net.close()
+    assert mix.file_type == llama_h + 1  # the majority rule: the _M type of the mix's K type
+    assert report.file_type == llama_h == metadata(tmp_path / "out.gguf")["general.file_type"][1]
 
 
 # ----- refusals, failures, cancel ----------------------------------------------------------------
