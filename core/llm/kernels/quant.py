@@ -113,14 +113,17 @@ def _lane_sum(lanes):
 #   Q6K: half a super-block (128 weights): L = 32, P = 4
 #   Q5K (Q5_K): NIB4's groups of 32 bytes plus each weight's fifth bit: L = 32, P = 2
 #   Q3K, Q2K (Q3_K, Q2_K): half a super-block (128 weights) of 2-bit runs: L = 32, P = 4
-#   IQ4X (IQ4_XS): a 32-weight sub-block of nibbles, each an index into IQ4_VALUES: L = 16, P = 2
+#   IQ4X (IQ4_XS, IQ4_NL): 32 weights of nibbles, each an index into IQ4_VALUES: L = 16, P = 2
+#   MXF4 (MXFP4): the same with MXFP4_VALUES
 # ``lay`` = (block bytes, first quant byte, log2 groups per block, G, nibble shift, zero) is one
 # tuple type for every format, so all formats share a compiled kernel (two, with and without
 # offsets ``m``: None compiles the add of -0.0 away, which LLVM drops from ``w + m``).
 
-NIB4, FIVE, INT8, Q6K, Q5K, Q3K, Q2K, IQ4X = 0, 1, 2, 3, 4, 5, 6, 7
+NIB4, FIVE, INT8, Q6K, Q5K, Q3K, Q2K, IQ4X, MXF4 = 0, 1, 2, 3, 4, 5, 6, 7, 8
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                       np.int8)  # IQ4_NL's and IQ4_XS's values of a nibble (kvalues_iq4nl)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                        np.int8)  # E2M1's values, doubled (kvalues_mxfp4; the scale is halved)
 
 
 @njit(inline="always")
@@ -255,12 +258,13 @@ def _decode(kind, q, r, k, lay, s, m, dst, o):
             dst[_u(o + G + j)] = d * _q5(v >> 4, h, j + G, z) + mb
     elif kind == Q3K or kind == Q2K:
         _low_bit_half(kind, q, r, k, lay, s, m, dst, o)
-    elif kind == IQ4X:
-        base, d = (k >> 3) * bbytes + qoff + (k & 7) * G, s[r, k]
+    elif kind == IQ4X or kind == MXF4:
+        base, d = (k >> gshift) * bbytes + qoff + (k & ((1 << gshift) - 1)) * G, s[r, k]
+        table = IQ4_VALUES if kind == IQ4X else MXFP4_VALUES
         for j in range(G):
             v = _byte(q, r, base + j)
-            dst[_u(o + j)] = d * F32(IQ4_VALUES[_u(v & 15)])
-            dst[_u(o + G + j)] = d * F32(IQ4_VALUES[_u(v >> 4)])
+            dst[_u(o + j)] = d * F32(table[_u(v & 15)])
+            dst[_u(o + G + j)] = d * F32(table[_u(v >> 4)])
     elif kind == INT8:
         base, d = k * bbytes + qoff, s[r, k]
         for j in range(G):
@@ -614,7 +618,7 @@ DECODE_ELEMS = 1 << 20  # a decoded format converts this many weights at a time 
 
 
 class DecodedFormat(PlainFormat):
-    """A block format without a matrix kernel (IQ4_XS, Q2_K, MXFP4 ...): its blocks are decoded
+    """A block format without a matrix kernel (IQ2_XS, IQ3_S, TQ1_0 ...): its blocks are decoded
     once, at construction, into a float32 matrix that the float kernels multiply (4 bytes a
     weight instead of the file's 0.3-1.1). The decoders are gguf-py's (``gguf.quants``; Q8_K's,
     which gguf-py lacks, here), bit-equal to llama.cpp's ``dequantize_row_*``; the file's blocks
@@ -631,51 +635,6 @@ class DecodedFormat(PlainFormat):
     def decode(self, raw: np.ndarray) -> np.ndarray:
         """uint8 blocks [rows, bytes per row] as float32 [rows, weights per row]."""
         return gguf_quants.dequantize(raw, GT(self.ggml_type)).astype(F32, copy=False)
-
-
-class ConvertedFormat(DecodedFormat):
-    """A 32-weight format whose weights are exactly Q8_0's, an int8 value times a float16 scale:
-    IQ4_NL (a nibble's entry in a table of 16 int8) and MXFP4 (the same with E2M1's doubled
-    values, and a power-of-two E8M0 scale). Converted to Q8_0 blocks at construction (34 bytes a
-    block for the file's 17-18), so that Q8_0's kernels multiply it in both modes with the
-    integers llama.cpp's own kernels use; decoded to float32 instead when a scale has no float16
-    (an MXFP4 exponent beyond float16's range)."""
-
-    table: ClassVar[tuple[int, ...]]  # each nibble's int8 value
-
-    def to_q8_0(self, raw: np.ndarray) -> np.ndarray | None:
-        """uint8 blocks [rows, bytes per row] as Q8_0 blocks, or None."""
-        blocks = raw.reshape(raw.shape[0], -1, self.block_bytes)
-        scale = self.f16_scales(blocks)
-        if scale is None:
-            return None
-        qs = blocks[:, :, self.block_bytes - 16:]
-        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # weights 0-15, then 16-31
-        values = np.array(self.table, np.int8)[nibbles]
-        return np.concatenate([scale, values.view(np.uint8)], axis=-1).reshape(raw.shape[0], -1)
-
-    def f16_scales(self, blocks: np.ndarray) -> np.ndarray | None:
-        """Each block's scale as float16 bytes ``[rows, nb, 2]``, or None."""
-        raise NotImplementedError
-
-
-class _IQ4_NL(ConvertedFormat):
-    ggml_type, block_elems, block_bytes = GT.IQ4_NL, 32, 18
-    table = tuple(int(v) for v in IQ4_VALUES)
-
-    def f16_scales(self, blocks):
-        return blocks[:, :, :2]
-
-
-class _MXFP4(ConvertedFormat):
-    ggml_type, block_elems, block_bytes = GT.MXFP4, 32, 17
-    table = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-
-    def f16_scales(self, blocks):
-        e = blocks[:, :, 0].astype(np.int32)  # E8M0 halved (ggml_e8m0_to_fp32_half): 2^(e - 128)
-        if e.size and (e.min() < 104 or e.max() > 143):  # float16 holds 2^-24 .. 2^15
-            return None
-        return np.ldexp(np.float16(1), e - 128).astype("<f2").view(np.uint8).reshape(*e.shape, 2)
 
 
 class _Q8_K(DecodedFormat):
@@ -722,7 +681,7 @@ class BlockFormat(GgmlFormat):
 
     def layout(self) -> tuple:
         """``_decode``'s ``lay`` tuple: the same types for every format (one compiled kernel)."""
-        groups = self.kind in (NIB4, Q5K)
+        groups = self.kind in (NIB4, Q5K, IQ4X, MXF4)
         gshift = max(0, (self.block_elems // (2 * self.group)).bit_length() - 1) if groups else 0
         return self.block_bytes, self.qoff, gshift, self.group, self.shift, F32(self.zero)
 
@@ -775,6 +734,36 @@ def iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
     high = np.ascontiguousarray(blocks[:, :, 2:4]).view("<u2")[..., 0].astype(np.int32)
     top = np.stack([(high >> (2 * ib)) & 3 for ib in range(8)], axis=-1)
     return (low.astype(np.int32) | (top << 4)).astype(np.int8) - np.int8(32)
+
+
+class _IQ4_NL(BlockFormat):
+    """32 weights: f16 d, then 16 bytes of nibbles (weights j and 16 + j), indices into
+    :data:`IQ4_VALUES`."""
+
+    ggml_type, block_elems, block_bytes = GT.IQ4_NL, 32, 18
+    kind, qoff = IQ4X, 2
+
+    def side(self, blocks):
+        return _f16_field(blocks, 0), None
+
+
+def mxfp4_scales(blocks: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks ``[rows, nb, 17]`` -> each block's E8M0 exponent e as the float32 2^(e - 128)
+    (halved, as :data:`MXFP4_VALUES` are doubled), exactly as ggml_e8m0_to_fp32_half makes it."""
+    e = blocks[:, :, 0].astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(F32)
+
+
+class _MXFP4(BlockFormat):
+    """32 weights: an E8M0 exponent byte, then 16 bytes of nibbles (weights j and 16 + j),
+    indices into :data:`MXFP4_VALUES`."""
+
+    ggml_type, block_elems, block_bytes = GT.MXFP4, 32, 17
+    kind, qoff = MXF4, 1
+
+    def side(self, blocks):
+        return mxfp4_scales(blocks), None
 
 
 class _IQ4_XS(BlockFormat):
@@ -857,9 +846,7 @@ class _Q6_K(BlockFormat):
 
 
 SUPPORTED_TYPES: tuple[str, ...] = tuple(GT(t).name for t in FORMATS)
-CONVERTED_TYPES: tuple[str, ...] = tuple(f.name for f in FORMATS.values() if isinstance(f, ConvertedFormat))
-DECODED_TYPES: tuple[str, ...] = tuple(f.name for f in FORMATS.values()
-                                       if isinstance(f, DecodedFormat) and f.name not in CONVERTED_TYPES)
+DECODED_TYPES: tuple[str, ...] = tuple(f.name for f in FORMATS.values() if isinstance(f, DecodedFormat))
 
 
 _tiles = threading.local()
@@ -907,11 +894,6 @@ class QuantMatrix:
             raise ModelFormatError(name, f"ggml type {self.ggml_type} ({self.type_name}) has no matrix "
                                          f"kernel; supported: {', '.join(SUPPORTED_TYPES)}")
         raw = read_only(self._raw_bytes(data, fmt, name))
-        self.converted_from = ""  # the file's type when its blocks were converted to Q8_0's
-        if isinstance(fmt, ConvertedFormat) and (q8 := fmt.to_q8_0(raw)) is not None:
-            mapped_pages.release(raw)
-            self.converted_from, self.ggml_type = self.type_name, int(GT.Q8_0)
-            raw, fmt = read_only(q8), FORMATS[GT.Q8_0]
         self._q, self._dense, self._fmt = None, None, fmt
         self._kernel_args: tuple | None = None  # the float kernels' (_float_args), on first use
         self.int8_rows = None  # (kind, repacked rows) once the int8 kernels first use it (quant_int8)

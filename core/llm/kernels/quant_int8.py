@@ -44,6 +44,8 @@ from . import mapped_pages
 from .quant import KERNEL_OPTIONS, ROW_CHUNK, QuantMatrix, pace, read_only
 from .quant_int8_products import call_product, product_address
 from .quant_int8_rows import (
+    WIQ4_NL,
+    WMXFP4,
     WQ4_0,
     WQ4_1,
     WQ5_0,
@@ -72,7 +74,8 @@ _BLOCK = {AQ8_0: 32, AQ8_1: 32, AQ8_K: 256}
 _WEIGHT_KIND = {GT.Q4_0: (WQ4_0, AQ8_0), GT.Q4_1: (WQ4_1, AQ8_1), GT.Q5_0: (WQ5_0, AQ8_0),
                 GT.Q5_1: (WQ5_1, AQ8_1), GT.Q8_0: (WQ8_0, AQ8_0), GT.Q4_K: (WQ4_K, AQ8_K),
                 GT.Q2_K: (WQ2_K, AQ8_K), GT.Q3_K: (WQ3_K, AQ8_K), GT.Q5_K: (WQ5_K, AQ8_K),
-                GT.Q6_K: (WQ6_K, AQ8_K), GT.IQ4_XS: (WIQ4_XS, AQ8_K)}
+                GT.Q6_K: (WQ6_K, AQ8_K), GT.IQ4_XS: (WIQ4_XS, AQ8_K), GT.IQ4_NL: (WIQ4_NL, AQ8_0),
+                GT.MXFP4: (WMXFP4, AQ8_0)}
 INT8_TYPES: tuple[str, ...] = tuple(GT(t).name for t in _WEIGHT_KIND)
 
 

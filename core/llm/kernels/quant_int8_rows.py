@@ -1,5 +1,6 @@
-"""Whole-row integer dots for the 32-weight block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on
-weight rows repacked once so that four blocks are one 64-byte load and no byte is shuffled.
+"""Whole-row integer dots for the 32-weight block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+MXFP4), on weight rows repacked once so that four blocks are one 64-byte load and no byte is
+shuffled.
 
 Why repack: a GGUF block keeps its f16 scale(s) before its quants (18, 20, 22, 24 or 34 bytes),
 so two blocks' quants never sit side by side; gathering them into one 512-bit register takes
@@ -14,6 +15,8 @@ weight row becomes, in the same number of bytes as the file's blocks:
     Q8_0:           per group of blocks, bytes 0-15 of each block's quants, then bytes 16-31,
                     stored as ``w + 128`` (unsigned: vpdpbusd multiplies u8 by s8), then the
                     f16 scales.
+    IQ4_NL, MXFP4:  as Q4_0: the nibbles, then the scales (MXFP4's E8M0 exponents as the
+                    float32 scales they stand for: an exponent beyond float16's range is valid).
 
 Blocks go in groups of four (then a group of two, then one, for the rest of a row). A group's
 low halves (the low nibbles, or Q8_0's first 16 bytes) are one vector of 16 k bytes and its
@@ -22,8 +25,10 @@ each block's first 16 quants, then its last 16). ``vpdpbusd`` of the low halves,
 high halves into the same 4 k int32 lanes, leaves block j's sum in lanes 4j .. 4j+3, the zero
 point's correction (``-zero * sum(x quants)``, exact in integers) added as the starting value of
 lane 4j. Then one float multiply-add per group by the scales ``d * d_x`` spread to four lanes
-each; Q4_1 / Q5_1 add ``m * s`` per block in a separate float vector. Each activation row's sum
-is reduced in a fixed order, so a row gets the same bits alone or among others.
+each; Q4_1 / Q5_1 add ``m * s`` per block in a separate float vector. IQ4_NL's and MXFP4's
+nibbles index a table of signed values (looked up with ``vpshufb``), multiplied by llama.cpp's
+sign trick (:func:`sign_moved`). Each activation row's sum is reduced in a fixed order, so a row
+gets the same bits alone or among others.
 """
 
 from __future__ import annotations
@@ -35,13 +40,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernel_hints import AHEAD_BYTES, prefetch_row, prefetch_until
+from .quant import IQ4_VALUES, MXFP4_VALUES, mxfp4_scales
 
 F32 = np.float32
 
 # Weight kinds (quant_int8's numbering, which imports these) and the constants of their layout.
 WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0 = range(5)
-ROW_KINDS = (WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0)
-_BLOCK_BYTES = {WQ4_0: 18, WQ4_1: 20, WQ5_0: 22, WQ5_1: 24, WQ8_0: 34}
+WIQ4_NL, WMXFP4 = 14, 15  # after the tiles' and super-blocks' kinds
+ROW_KINDS = (WQ4_0, WQ4_1, WQ5_0, WQ5_1, WQ8_0, WIQ4_NL, WMXFP4)
+_BLOCK_BYTES = {WQ4_0: 18, WQ4_1: 20, WQ5_0: 22, WQ5_1: 24, WQ8_0: 34, WIQ4_NL: 18, WMXFP4: 17}
+_TABLES = {WIQ4_NL: IQ4_VALUES, WMXFP4: MXFP4_VALUES}  # each nibble's signed value
 _ZERO_SHIFT = {WQ4_0: 3, WQ5_0: 4, WQ8_0: 7}  # stored quants are value + 2^shift
 _HAS_M = (WQ4_1, WQ5_1)
 _HAS_QH = (WQ5_0, WQ5_1)
@@ -78,16 +86,18 @@ def repack(kind: int, raw: np.ndarray, nb: int) -> np.ndarray:
     bbytes = _BLOCK_BYTES[kind]
     blocks = raw.reshape(-1, nb, bbytes)
     rows = blocks.shape[0]
-    f16 = [blocks[:, :, 0:2]] + ([blocks[:, :, 2:4]] if kind in _HAS_M else [])  # d, then m
+    scales = [blocks[:, :, 0:2]] + ([blocks[:, :, 2:4]] if kind in _HAS_M else [])  # f16 d, then m
     if kind == WQ8_0:
         quants = (_q8_0_halves(blocks),)
+    elif kind == WMXFP4:
+        quants, scales = (blocks[:, :, 1:],), [mxfp4_scales(blocks).view(np.uint8)]
     else:
         start = 4 if kind in _HAS_M else 2
         quants = (blocks[:, :, start + 4 * (kind in _HAS_QH):],)
         if kind in _HAS_QH:  # the fifth bits' u32: weights 0-15 low, 16-31 high (little-endian)
             qh = blocks[:, :, start:start + 4]
             quants += (qh[:, :, 0:2], qh[:, :, 2:4])
-    parts = [np.ascontiguousarray(p).reshape(rows, -1) for p in (*quants, *f16)]
+    parts = [np.ascontiguousarray(p).reshape(rows, -1) for p in (*quants, *scales)]
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
@@ -359,6 +369,44 @@ def _times(factor: int):
     return lambda first, width: ir.Constant(ir.VectorType(_I16, width // 2), [factor] * (width // 2))
 
 
+def table_lookup(builder, table, idx):
+    """Each byte of ``idx`` (16, 32 or 64 lanes, values 0-15) replaced by ``table[idx]`` (16 int8
+    values): ``vpshufb`` on 16- or 32-byte parts where numba compiles for AVX2, a chain of
+    selects elsewhere."""
+    n = idx.type.count
+    values = [int(v) for v in table]
+    if host_features().get("avx2"):
+        width = min(n, 32)
+        vt = ir.VectorType(_I8, width)
+        name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.ssse3.pshuf.b.128"
+        shuffle = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt]), name)
+        tab = ir.Constant(vt, values * (width // 16))  # vpshufb looks up within each 16-byte lane
+
+        def lanes(first, count):
+            return ir.Constant(ir.VectorType(_I32, count), list(range(first, first + count)))
+
+        pieces = [idx] if width == n else [builder.shuffle_vector(idx, idx, lanes(at, width))
+                                           for at in range(0, n, width)]
+        parts = [builder.call(shuffle, [tab, piece]) for piece in pieces]
+        return parts[0] if len(parts) == 1 else builder.shuffle_vector(parts[0], parts[1], lanes(0, n))
+    vt = idx.type
+    out = ir.Constant(vt, [values[0]] * n)
+    for k in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(vt, [k] * n))
+        out = builder.select(hit, ir.Constant(vt, [values[k]] * n), out)
+    return out
+
+
+def sign_moved(builder, w, x):
+    """``(|w|, x with w's sign)`` for signed weights (|w| <= 127): llama.cpp's sign trick, so that
+    an unsigned-by-signed dot (:func:`lanes_dot`) multiplies signed weights (the activations lie
+    in -127..127, so negating one never overflows)."""
+    zero = ir.Constant(w.type, [0] * w.type.count)
+    negative = builder.icmp_signed("<", w, zero)
+    return (builder.select(negative, builder.sub(zero, w), w),
+            builder.select(negative, builder.sub(zero, x), x))
+
+
 _MADD = {16: ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd", "llvm.x86.ssse3.psign.b.128"),
          32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd", "llvm.x86.avx2.psign.b")}
 
@@ -500,7 +548,8 @@ def _group_dot(kind: int, m: int, n: int):
                 builder.store(fmuladd(builder, a, b, builder.load(slot)), slot)
 
             def unpack(row, b, k):
-                """The group's low and high halves of weight row ``row`` as unsigned bytes."""
+                """The group's low and high halves of weight row ``row`` as unsigned bytes (a
+                table format's: its signed values)."""
                 vb = ir.VectorType(_I8, 16 * k)
                 if kind == WQ8_0:
                     at = builder.mul(b, i64(32))
@@ -508,6 +557,8 @@ def _group_dot(kind: int, m: int, n: int):
                 v = load(row, builder.mul(b, i64(16)), vb)
                 halves = [builder.and_(v, ir.Constant(vb, [0xF] * 16 * k)),
                           builder.lshr(v, ir.Constant(vb, [4] * 16 * k))]
+                if kind in _TABLES:
+                    return [table_lookup(builder, _TABLES[kind], h) for h in halves]
                 if kind in _HAS_QH:  # fifth bits: bit i of the group's u16s is byte i's
                     for half, at in ((0, qh_at), (1, builder.add(qh_at, builder.mul(nblocks, i64(2))))):
                         bits = load(row, builder.add(at, builder.mul(b, i64(2))), ir.IntType(16 * k))
@@ -536,13 +587,19 @@ def _group_dot(kind: int, m: int, n: int):
                     acts.append((x_lo, x_hi, start, xd_k, xs_k))
                 for j, row in enumerate(weight_rows):
                     lo, hi = unpack(row, b, k)
-                    d = half_to_float(builder, load(row, builder.add(d_at, builder.mul(b, i64(2))),
-                                                    ir.VectorType(_I16, k)))
+                    if kind == WMXFP4:  # float32 scales
+                        d = load(row, builder.add(d_at, builder.mul(b, i64(4))), ir.VectorType(_F32, k))
+                    else:
+                        d = half_to_float(builder, load(row, builder.add(d_at, builder.mul(b, i64(2))),
+                                                        ir.VectorType(_I16, k)))
                     offset = half_to_float(builder, load(row, builder.add(m_at, builder.mul(b, i64(2))),
                                                          ir.VectorType(_I16, k))) if kind in _HAS_M else None
                     for i, (xlo, xhi, start, xd_k, xs_k) in enumerate(acts):
                         if kind == WQ8_0:  # quants stored as w + 128: no int16 sums
                             total = q8_dot(builder, q8_dot(builder, start, lo, xlo), hi, xhi)
+                        elif kind in _TABLES:  # signed values
+                            total = lanes_dot_sum(builder, start, [sign_moved(builder, lo, xlo),
+                                                                   sign_moved(builder, hi, xhi)], 127)
                         else:
                             total = lanes_dot_sum(builder, start, [(lo, xlo), (hi, xhi)],
                                                   31 if kind in (WQ5_0, WQ5_1) else 15)
@@ -569,7 +626,7 @@ def _group_dot(kind: int, m: int, n: int):
 def _by_kind(m, n):
     """One function over the group dots of m weight rows and n activation rows, picking the
     format's by kind."""
-    q4_0, q4_1, q5_0, q5_1, q8_0 = (_group_dot(k, m, n) for k in ROW_KINDS)
+    q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, mxfp4 = (_group_dot(k, m, n) for k in ROW_KINDS)
 
     @njit(inline="always")
     def dot(kind, w, wi, stride, nb, xg, t, xd, xs, nsum):
@@ -581,6 +638,10 @@ def _by_kind(m, n):
             return q5_0(w, wi, stride, nb, xg, t, xd, xs, nsum)
         if kind == WQ5_1:
             return q5_1(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        if kind == WIQ4_NL:
+            return iq4_nl(w, wi, stride, nb, xg, t, xd, xs, nsum)
+        if kind == WMXFP4:
+            return mxfp4(w, wi, stride, nb, xg, t, xd, xs, nsum)
         return q8_0(w, wi, stride, nb, xg, t, xd, xs, nsum)
     return dot
 

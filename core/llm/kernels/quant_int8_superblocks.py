@@ -37,10 +37,11 @@ from .quant_int8_rows import (
     dot_scales,
     fmuladd,
     half_to_float,
-    host_features,
     lanes_dot_scaled,
     rows_driver,
+    sign_moved,
     splat,
+    table_lookup,
     totals,
 )
 
@@ -89,35 +90,9 @@ def is_superblock_kind(kind):
             or kind == WIQ4_XS)
 
 
-def table_lookup(builder, table, idx):
-    """Each byte of ``idx`` (64 lanes, values 0-15) replaced by ``table[idx]`` (16 int8 values):
-    ``vpshufb`` on 32-byte halves where numba compiles for AVX2, a chain of selects elsewhere."""
-    v32, v64 = ir.VectorType(_I8, 32), ir.VectorType(_I8, 64)
-    values = [int(v) for v in table]
-    if host_features().get("avx2"):
-        shuffle = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32, v32]),
-                                                 "llvm.x86.avx2.pshuf.b")
-        tab = ir.Constant(v32, values * 2)  # vpshufb looks up within each 16-byte lane
-        def lanes(first, count):
-            return ir.Constant(ir.VectorType(_I32, count), list(range(first, first + count)))
-
-        halves = [builder.call(shuffle, [tab, builder.shuffle_vector(idx, idx, lanes(32 * h, 32))])
-                  for h in (0, 1)]
-        return builder.shuffle_vector(halves[0], halves[1], lanes(0, 64))
-    out = ir.Constant(v64, [values[0]] * 64)
-    for k in range(1, 16):
-        hit = builder.icmp_unsigned("==", idx, ir.Constant(v64, [k] * 64))
-        out = builder.select(hit, ir.Constant(v64, [values[k]] * 64), out)
-    return out
-
-
 def signed_dot_scaled(builder, w, x, scales):
-    """:func:`lanes_dot_scaled` for signed weights (|w| <= 127) by llama.cpp's sign trick: |w| times
-    x with w's sign (Q8_K's x lie in -127..127, so negating one never overflows)."""
-    zero = ir.Constant(w.type, [0] * w.type.count)
-    negative = builder.icmp_signed("<", w, zero)
-    return lanes_dot_scaled(builder, builder.select(negative, builder.sub(zero, w), w),
-                            builder.select(negative, builder.sub(zero, x), x), scales)
+    """:func:`lanes_dot_scaled` for signed weights (|w| <= 127) by llama.cpp's sign trick."""
+    return lanes_dot_scaled(builder, *sign_moved(builder, w, x), scales)
 
 
 def _two_bit_quants(runs: np.ndarray) -> np.ndarray:

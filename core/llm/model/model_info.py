@@ -17,7 +17,7 @@ from ...units import format_bytes
 from ..files.architectures import unsupported
 from ..files.hf_files import TOKENIZER_CONFIG
 from ..files.weights_source import WeightSource, open_source
-from ..kernels.quant import CONVERTED_TYPES, DECODED_TYPES
+from ..kernels.quant import DECODED_TYPES
 from .loader import ARCHITECTURES, read_args
 from .model_args import MAX_DIM, MAX_TOKENS, Settings
 
@@ -66,8 +66,6 @@ class ModelInfo:
     supports_chat: bool = False  # see supports_chat()
     decoded_types: tuple[str, ...] = ()  # tensor types without a matrix kernel: float32 copies at load
     decoded_bytes: int = 0  # what those copies cost
-    converted_types: tuple[str, ...] = ()  # tensor types converted to Q8_0 blocks at load (exact)
-    converted_bytes: int = 0  # what those blocks cost
     problem: str = ""  # why this build cannot run the model ("" when it can)
 
     @property
@@ -79,24 +77,23 @@ class ModelInfo:
     def types_text(self) -> str:
         """The tensor types with their counts, and which are decoded at load and what that costs."""
         text = ", ".join(f"{name} × {n}" for name, n in self.tensor_types.items())
-        notes = [f"{', '.join(types)} {how}: +{format_bytes(n)}" for types, how, n in (
-            (self.decoded_types, "decoded to float32 at load, no kernel yet", self.decoded_bytes),
-            (self.converted_types, "converted to Q8_0 at load, exactly", self.converted_bytes)) if types]
-        return text + (f" ({'; '.join(notes)})" if notes else "")
+        if not self.decoded_types:
+            return text
+        return (f"{text} ({', '.join(self.decoded_types)} decoded to float32 at load, no kernel yet: "
+                f"+{format_bytes(self.decoded_bytes)})")
 
     @property
     def memory_text(self) -> str:
         """The memory estimate and its parts."""
-        extra = self.decoded_bytes + self.converted_bytes
-        decoded = f" + converted copies {format_bytes(extra)}" if extra else ""
+        decoded = f" + float32 copies {format_bytes(self.decoded_bytes)}" if self.decoded_bytes else ""
         return (f"{format_bytes(self.estimated_memory)} (weights {format_bytes(self.file_bytes)} + KV cache "
                 f"{format_bytes(self.kv_cache_bytes)} at full context{decoded})")
 
     @property
     def estimated_memory(self) -> int:
         """Weights stay memory-mapped as in the file; the KV cache and the float32 copies of
-        matrices in types without a kernel (:attr:`decoded_types`, :attr:`converted_types`) come on top."""
-        return self.file_bytes + self.kv_cache_bytes + self.decoded_bytes + self.converted_bytes
+        matrices in types without a kernel (:attr:`decoded_types`) come on top."""
+        return self.file_bytes + self.kv_cache_bytes + self.decoded_bytes
 
 
 def describe(path: str | Path) -> ModelInfo:
@@ -148,7 +145,6 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
         n["vocab_size"] = len(tokens)
     template = "tokenizer.chat_template" in meta
     decoded = [t for t in tensors if t.type_name in DECODED_TYPES]
-    converted = [t for t in tensors if t.type_name in CONVERTED_TYPES]
     return ModelInfo(
         str(path), "gguf", str(meta.get("general.name", path.stem)), source.architecture,
         sum(t.n_elements for t in tensors),
@@ -156,9 +152,7 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
         file_bytes=source.file.model_bytes, kv_cache_bytes=_kv_bytes(n),
         supports_chat=supports_chat(template, path, meta), problem=unsupported(source.architecture),
         decoded_types=tuple(sorted({t.type_name for t in decoded})),
-        decoded_bytes=sum(4 * t.n_elements for t in decoded),
-        converted_types=tuple(sorted({t.type_name for t in converted})),
-        converted_bytes=sum(t.n_elements // 32 * 34 for t in converted), **n)
+        decoded_bytes=sum(4 * t.n_elements for t in decoded), **n)
 
 
 def _describe_hf(source: WeightSource) -> ModelInfo:

@@ -24,7 +24,7 @@ from loomlab.core.llm.kernels.quant import QuantMatrix
 from tests.oracles import llamacpp
 
 QUANTIZED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K,
-             GT.IQ4_XS]
+             GT.IQ4_XS, GT.IQ4_NL, GT.MXFP4]
 # gguf-py can quantize these; K-quants it only dequantizes, so their blocks are random bytes.
 QUANTIZABLE = {GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0}
 
@@ -36,9 +36,12 @@ def random_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Generator)
         return quants.quantize(weights.astype(np.float32), ggml_type)
     block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
     blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
+    if ggml_type == GT.MXFP4:  # E8M0 exponents of scales 2^-10 .. 2^7 (products stay finite)
+        blocks[:, :, 0] = rng.integers(118, 136, blocks.shape[:2])
+        return blocks.reshape(rows, -1)
     # Every byte pattern is a valid block except for the float16 scales: make those finite.
     scale_bytes = {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,),
-                   GT.IQ4_XS: (0,)}
+                   GT.IQ4_XS: (0,), GT.IQ4_NL: (0,)}
     for at in scale_bytes[ggml_type]:
         scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at:at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
@@ -93,7 +96,8 @@ def test_matmul_over_many_tiles(ggml_type, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Types without a kernel: decoded to float32 at load. Oracle: llama.cpp's dequantize_row_* (its C,
 # compiled), bit for bit, on blocks of its reference quantizers and, for the grid types, whose
-# quantizers need tables built first, on random bytes with finite scales.
+# quantizers need tables built first, on random bytes with finite scales. IQ4_NL and MXFP4 (which
+# have kernels) are checked the same way on its quantizers' blocks.
 
 DECODED = [GT[name] for name in quant.DECODED_TYPES]
 GRID_TYPES = {GT.IQ1_S, GT.IQ1_M, GT.IQ2_XXS, GT.IQ2_XS, GT.IQ2_S, GT.IQ3_XXS, GT.IQ3_S}
@@ -113,11 +117,8 @@ def decoded_type_blocks(ggml_type: GT, rows: int, cols: int, rng: np.random.Gene
     return blocks.reshape(rows, -1)
 
 
-CONVERTED = [GT[name] for name in quant.CONVERTED_TYPES]
-
-
-@pytest.mark.parametrize("ggml_type", DECODED + CONVERTED, ids=lambda t: t.name)
-def test_decoded_and_converted_types_match_llama_cpp(ggml_type):
+@pytest.mark.parametrize("ggml_type", [*DECODED, GT.IQ4_NL, GT.MXFP4], ids=lambda t: t.name)
+def test_decoded_types_match_llama_cpp(ggml_type):
     rng = np.random.default_rng(int(ggml_type))
     rows, cols = 37, max(2 * GGML_QUANT_SIZES[ggml_type][0], 256)
     data = decoded_type_blocks(ggml_type, rows, cols, rng)
@@ -125,12 +126,8 @@ def test_decoded_and_converted_types_match_llama_cpp(ggml_type):
     assert np.isfinite(W).all()
     m = QuantMatrix(data, ggml_type, (rows, cols))
     np.testing.assert_array_equal(m.dequantize().view(np.uint32), W.view(np.uint32))
-    if ggml_type in CONVERTED:  # Q8_0 blocks of the same weights: Q8_0's kernels in both modes
-        assert (m.type_name, m.converted_from, m.decoded) == ("Q8_0", ggml_type.name, False)
-        np.testing.assert_array_equal(quants.dequantize(m.raw_blocks, GT.Q8_0), W)
-    else:
-        assert m.decoded and m.converted_from == ""
-        np.testing.assert_array_equal(m.raw_blocks, data)  # kept for export
+    assert (m.type_name, m.decoded) == (ggml_type.name, ggml_type in DECODED)
+    np.testing.assert_array_equal(m.raw_blocks, data)  # multiplied in place, or kept for export
     ids = rng.integers(0, rows, 7)
     np.testing.assert_array_equal(m.rows(ids), W[ids])
     x = rng.standard_normal(cols).astype(np.float32)
@@ -139,15 +136,14 @@ def test_decoded_and_converted_types_match_llama_cpp(ggml_type):
     assert_product_close(m.matmul(X), W, X)
 
 
-def test_mxfp4_scales_beyond_float16_decode_to_float32():
-    """E8M0 exponents of 2^-25 and 2^16 have no float16: such a matrix is decoded, not converted."""
+def test_mxfp4_scales_of_every_exponent_are_exact():
+    """E8M0 exponents 0 and 1 (2^-128, 2^-127: float32 subnormals, ggml's special case), 255
+    (2^127), and 2^-25 and 2^16, which float16 has not."""
     rng = np.random.default_rng(10)
-    for exponent in (128 - 25, 128 + 16):
-        data = decoded_type_blocks(GT.MXFP4, 3, 64, rng)
-        data.reshape(3, 2, 17)[1, 0, 0] = exponent
-        m = QuantMatrix(data, GT.MXFP4, (3, 64))
-        assert (m.type_name, m.decoded) == ("MXFP4", True)
-        np.testing.assert_array_equal(m.dequantize(), llamacpp.dequantize(data, "MXFP4"))
+    data = decoded_type_blocks(GT.MXFP4, 5, 64, rng)
+    data.reshape(5, 2, 17)[:, 0, 0] = (0, 1, 255, 128 - 25, 128 + 16)
+    np.testing.assert_array_equal(QuantMatrix(data, GT.MXFP4, (5, 64)).dequantize(),
+                                  llamacpp.dequantize(data, "MXFP4"))
 
 
 def test_decoded_types_convert_in_parts(monkeypatch):
@@ -161,7 +157,7 @@ def test_decoded_types_convert_in_parts(monkeypatch):
 
 def test_every_format_is_registered_with_gguf_block_sizes():
     """One table, filled by declaring ``ggml_type``: each entry's block geometry is gguf-py's."""
-    assert set(quant.FORMATS) == {*QUANTIZED, *DECODED, *CONVERTED, GT.F32, GT.F16, GT.BF16}
+    assert set(quant.FORMATS) == {*QUANTIZED, *DECODED, GT.F32, GT.F16, GT.BF16}
     for ggml_type, fmt in quant.FORMATS.items():
         assert fmt.ggml_type == ggml_type
         assert (fmt.block_elems, fmt.block_bytes) == GGML_QUANT_SIZES[GT(ggml_type)]

@@ -163,7 +163,8 @@ def test_quantizer_rejects_bad_input():
 DOT = {GT.Q4_0: ("Q8_0", 0, None), GT.Q4_1: ("Q8_1", 0, 2), GT.Q5_0: ("Q8_0", 0, None),
        GT.Q5_1: ("Q8_1", 0, 2), GT.Q8_0: ("Q8_0", 0, None), GT.Q4_K: ("Q8_K", 0, 2),
        GT.Q5_K: ("Q8_K", 0, 2), GT.Q6_K: ("Q8_K", 208, None), GT.Q2_K: ("Q8_K", 80, 82),
-       GT.Q3_K: ("Q8_K", 108, None), GT.IQ4_XS: ("Q8_K", 0, None)}
+       GT.Q3_K: ("Q8_K", 108, None), GT.IQ4_XS: ("Q8_K", 0, None), GT.IQ4_NL: ("Q8_0", 0, None),
+       GT.MXFP4: ("Q8_0", None, None)}  # MXFP4's scale: an E8M0 byte (gguf-py's e8m0_to_fp32_half)
 
 
 def f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -186,9 +187,15 @@ def reference_products(data: np.ndarray, ggml_type: GT, X: np.ndarray):
     rows = data.shape[0]
     blocks = data.reshape(rows, -1, nbytes)
     nb = blocks.shape[1]
-    unit = {d_at: 1.0} | ({m_at: 0.0} if m_at is not None else {})
-    ints = with_scales(blocks, ggml_type, unit).reshape(rows, nb, elems)  # sub-scale * quant
-    d_w = f16_field(blocks, d_at)
+    if ggml_type == GT.MXFP4:  # exponent 128 is a scale of 1
+        unit_blocks = blocks.copy()
+        unit_blocks[:, :, 0] = 128
+        ints = quants.dequantize(unit_blocks.reshape(rows, -1), ggml_type).reshape(rows, nb, elems)
+        d_w = quants.MXFP4.e8m0_to_fp32_half(blocks[:, :, 0].astype(np.uint32)).astype(F64)
+    else:
+        unit = {d_at: 1.0} | ({m_at: 0.0} if m_at is not None else {})
+        ints = with_scales(blocks, ggml_type, unit).reshape(rows, nb, elems)  # sub-scale * quant
+        d_w = f16_field(blocks, d_at)
     act = quantize_activations(X, kind)
     xq = act.qs.astype(F64).reshape(X.shape[0], nb, elems)
     xd = act.d.astype(F64)
@@ -346,7 +353,7 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path, monkeypatch):
     rng = np.random.default_rng(5)
     cases = {}
     formats = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K,
-               GT.IQ4_XS)
+               GT.IQ4_XS, GT.IQ4_NL, GT.MXFP4)
     names = []
     for ggml_type in formats:
         cols = 7 * 32 if GGML_QUANT_SIZES[ggml_type][0] == 32 else 2 * 256  # groups of 4, 2 and 1 blocks
@@ -369,18 +376,25 @@ def test_row_dots_without_vnni_match_llama_formula(tmp_path, monkeypatch):
             assert_llama_close(got[name], cases[f"{name}_data"], ggml_type, cases[f"{name}_X"])
 
 
-def test_iq4_xs_table_lookup_without_avx2_matches_llama_formula(tmp_path):
-    """IQ4_XS's nibble-to-value lookup as a chain of selects (no vpshufb), compiled for a generic
-    x86 CPU in a fresh process, against the formula."""
+def test_table_lookups_without_avx2_match_llama_formula(tmp_path):
+    """IQ4_XS's and IQ4_NL's nibble-to-value lookups as chains of selects (no vpshufb; IQ4_NL's
+    rows of 7 blocks take groups of 4, 2 and 1: 64, 32 and 16 lanes), compiled for a generic x86
+    CPU in a fresh process, against the formula."""
     rng = np.random.default_rng(6)
-    data = random_blocks(GT.IQ4_XS, 21, 512, rng)
-    X = np.array([*rng.standard_normal((3, 512)), *edge_rows(rng, 512)], F32)
-    np.savez(tmp_path / "in.npz", **{"IQ4_XS-21_data": data, "IQ4_XS-21_X": X})
+    cases = {GT.IQ4_XS: 512, GT.IQ4_NL: 7 * 32}
+    arrays = {}
+    for ggml_type, cols in cases.items():
+        arrays[f"{ggml_type.name}-21_data"] = random_blocks(ggml_type, 21, cols, rng)
+        rows_x = [*rng.standard_normal((3, cols)), *edge_rows(rng, cols)]
+        arrays[f"{ggml_type.name}-21_X"] = np.array(rows_x, F32)
+    np.savez(tmp_path / "in.npz", **arrays)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_CPU_NAME": "generic"}
     subprocess.run([sys.executable, "-c", GENERIC_PROBE, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
-                    "IQ4_XS-21"], env=env, check=True, timeout=900)
+                    *(f"{t.name}-21" for t in cases)], env=env, check=True, timeout=900)
     with np.load(tmp_path / "out.npz") as got:
-        assert_llama_close(got["IQ4_XS-21"], data, GT.IQ4_XS, X)
+        for ggml_type in cases:
+            name = f"{ggml_type.name}-21"
+            assert_llama_close(got[name], arrays[f"{name}_data"], ggml_type, arrays[f"{name}_X"])
 
 
 def test_fp16_round_is_the_float16_conversion():

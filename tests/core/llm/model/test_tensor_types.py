@@ -1,5 +1,6 @@
-"""Language models in Q5_K (kernels in both modes) and in the tensor types without a matrix
-kernel (Q2_K, IQ4_XS, MXFP4 ...: decoded to float32 at load).
+"""Language models in the newer kernel types (Q5_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL, MXFP4: kernels in
+both modes) and in the tensor types without a matrix kernel (TQ1_0, IQ2_XS ...: decoded to
+float32 at load).
 
 Oracle for the decoded types: a twin GGUF of the same model whose matrices in those types hold
 llama.cpp's own decoding of the blocks (``dequantize_row_*``, compiled from its C) as float32, and
@@ -103,18 +104,17 @@ def test_a_model_in_a_kernel_type_matches_its_float_twin(tmp_path, wide_llama, f
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     twin = write_gguf(tmp_path / "f.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, True))
     info = describe(path)
-    assert info.decoded_types == ()
-    assert info.converted_types == ((fmt,) if fmt in ("IQ4_NL", "MXFP4") else ())
+    assert info.decoded_types == () and info.estimated_memory == info.file_bytes + info.kv_cache_bytes
     ids = np.random.default_rng(2).integers(0, 256, 12)
     for a, b in zip(exact_logits(path, ids), exact_logits(twin, ids), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 @pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
-@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL"])
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "MXFP4"])
 def test_new_types_decode_fused_as_on_the_grid(tmp_path, wide_llama, spy, monkeypatch, fmt, n_threads):
-    """With 8-bit activations the fused step multiplies the K-quants (and IQ4_NL, as Q8_0) by
-    their integer kernels, bit for bit as the grid does, in every step."""
+    """With 8-bit activations the fused step multiplies the new types by their integer kernels,
+    bit for bit as the grid does, in every step."""
     path = write_gguf(tmp_path / "q.gguf", "", "llama", folder=wide_llama, encode=encoder(fmt, False))
     net = load_causal_lm(path)
     prompt = [5, 17, 42, 3, 88, 11]
