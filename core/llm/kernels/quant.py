@@ -702,6 +702,16 @@ class _Q4_1(BlockFormat):
         return _f16_field(blocks, 0), _f16_field(blocks, 2)
 
 
+def q4_k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K blocks ``[rows, nb, 144]`` -> their 6-bit scales and mins, ``[rows, nb, 8]`` each
+    (``get_scale_min_k4`` of ggml-quants.c)."""
+    packed = blocks[:, :, 4:16].reshape(*blocks.shape[:2], 3, 4)
+    lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
+    scales = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1)
+    return scales, mins
+
+
 class _Q4_K(BlockFormat):
     ggml_type, block_elems, block_bytes = GT.Q4_K, 256, 144
     kind, qoff, group = NIB4, 16, 32
@@ -710,10 +720,7 @@ class _Q4_K(BlockFormat):
         """Per 32-weight sub-block: ``d * scale`` and ``-dmin * min`` from the 12 packed 6-bit bytes."""
         d, dmin = _f16_field(blocks, 0), _f16_field(blocks, 2)
         rows, nb = d.shape
-        packed = blocks[:, :, 4:16].reshape(rows, nb, 3, 4)
-        lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
-        sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(F32)
-        mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1).astype(F32)
+        sc, mn = (a.astype(F32) for a in q4_k_scales(blocks))
         scale = (d[:, :, None] * sc).reshape(rows, nb * 8)
         offset = -(dmin[:, :, None] * mn).reshape(rows, nb * 8)
         return scale, offset

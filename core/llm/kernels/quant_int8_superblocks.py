@@ -30,7 +30,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quant import IQ4_VALUES, iq4_xs_scales, q3_k_scales
+from .quant import IQ4_VALUES, iq4_xs_scales, q3_k_scales, q4_k_scales
 from .quant_int8_rows import (
     accumulators,
     dot_frame,
@@ -54,16 +54,6 @@ _PLANE_BYTES = {WQ4_K: 0, WQ5_K: 32, WQ6_K: 64, WQ2_K: 0, WQ3_K: 32, WIQ4_XS: 0}
 _SCALE_BYTES = {WQ4_K: 16, WQ5_K: 16, WQ6_K: 16, WQ2_K: 32, WQ3_K: 16, WIQ4_XS: 8}
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
-
-
-def q4_k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K blocks ``[rows, nb, 144]`` -> their 6-bit scales and mins, ``[rows, nb, 8]`` each
-    (``get_scale_min_k4`` of ggml-quants.c)."""
-    packed = blocks[:, :, 4:16].reshape(*blocks.shape[:2], 3, 4)
-    lo, mid, top = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
-    scales = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
-    mins = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1)
-    return scales, mins
 
 
 def _q4_k_quants(blocks: np.ndarray, at: int = 16) -> np.ndarray:
