@@ -66,7 +66,7 @@ class LLMMixtureOfExperts(InferenceOnly, Parallel):
         else:
             logits = linear(x, self.weights.current(self.cfg.dtype)["router"])
         chosen, weights = route(logits.reshape(-1, self.n_experts).astype(np.float32), self.k, self.normalise)
-        rows = x.reshape(-1, d)
+        rows = ctx.xp.reshape(x, (-1, d))
         counts = np.bincount(chosen.ravel(), minlength=self.n_experts)
         self.last_load[:] = counts
         self.load += counts
