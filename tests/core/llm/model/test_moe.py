@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from loomlab.core.llm.model import causal_lm
 from loomlab.core.llm.model.llm_layers import LLMGatedMLP
 from loomlab.core.llm.model.loader import architecture, load_causal_lm
 from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts, route
+from loomlab.core.llm.quality.gguf_export import export_gguf, export_refusal
 from loomlab.core.morph import morph_sublayer
 from loomlab.core.observe import CallbackObserver
 
@@ -248,3 +250,13 @@ def test_a_moe_model_on_a_device_backend_gives_the_host_logits():
     cache = device.make_cache()
     device.step(ids[:, :-1], [cache])
     np.testing.assert_allclose(to_host(device.step(ids[:, -1:], [cache])), want[:, -1], atol=1e-5 * scale)
+
+
+def test_a_moe_gguf_exports_as_its_file_and_a_morphed_expert_is_refused(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", "tiny-qwen3moe", "qwen3moe", qtype=GGMLQuantizationType.Q8_0)
+    model = SimpleNamespace(net=load_causal_lm(path), name="tiny-qwen3moe")
+    export_gguf(model, tmp_path / "copy.gguf")
+    assert (tmp_path / "copy.gguf").read_bytes() == path.read_bytes()
+    expert = moe_layers(model.net)[1].children[3]
+    morph_sublayer(expert, model.net.index(expert.coords), "float16")
+    assert "blk.1.ffn_gate_exps/up_exps/down_exps[3]" in export_refusal(model)
