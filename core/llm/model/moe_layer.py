@@ -54,6 +54,9 @@ class LLMMixtureOfExperts(InferenceOnly, Parallel):
     def n_experts(self) -> int:
         return len(self.children)
 
+    def describe_shapes(self):
+        return [self.cfg.input_height], [self.cfg.output_height]
+
     def reset_load(self) -> None:
         self.load[:] = 0
         self.last_load[:] = 0
