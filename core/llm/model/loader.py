@@ -1,8 +1,7 @@
 """Loading a model file as a :class:`~.causal_lm.CausalLM`, and the table of architectures.
 
-An architecture is one module (``llama``, ``qwen``, ``gemma3``; mixtral is llama's and
-qwen3moe qwen's) found by name in
-:data:`ARCHITECTURES`. It provides, as in mlx-lm:
+An architecture is one module (``llama``, ``qwen``, ``gemma3``; mixtral is llama's, qwen3moe
+qwen's) found by name in :data:`ARCHITECTURES`. It provides, as in mlx-lm:
 
 * ``Args`` — a :class:`~.model_args.ModelArgs` dataclass built by ``Args.from_gguf(metadata,
   offsets)`` or ``Args.from_hf(config)``; keys it does not know are ignored;

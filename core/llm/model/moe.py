@@ -26,7 +26,7 @@ from ...errors import ModelFormatError
 from ...layers.base import Layer
 from .layer_builders import mlp_layer, require
 from .llm_layers import LLMGatedMLP, Matrix
-from .model_args import Settings
+from .model_args import ModelArgs, Settings
 from .moe_layer import LLMMixtureOfExperts
 
 __all__ = ["MoESpec", "feed_forward", "gguf_moe", "hf_moe", "sanitize"]
@@ -88,7 +88,8 @@ def gguf_moe(s: Settings, arch: str) -> MoESpec | None:
 def hf_moe(s: Settings, config: dict[str, Any]) -> MoESpec | None:
     """The MoE settings of config.json (None for a dense model)."""
     model_type = config.get("model_type")
-    key = "num_experts" if "num_experts" in config else "num_local_experts"
+    own = "num_local_experts" if model_type == "mixtral" else "num_experts"  # the family's own name
+    key = next((k for k in ("num_experts", "num_local_experts") if k in config), own)
     if s.raw(key) is None and model_type not in MOE_ONLY:
         return None
     n = s.count(key)
@@ -125,8 +126,9 @@ def _dense_layers(s: Settings) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if i in listed or (i + 1) % step)
 
 
-def feed_forward(args, weights: dict[str, Matrix], i: int) -> Layer:
-    """Block ``i``'s feed-forward layer: its mixture of experts, or the gated MLP of a dense block."""
+def feed_forward(args: ModelArgs, weights: dict[str, Matrix], i: int) -> Layer:
+    """Block ``i``'s feed-forward layer: its mixture of experts, or the gated MLP of a dense block
+    (``args`` of a family with a ``moe`` field: llama's, qwen's)."""
     moe: MoESpec | None = args.moe
     if moe is None or not moe.sparse(i):
         return mlp_layer(args, weights, i)
@@ -146,7 +148,7 @@ def feed_forward(args, weights: dict[str, Matrix], i: int) -> Layer:
 _FUSED = re.compile(r"model\.layers\.(\d+)\.(\w+)\.experts\.(gate_up_proj|down_proj)")
 
 
-def sanitize(weights: dict[str, Matrix], args) -> dict[str, Matrix]:
+def sanitize(weights: dict[str, Matrix], args: ModelArgs) -> dict[str, Matrix]:
     """Fused expert tensors split into the family's per-expert names (the router moved along
     when it sits under another prefix): ``gate_up_proj[e]`` is expert e's gate rows, then its up
     rows."""
