@@ -215,11 +215,18 @@ def test_bad_config_expert_settings_name_their_field(change, field):
     assert info.value.field == field
 
 
-def test_qwen3moe_dense_blocks_follow_mlp_only_layers_and_the_sparse_step():
+def test_qwen3moe_dense_blocks_follow_mlp_only_layers_and_the_sparse_step(tmp_path):
     config = {**json.loads((TINY / "tiny-qwen3moe" / "config.json").read_text()), "num_hidden_layers": 6,
               "mlp_only_layers": [3], "decoder_sparse_step": 2}
     moe = architecture("qwen3_moe").Args.from_hf(config).moe
     assert [moe.sparse(i) for i in range(6)] == [False, True, False, False, False, True]
+    folder = tmp_path / "dense-first"  # block 0 dense: it needs the plain MLP the checkpoint lacks
+    shutil.copytree(TINY / "tiny-qwen3moe", folder)
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "mlp_only_layers": [0],
+                                                    "decoder_sparse_step": 1}))
+    with pytest.raises(ModelFormatError) as info:
+        load_causal_lm(folder)
+    assert info.value.field == "model.layers.0.mlp.gate_proj.weight"
 
 
 def test_a_missing_or_misshapen_expert_is_named_as_the_file_names_it(tmp_path):
