@@ -39,7 +39,8 @@ class LLMMixtureOfExperts(InferenceOnly, Parallel):
     """Top-``k`` routing over ``experts`` with ``router[n_experts, d]`` as this layer's weights.
 
     ``load[e]`` counts the tokens routed to expert ``e`` since the model was built (or
-    :meth:`reset_load`); ``last_load`` those of the latest call.
+    :meth:`reset_load`); ``last_load`` those of the latest call. A disabled expert adds nothing to
+    the tokens routed to it (their other experts' weights are not renormalised).
     """
 
     def __init__(self, router: Matrix, experts: list[LLMGatedMLP], k: int, normalise: bool):
