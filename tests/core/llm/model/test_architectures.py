@@ -410,23 +410,28 @@ def test_gguf_conversion_gives_transformers_logits(tmp_path, name, arch):
     assert tied == (arch == "gemma3")
 
 
-def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
-    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows) against a float32 GGUF
-    holding gguf-py's dequantization of the same blocks."""
+def assert_matches_float_twin(tmp_path: Path, name: str, arch: str) -> VolumetricNetwork:
+    """``name`` as a Q8_0 GGUF against a float32 GGUF holding gguf-py's dequantization of the same
+    blocks: the prompt's logits at every position, then one decode step; returns the Q8_0 model."""
     q8 = GGMLQuantizationType.Q8_0
-    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-llama", "llama", qtype=q8))
-    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", "tiny-llama", "llama", qtype=q8, dequantized=True))
-    assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
-            if len(m.shape) == 2} == {"QuantMatrix"}
-    ids = np.array(reference("tiny-llama")["input_ids"])
+    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", name, arch, qtype=q8))
+    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", name, arch, qtype=q8, dequantized=True))
+    ids = np.array(reference(name)["input_ids"])
     results = []
     for net in (quantized, twin):
         cache = net.make_cache()
         prefill = net.step(ids[None], [cache], last_only=False)[0]
         results.append((prefill, net.step(ids[None, :1], [cache])[0]))
-    (prefill, decode), (prefill_ref, decode_ref) = results
-    np.testing.assert_allclose(prefill, prefill_ref, atol=1e-4)
-    np.testing.assert_allclose(decode, decode_ref, atol=1e-4)
+    for got, want in zip(*results, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    return quantized
+
+
+def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
+    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows)."""
+    quantized = assert_matches_float_twin(tmp_path, "tiny-llama", "llama")
+    assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
+            if len(m.shape) == 2} == {"QuantMatrix"}
 
 
 def test_missing_tensor_is_named_as_the_file_names_it(tmp_path):

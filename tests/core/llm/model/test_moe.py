@@ -29,7 +29,7 @@ from loomlab.core.llm.quality.gguf_export import export_gguf, export_refusal
 from loomlab.core.morph import morph_sublayer
 from loomlab.core.observe import CallbackObserver
 
-from .test_architectures import TINY, reference, write_gguf
+from .test_architectures import TINY, assert_matches_float_twin, reference, write_gguf
 
 FAMILIES = [("tiny-qwen3moe", "qwen3moe"), ("tiny-mixtral", "llama")]  # (checkpoint, GGUF architecture)
 N_EXPERTS, K, D = 4, 2, 64
@@ -82,18 +82,9 @@ def test_stacked_experts_are_views_of_the_file_blocks(tmp_path):
 def test_quantized_moe_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
     """Q8_0 experts multiplied in place (prefill, decode) against a float32 GGUF holding gguf-py's
     dequantization of the same blocks."""
-    q8 = GGMLQuantizationType.Q8_0
-    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-mixtral", "llama", qtype=q8))
-    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", "tiny-mixtral", "llama", qtype=q8,
-                                     dequantized=True))
-    ids = np.array(reference("tiny-mixtral")["input_ids"])
-    results = []
-    for net in (quantized, twin):
-        cache = net.make_cache()
-        prefill = net.step(ids[None], [cache], last_only=False)[0]
-        results.append((prefill, net.step(ids[None, :1], [cache])[0]))
-    for got, want in zip(*results, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    quantized = assert_matches_float_twin(tmp_path, "tiny-mixtral", "llama")
+    assert {m.type_name for la in moe_layers(quantized) for e in la.children
+            for m in e.weights.blocks.values() if len(m.shape) == 2} == {"Q8_0"}
 
 
 def test_the_int8_mode_runs_moe_models_on_the_grid(tmp_path, monkeypatch):
