@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .errors import LoomConfigError
 from .layers.base import Layer
 from .llm.model.llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, is_filler_bias
+from .llm.model.moe_layer import LLMMixtureOfExperts
 from .network import VolumetricNetwork
 from .units import format_count
 
@@ -36,6 +37,10 @@ MLP_TENSORS = {
     "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
     "b_gate": "ffn_gate.bias", "b_up": "ffn_up.bias", "b_down": "ffn_down.bias",
 }
+# A mixture of experts: its router, and expert e's rows of the stacked tensors (``[e]``)
+ROUTER_TENSORS = {"router": "ffn_gate_inp.weight"}
+EXPERT_TENSORS = {"gate": "ffn_gate_exps.weight[{e}]", "up": "ffn_up_exps.weight[{e}]",
+                  "down": "ffn_down_exps.weight[{e}]"}
 # A decoder block is Sequential[attention half, Residual, MLP half, Residual] (layer_builders.
 # decoder_block); each half is [norm, main layer, optional post-norm]. A norm's GGUF name says
 # which half it sits in and whether it comes before or after that half's main layer.
@@ -156,6 +161,10 @@ def _llm_name(net: VolumetricNetwork, cell: int, chain: list[Layer], steps: list
     block = cell - 1
     if not steps:
         return LayerName(f"block {block}", block)
+    if len(steps) == 3 and isinstance(chain[-2], LLMMixtureOfExperts):
+        named = _tensor_name(layer, {part: t.format(e=steps[2]) for part, t in EXPERT_TENSORS.items()},
+                             f"blk.{block}.", block)
+        return LayerName(f"{named.label}[{steps[2]}]", block, named.tensors)
     if steps[0] >= len(HALVES) or len(steps) > 2:
         return None
     half = HALVES[steps[0]]
@@ -166,6 +175,8 @@ def _llm_name(net: VolumetricNetwork, cell: int, chain: list[Layer], steps: list
         return _tensor_name(layer, ATTENTION_TENSORS, prefix, block)
     if isinstance(layer, LLMGatedMLP):
         return _tensor_name(layer, MLP_TENSORS, prefix, block)
+    if isinstance(layer, LLMMixtureOfExperts):
+        return _tensor_name(layer, ROUTER_TENSORS, prefix, block)
     if isinstance(layer, LLMRMSNorm) and half in ("attention", "MLP"):
         siblings = chain[-2].children
         main = next((i for i, c in enumerate(siblings) if not isinstance(c, LLMRMSNorm)), len(siblings))

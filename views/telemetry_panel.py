@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.layer_names import LayerKey, layer_name
+from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts
 from loomlab.core.observe import LIVE_SAMPLE_HZ, CallbackObserver, LayerEvent, LayerStats, check_rate
 
 STATISTICS = ("mean", "std", "max", "active fraction")  # the heatmap's planes, in this order
@@ -79,11 +80,13 @@ class EventBuffer:
 
 class StepHistory:
     """One direction's last ``steps`` steps of every layer: ``values[statistic, row, column]``,
-    oldest column first, NaN where a layer did not report; plus each row's latest stats."""
+    oldest column first, NaN where a layer did not report; plus each row's latest stats and the
+    step they are of."""
 
     def __init__(self, rows: int, steps: int):
         self.values = np.full((len(STATISTICS), rows, steps), np.nan, np.float32)
         self.latest: list[LayerStats | None] = [None] * rows
+        self.latest_step: list[int | None] = [None] * rows
         self.last_step: int | None = None
 
     def add(self, rows: list[int], steps: list[int], stats: list[LayerStats]) -> None:
@@ -98,8 +101,9 @@ class StepHistory:
         cols = n - 1 - int(column_no[-1]) + column_no
         keep = cols >= 0  # a burst longer than the history keeps only its last steps
         self.values[:, np.asarray(rows)[keep], cols[keep]] = _planes(stats)[:, keep]
-        for row, s in zip(rows, stats, strict=True):
+        for row, s, step in zip(rows, stats, steps, strict=True):
             self.latest[row] = s
+            self.latest_step[row] = step
         self.last_step = steps[-1]
 
     def _shift(self, k: int) -> None:
@@ -153,6 +157,7 @@ class TelemetryPanel(QWidget):
         self._buffer = EventBuffer(capacity)
         self._keys: list[LayerKey] = []
         self._rows: dict[LayerKey, int] = {}
+        self._experts: dict[int, tuple[int, list[int], int]] = {}  # see _expert_rows
         self._histories = {d: StepHistory(0, history) for d in DIRECTIONS}
         self._selected: int | None = None
         self._levels: tuple[float, float] | None = None  # what the colour bar shows
@@ -176,6 +181,7 @@ class TelemetryPanel(QWidget):
         blueprint = [] if net is None else net.blueprint()
         self._keys = [(r.z, r.y, r.x, r.l, r.path) for r in blueprint]
         self._rows = {k: i for i, k in enumerate(self._keys)}
+        self._experts = _expert_rows(net, self._rows)
         self._histories = {d: StepHistory(len(self._keys), self._history_len) for d in DIRECTIONS}
         self._fill_layer_list(net, self._keys)
         self._selected = None
@@ -245,6 +251,20 @@ class TelemetryPanel(QWidget):
     def heatmap_values(self) -> np.ndarray:
         """What the heatmap shows: ``[layer, step]`` of the chosen statistic and direction."""
         return self._histories[self.direction()].values[STATISTICS.index(self.statistic())]
+
+    def expert_load(self, key: LayerKey) -> np.ndarray | None:
+        """Tokens routed to each expert of the mixture of experts at ``key`` (or holding the expert
+        at ``key``) in its latest sampled forward pass: the rows of each expert's output (an
+        expert no token chose did not run); None for any other layer."""
+        found = self._experts.get(self._rows.get(tuple(key)))
+        if found is None:
+            return None
+        moe, experts, width = found
+        history = self._histories["forward"]
+        step = history.latest_step[moe]
+        ran = [step is not None and history.latest_step[e] == step for e in experts]
+        return np.array([history.latest[e].total // width if r else 0
+                         for e, r in zip(experts, ran, strict=True)], np.int64)
 
     def latest_stats(self, key: LayerKey, direction: str = "forward") -> LayerStats | None:
         row = self._rows.get(key)
@@ -322,6 +342,15 @@ class TelemetryPanel(QWidget):
         detail_layout.addLayout(stats)
         detail_layout.addWidget(self.histogram_title)
         detail_layout.addWidget(self.histogram, 1)
+        # a mixture of experts' load: shown while it or one of its experts is selected
+        self.load_title = QLabel("tokens per expert (latest sampled pass)")
+        self.load_plot = pg.PlotWidget()
+        self.load_plot.setLabel("bottom", "expert")
+        self.load_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=(80, 140, 220, 200))
+        self.load_plot.addItem(self.load_bars)
+        for widget in (self.load_title, self.load_plot):
+            widget.setVisible(False)
+            detail_layout.addWidget(widget)
         splitter = QSplitter()
         for i, (part, stretch) in enumerate(((self.heatmap, 5), (self.layer_list, 2), (detail, 2))):
             splitter.addWidget(part)
@@ -413,6 +442,7 @@ class TelemetryPanel(QWidget):
             return  # already shown: re-setting texts and an empty curve every refresh repaints them
         self._showing_none = row is None
         self.row_marker.setVisible(row is not None)
+        self._show_load(row)
         stats = None if row is None else self._histories[self.direction()].latest[row]
         texts = _stats_texts(stats)
         for name, label in self.stats_labels.items():
@@ -441,6 +471,13 @@ class TelemetryPanel(QWidget):
             ys = np.unique([0, view[1] // 2, view[1]])
             self.histogram.getAxis("left").setTicks([[(float(v), f"{v:g}") for v in ys]])
 
+    def _show_load(self, row: int | None) -> None:
+        load = None if row is None else self.expert_load(self._keys[row])
+        for widget in (self.load_title, self.load_plot):
+            widget.setVisible(load is not None)
+        if load is not None:
+            self.load_bars.setOpts(x=np.arange(len(load)), height=load)
+
     def _heatmap_clicked(self, event) -> None:
         pos = self.heatmap.getPlotItem().getViewBox().mapSceneToView(event.scenePos())
         row = int(np.floor(pos.y()))
@@ -451,6 +488,18 @@ class TelemetryPanel(QWidget):
         if self._observer is not None and self._observer in self._net.observers:
             self._net.detach(self._observer)
         self._observer = None
+
+
+def _expert_rows(net, rows: dict[LayerKey, int]) -> dict[int, tuple[int, list[int], int]]:
+    """Each mixture of experts' row and each of its experts' rows -> (its row, its experts' rows,
+    their output width)."""
+    out = {}
+    for layer in net.all_layers() if net is not None else ():
+        if isinstance(layer, LLMMixtureOfExperts):
+            found = (rows[(*layer.coords, layer.path)], [rows[(*c.coords, c.path)] for c in layer.children],
+                     layer.cfg.output_height)
+            out.update(dict.fromkeys([found[0], *found[1]], found))
+    return out
 
 
 def _columns_label(sample_hz: float | None) -> str:

@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 from loomlab.core import CallbackObserver, Layer, LayerEvent, LayerStats, VolumetricNetwork
 from loomlab.core.layer_names import LayerKey, LayerName, layer_name, model_parts
 from loomlab.core.llm.model.llm_layers import LLMGatedMLP
+from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts
 from loomlab.core.network import BlueprintRow
 from loomlab.core.observe import LIVE_SAMPLE_HZ, check_rate
 
@@ -477,6 +478,15 @@ ACTIVATION_SHOWN = {
 }
 
 
+def experts_text(layer: Layer) -> str:
+    """A mixture of experts' experts, how many each token goes to, and the tokens routed to each
+    so far (its experts are drawn above it, one point each); "" for any other layer."""
+    if not isinstance(layer, LLMMixtureOfExperts):
+        return ""
+    return (f"{layer.n_experts}, {layer.k} per token; tokens routed so far: "
+            f"{' · '.join(f'{n:,}' for n in layer.load.tolist())}")
+
+
 def activation_text(layer: Layer) -> str | None:
     shown = ACTIVATION_SHOWN.get(layer.type_name)
     return None if shown is None else shown(layer)
@@ -527,8 +537,8 @@ class LayerInspector(QWidget):
     latest forward stats and a weight histogram. Everything is read from the layer itself when
     shown, so a morph since the network was opened shows (see :meth:`TopologyPanel.refresh`)."""
 
-    FIELDS = ("Layer", "Cell", "Type", "DType", "Activation", "Input shape", "Output shape", "Parameters",
-              "Last stats")
+    FIELDS = ("Layer", "Cell", "Type", "DType", "Activation", "Experts", "Input shape", "Output shape",
+              "Parameters", "Last stats")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -558,6 +568,7 @@ class LayerInspector(QWidget):
     def show_layer(self, layer: Layer | None, row: BlueprintRow | None, name: LayerName | None,
                    total_parameters: int) -> None:
         self.form.setRowVisible(self.fields["Activation"], True)
+        self.form.setRowVisible(self.fields["Experts"], isinstance(layer, LLMMixtureOfExperts))
         if layer is None or row is None or name is None:
             for label in self.fields.values():
                 label.setText("—")
@@ -572,6 +583,7 @@ class LayerInspector(QWidget):
         for field_name, text in (
                 ("Layer", name.label), ("Cell", _cell_text(row)), ("Type", row.type),
                 ("DType", encoding_text(layer, name)), ("Activation", activation or ""),
+                ("Experts", experts_text(layer)),
                 ("Input shape", _shape(ins)), ("Output shape", _shape(outs)), ("Parameters", params),
                 ("Last stats", "—")):
             self.fields[field_name].setText(text)

@@ -17,6 +17,8 @@ from loomlab.app.cli import main as cli_main
 from loomlab.core import VolumetricNetwork, load_network, make_layer
 from loomlab.core.layer_names import layer_label
 from loomlab.core.llm.files import registry
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts
 from loomlab.core.morph import layer_report, morph_layer, probe_input, report, weighted_cells
 from loomlab.core.morph_probe import compare, llm_probe, net_drift, net_outputs
 from loomlab.views import morph_panel
@@ -34,6 +36,7 @@ from loomlab.views.morph_panel import (
     MorphPanel,
 )
 
+from ..core.llm.model.test_architectures import TINY
 from .contrast import assert_legible, dark_theme
 from .jobs import choose, settle
 from .panel_layout import on_screen
@@ -444,3 +447,22 @@ def test_legible_in_the_dark_theme(qtbot, qapp, runner):
         assert panel.table.item(0, TYPE).background().style() != Qt.BrushStyle.NoBrush
         assert assert_legible(panel) >= 4 * len(COLUMNS) + 10
         panel.shutdown()
+
+
+def test_one_expert_of_a_mixture_of_experts_morphs_alone(qtbot, panel):
+    """The table lists each expert and the router as rows named by their tensors; choosing a dtype
+    in one expert's row and applying morphs exactly that expert."""
+    net = load_causal_lm(TINY / "tiny-mixtral")
+    panel.set_network(net)
+    settle(qtbot, panel)
+    labels = [panel.table.item(r, LAYER).text() for r in range(panel.table.rowCount())]
+    assert "blk.2.ffn_gate_inp" in labels
+    row = labels.index("blk.2.ffn_gate_exps/up_exps/down_exps[1]")
+    moe = next(la for la in net.cells[3].walk() if isinstance(la, LLMMixtureOfExperts))
+    choose(qtbot, panel.table.cellWidget(row, DTYPE), "int8")
+    with qtbot.waitSignal(panel.morphed, timeout=20000) as morphed:
+        qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)
+    settle(qtbot, panel)
+    assert morphed.args[0] == [layer_report(moe.children[1], 3)]
+    assert [la.cfg.dtype for _, la in weighted_cells(net) if la.cfg.dtype != "float32"] == ["int8"]
+    assert moe.children[1].cfg.dtype == "int8"

@@ -9,10 +9,13 @@ from PySide6.QtCore import QPointF, Qt
 
 from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
 from loomlab.core.layer_names import layer_label
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts
 from loomlab.core.train import TrainConfig, train
 from loomlab.views.telemetry_panel import TelemetryPanel
 from loomlab.views.workers import JobRunner
 
+from ..core.llm.model.test_architectures import TINY
 from .contrast import assert_legible, dark_theme
 from .panel_layout import DOCKED, assert_axes_legible, assert_tick_labels_apart, assert_unclipped
 
@@ -324,7 +327,6 @@ def test_training_with_core_train_fills_the_backward_heatmap(qtbot, panel):
 @pytest.fixture(scope="module")
 def smollm():
     from loomlab.core.llm.files import registry
-    from loomlab.core.llm.model.loader import load_causal_lm
 
     net = load_causal_lm(registry.fetch("smollm2-135m"))
     yield net
@@ -370,3 +372,25 @@ def test_legible_in_the_dark_theme(qtbot, qapp, panel):
         assert assert_legible(panel) >= 10
         for plot in (panel.heatmap, panel.histogram):
             assert_axes_legible(plot)
+
+
+def test_a_mixture_of_experts_shows_the_tokens_routed_to_each_expert(qtbot, panel):
+    """The load bars of a MoE layer (and of each of its experts) are the tokens its router sent to
+    each expert in the pass: every token to 2 of 4 experts."""
+    net = load_causal_lm(TINY / "tiny-qwen3moe")
+    panel.set_network(net)
+    ids = np.array([[1, 17, 42, 99, 3, 250, 7, 7, 7, 128, 64, 5]])
+    net.forward(ids)
+    wait_for_tick(qtbot, panel)
+    for moe in (la for la in net.all_layers() if isinstance(la, LLMMixtureOfExperts)):
+        key = (*moe.coords, moe.path)
+        load = panel.expert_load(key)
+        np.testing.assert_array_equal(load, moe.last_load)
+        assert load.sum() == ids.size * moe.k
+        np.testing.assert_array_equal(panel.expert_load((*moe.coords, moe.children[1].path)), load)
+        panel.select_layer_key(key)
+        assert panel.load_plot.isVisible()
+        np.testing.assert_array_equal(panel.load_bars.opts["height"], load)
+    assert panel.expert_load((0, 0, 0, 0, "")) is None
+    panel.select_layer_key((0, 0, 0, 0, ""))
+    assert not panel.load_plot.isVisible()

@@ -16,6 +16,8 @@ from PySide6.QtWidgets import QApplication
 
 from loomlab.core import CallbackObserver, LayerStats, VolumetricNetwork, make_layer
 from loomlab.core.llm.files.gguf_file import open_gguf
+from loomlab.core.llm.model.loader import load_causal_lm
+from loomlab.core.llm.model.moe_layer import LLMMixtureOfExperts
 from loomlab.core.morph import morph_sublayer
 from loomlab.views.topology_panel import (
     ACTIVITY_COLORMAP,
@@ -30,6 +32,7 @@ from loomlab.views.topology_panel import (
 )
 from loomlab.views.workers import JobRunner
 
+from ..core.llm.model.test_architectures import TINY
 from .contrast import AA, assert_legible, contrast, dark_theme
 from .panel_layout import assert_axes_legible, assert_tick_labels_apart, assert_unclipped
 
@@ -530,4 +533,29 @@ def test_logic_shift_arrows_join_the_grid_positions_given_and_clear_with_a_new_n
     panel.show_logic_shifts([((0, 0, 0, 0), (0, 0, 0, 1), 0.9)])
     panel.set_network(small_net())
     assert panel.shift_arrows == [] and not panel.shift_lines.visible()
+    panel.shutdown()
+
+
+def test_a_mixture_of_experts_draws_each_expert_above_it_and_inspects_its_load(qtbot):
+    """Each expert of a MoE block is one point whose parent is the MoE layer, named by its rows of
+    the stacked tensors; the MoE layer's inspector counts the tokens its router sent each expert."""
+    net = load_causal_lm(TINY / "tiny-mixtral")
+    net.forward(np.array([[1, 17, 42, 99, 3]]))
+    panel = make_panel(qtbot, net, shown=False)
+    topo = panel.topology
+    moe = next(la for la in net.all_layers() if isinstance(la, LLMMixtureOfExperts))
+    me = topo.index_of(moe)
+    experts = [topo.index_of(e) for e in moe.children]
+    assert [topo.parents[i] for i in experts] == [me] * 4
+    assert [topo.rows[i].type for i in experts] == ["SwiGLU"] * 4
+    assert len({tuple(topo.positions[i]) for i in experts}) == 4  # each its own place
+    assert panel.names[experts[3]].label == "blk.0.ffn_gate_exps/up_exps/down_exps[3]"
+    panel.select_layer_key((*moe.coords, moe.path))
+    fields = panel.inspector.fields
+    assert fields["Layer"].text() == "blk.0.ffn_gate_inp" and fields["Type"].text() == "Parallel"
+    loads = " · ".join(str(n) for n in moe.load.tolist())
+    assert fields["Experts"].text() == f"4, 2 per token; tokens routed so far: {loads}"
+    assert fields["Experts"].isVisibleTo(panel) and moe.load.sum() == 10
+    panel.select_layer_key((*moe.coords, moe.children[0].path))
+    assert not fields["Experts"].isVisibleTo(panel)
     panel.shutdown()

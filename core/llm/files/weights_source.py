@@ -27,6 +27,7 @@ GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm
                   "output.weight": "lm_head.weight", "rope_freqs.weight": "rope_freqs"}
 GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
+EXPERT = re.compile(r"\.experts\.(\d+)\.")  # one expert's matrix: ``mlp.experts.3.up_proj``
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -63,8 +64,12 @@ class WeightSource:
         items = list(self.tensors.items())
         for i, (name, tensor) in enumerate(items):
             key = gguf_to_hf(name, names) if self.kind == "gguf" else name
-            out[key] = convert(tensor)
-            out.offsets[key] = tensor.offset
+            m = convert(tensor)
+            # a GGUF's stacked experts: one matrix per expert, named as checkpoints name them
+            for e, part in enumerate(m) if isinstance(m, list) else ((None, m),):
+                at = key if e is None else expert_name(key, e)
+                out[at] = part
+                out.offsets[at] = tensor.offset
             if progress is not None:
                 progress("load", i + 1, len(items))
         return out
@@ -88,8 +93,12 @@ class Weights(dict):
             return name
         top = {v: k for k, v in GGUF_TOP_NAMES.items()}
         m = HF_BLOCK.fullmatch(name)
-        stem = self._gguf_names.get(m[2]) if m else None
-        return f"blk.{m[1]}.{stem}.{m[3]}" if stem else top.get(name, name)
+        if m is None:
+            return top.get(name, name)
+        expert = EXPERT.search(m[2])  # one expert's matrix: a slice of the stacked tensor
+        stem = self._gguf_names.get(EXPERT.sub(".experts.", m[2]))
+        where = f"[{expert[1]}]" if expert else ""
+        return f"blk.{m[1]}.{stem}.{m[3]}{where}" if stem else name
 
     def error(self, name: str, message: str) -> ModelFormatError:
         return ModelFormatError(self.file_name(name), message, self.offsets.get(name))
@@ -128,10 +137,22 @@ def gguf_to_hf(name: str, block_names: dict[str, str]) -> str:
     return f"model.layers.{m[1]}.{stem}.{m[3]}" if stem else name
 
 
-def _gguf_matrix(tensor) -> Matrix:
-    """Matrices stay in the file's encoding as a QuantMatrix; vectors become float32 arrays."""
+def expert_name(stacked: str, e: int) -> str:
+    """Expert ``e``'s name within stacked experts ``stacked`` (``mlp.experts.up_proj.weight`` ->
+    ``mlp.experts.3.up_proj.weight``), the reverse of llama.cpp's converter, which stacks them."""
+    return stacked.replace(".experts.", f".experts.{e}.", 1)
+
+
+def _gguf_matrix(tensor) -> Matrix | list[Matrix]:
+    """Matrices stay in the file's encoding as a QuantMatrix; vectors become float32 arrays;
+    stacked experts (``blk.N.ffn_up_exps`` ``[experts, rows, cols]``) become one QuantMatrix per
+    expert over its own rows of the mapping (views: nothing is copied)."""
     from ..kernels.quant import QuantMatrix
 
+    if len(tensor.shape) == 3 and tensor.name.rsplit(".", 1)[0].endswith("_exps"):
+        data = tensor.data()
+        return [QuantMatrix(data[e], tensor.ggml_type, shape=tensor.shape[1:], name=f"{tensor.name}[{e}]")
+                for e in range(tensor.shape[0])]
     if len(tensor.shape) == 2:
         return QuantMatrix(tensor.data(), tensor.ggml_type, shape=tensor.shape, name=tensor.name)
     if len(tensor.shape) == 1:
@@ -140,7 +161,8 @@ def _gguf_matrix(tensor) -> Matrix:
         row = QuantMatrix(tensor.data().reshape(1, -1), tensor.ggml_type, shape=(1, tensor.shape[0]),
                           name=tensor.name)
         return np.asarray(row.dequantize(), dtype=np.float32).reshape(-1)
-    raise ModelFormatError(tensor.name, f"{len(tensor.shape)}-D tensor; models here use 1-D and 2-D ones",
+    raise ModelFormatError(tensor.name, f"{len(tensor.shape)}-D tensor; models here use 1-D and 2-D ones "
+                                        "(3-D for stacked experts, named *_exps)",
                            tensor.offset)
 
 

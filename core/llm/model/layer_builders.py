@@ -8,6 +8,7 @@ block tensor stems onto them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -91,8 +92,10 @@ def standard_rope(args: ModelArgs, weights: dict[str, Matrix]) -> Rope:
     return Rope(args.rope.inv_freq(args.head_dim, factors), args.rope_interleaved)
 
 
-def build_decoder(args: ModelArgs, weights: dict[str, Matrix]) -> CausalLM:
-    """The llama-style decoder (llama, mistral, qwen2, qwen3): pre-norm blocks, SwiGLU MLP."""
+def build_decoder(args: ModelArgs, weights: dict[str, Matrix],
+                  ffn: Callable[..., Layer] = mlp_layer) -> CausalLM:
+    """The llama-style decoder (llama, mistral, qwen2, qwen3): pre-norm blocks, SwiGLU MLP (or
+    what ``ffn(args, weights, i)`` builds for block i: mixtral's and qwen3moe's experts)."""
     rope = standard_rope(args, weights)
     blocks = []
     for i in range(args.num_layers):
@@ -100,7 +103,7 @@ def build_decoder(args: ModelArgs, weights: dict[str, Matrix]) -> CausalLM:
         blocks.append(decoder_block(
             [norm_layer(args, weights, p + "input_layernorm.weight"),
              attention_layer(args, weights, i, rope, window=args.layer_window(i))],
-            [norm_layer(args, weights, p + "post_attention_layernorm.weight"), mlp_layer(args, weights, i)]))
+            [norm_layer(args, weights, p + "post_attention_layernorm.weight"), ffn(args, weights, i)]))
     return assemble_causal_lm(args, weights, blocks)
 
 

@@ -1,7 +1,7 @@
 """Loading a model file as a :class:`~.causal_lm.CausalLM`, and the table of architectures.
 
-An architecture is one module (``llama``, ``qwen``, ``gemma3``) found by name in
-:data:`ARCHITECTURES`. It provides, as in mlx-lm:
+An architecture is one module (``llama``, ``qwen``, ``gemma3``; mixtral is llama's, qwen3moe
+qwen's) found by name in :data:`ARCHITECTURES`. It provides, as in mlx-lm:
 
 * ``Args`` — a :class:`~.model_args.ModelArgs` dataclass built by ``Args.from_gguf(metadata,
   offsets)`` or ``Args.from_hf(config)``; keys it does not know are ignored;
@@ -31,7 +31,7 @@ _BLOCK_INDEX = {"gguf": re.compile(r"blk\.(\d{1,18})\."), "hf": re.compile(r"mod
 # Model name (GGUF general.architecture or config.json model_type) -> the module that builds it.
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "mistral": llama,
-    "qwen2": qwen, "qwen3": qwen,
+    "qwen2": qwen, "qwen3": qwen, "qwen3moe": qwen, "qwen3_moe": qwen, "mixtral": llama,
     "gemma3": gemma3, "gemma3_text": gemma3,
 }
 

@@ -179,6 +179,7 @@ def _plan(net, source) -> list[_Tensor]:
 
     by_name: dict[str, list[_Tensor]] = {}
     refused: dict[str, list[str]] = {}  # dtype -> the layers in it
+    experts: list[str] = []  # morphed experts: rows of a stacked tensor, not written apart
     for cell, layer in weighted_cells(net):
         named = layer_name(net, (*net.coord(cell), layer.path))
         dtype = layer.cfg.dtype
@@ -186,8 +187,16 @@ def _plan(net, source) -> list[_Tensor]:
             refused.setdefault(dtype, []).append(named.label)
             continue
         for part, tensor_name in named.tensors.items():
+            if tensor_name not in source.tensors:  # an expert: rows of a stacked tensor (ffn_up_exps[e])
+                if not _file_matrix(layer, part):
+                    experts.append(named.label)
+                continue
             by_name.setdefault(tensor_name, []).append(_layer_tensor(layer, part, tensor_name, source))
     _refuse_unstorable(refused, "cannot export as GGUF", "morph {} to one of those first")
+    if experts:
+        raise LoomConfigError(f"cannot export as GGUF: morphed experts ({', '.join(dict.fromkeys(experts))}) "
+                              "are rows of a stacked tensor, which the export writes as the file has it; "
+                              "morph them back to the file's encoding first")
     out = []
     for name, record in source.tensors.items():
         users = by_name.get(name) or [_file_tensor(record)]  # a tensor no layer names: as it is
@@ -234,12 +243,18 @@ def _reads_blocks(store, dtype: str) -> bool:
     return store.encoding(dtype) != dtype
 
 
+def _file_matrix(layer, part: str) -> bool:
+    """Whether forward multiplies with the file's own matrix ``part`` (not morphed)."""
+    store, dtype = layer.weights, layer.cfg.dtype
+    return _reads_blocks(store, dtype) and store.current(dtype)[part] is store.blocks[part]
+
+
 def _layer_tensor(layer, part: str, name: str, source) -> _Tensor:
     store, dtype = layer.weights, layer.cfg.dtype
+    if _file_matrix(layer, part):
+        return _file_tensor(source.tensors[name])
     if _reads_blocks(store, dtype):
         m = store.current(dtype)[part]
-        if m is store.blocks[part]:
-            return _file_tensor(source.tensors[name])
         ggml = GGMLQuantizationType(m.ggml_type)
         return _Tensor(name, m.shape, ggml, lambda: _encoded_bytes(m, ggml), ("blocks", id(m)), False)
     shape = store.blocks[part].shape

@@ -31,7 +31,13 @@ COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_
               initializer_range=0.1, tie_word_embeddings=False)
 
 # family -> (config.json model_type, settings besides COMMON, storage dtype of the safetensors)
-FAMILIES: dict[str, tuple[str, dict, str]] = {}
+FAMILIES: dict[str, tuple[str, dict, str]] = {
+    # mixture of experts: 4 experts of width 32, 2 per token, in every block
+    "qwen3moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+                 "float32"),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32), "float32"),
+}
 
 
 def write(family: str) -> None:

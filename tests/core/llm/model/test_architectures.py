@@ -34,7 +34,9 @@ from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+\.weight)")  # a checkpoint's per-expert matrix
 
 
 def reference(name: str) -> dict:
@@ -324,14 +326,15 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
                reshape: str = "", folder: Path | None = None, encode=None,
                split_max_tensors: int = 0) -> Path:
     """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
-    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
+    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``, experts stacked into one
+    ``[experts, rows, cols]`` tensor each with the router left float32; matrices quantized to ``qtype``
     when given (and stored as gguf-py's float32 dequantization of those blocks when
     ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``; split
     into files of ``split_max_tensors`` tensors (gguf-py's splitting, as ``convert_hf_to_gguf.py
     --split-max-tensors``) when given."""
     with open_hf(folder or TINY / name) as hf:
         cfg = hf.config
-        tensors = {k: t.data().astype(np.float32) for k, t in hf.tensors.items()}
+        tensors = stack_experts({k: t.data().astype(np.float32) for k, t in hf.tensors.items()})
     writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -346,6 +349,11 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     if arch == "gemma3":
         writer.add_sliding_window(cfg["sliding_window"])
+    if "num_experts_per_tok" in cfg:
+        writer.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     names = gguf.get_tensor_name_map(GGUF_ARCH[arch], cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -358,12 +366,14 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
             continue
         if gguf_name == reshape:
             w = w[:-1]
-        if encode is not None and w.ndim == 2:
+        if gguf_name.endswith("ffn_gate_inp.weight"):  # llama.cpp keeps the router float32
+            writer.add_tensor(gguf_name, w)
+        elif encode is not None and w.ndim == 2:
             data, raw_dtype = encode(w)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_dtype)
-        elif qtype is not None and w.ndim == 2 and dequantized:
+        elif qtype is not None and w.ndim >= 2 and dequantized:
             writer.add_tensor(gguf_name, gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype))
-        elif qtype is not None and w.ndim == 2:
+        elif qtype is not None and w.ndim >= 2:
             writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, w)
@@ -372,6 +382,21 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def stack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-expert matrices (``mlp.experts.3.up_proj.weight``) stacked in expert order into
+    ``mlp.experts.up_proj.weight``, as llama.cpp's converter stacks them; the rest as they are."""
+    out, stacks = {}, {}
+    for name, w in tensors.items():
+        m = EXPERT.fullmatch(name)
+        if m is None:
+            out[name] = w
+        else:
+            stacks.setdefault(f"{m[1]}.{m[3]}", {})[int(m[2])] = w
+    for name, experts in stacks.items():
+        out[name] = np.stack([experts[e] for e in sorted(experts)])
+    return out
 
 
 @pytest.mark.parametrize("name, arch", [("tiny-llama", "llama"), ("tiny-gemma3", "gemma3")])
@@ -388,23 +413,28 @@ def test_gguf_conversion_gives_transformers_logits(tmp_path, name, arch):
     assert tied == (arch == "gemma3")
 
 
-def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
-    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows) against a float32 GGUF
-    holding gguf-py's dequantization of the same blocks."""
+def assert_matches_float_twin(tmp_path: Path, name: str, arch: str) -> VolumetricNetwork:
+    """``name`` as a Q8_0 GGUF against a float32 GGUF holding gguf-py's dequantization of the same
+    blocks: the prompt's logits at every position, then one decode step; returns the Q8_0 model."""
     q8 = GGMLQuantizationType.Q8_0
-    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-llama", "llama", qtype=q8))
-    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", "tiny-llama", "llama", qtype=q8, dequantized=True))
-    assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
-            if len(m.shape) == 2} == {"QuantMatrix"}
-    ids = np.array(reference("tiny-llama")["input_ids"])
+    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", name, arch, qtype=q8))
+    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", name, arch, qtype=q8, dequantized=True))
+    ids = np.array(reference(name)["input_ids"])
     results = []
     for net in (quantized, twin):
         cache = net.make_cache()
         prefill = net.step(ids[None], [cache], last_only=False)[0]
         results.append((prefill, net.step(ids[None, :1], [cache])[0]))
-    (prefill, decode), (prefill_ref, decode_ref) = results
-    np.testing.assert_allclose(prefill, prefill_ref, atol=1e-4)
-    np.testing.assert_allclose(decode, decode_ref, atol=1e-4)
+    for got, want in zip(*results, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    return quantized
+
+
+def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
+    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows)."""
+    quantized = assert_matches_float_twin(tmp_path, "tiny-llama", "llama")
+    assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
+            if len(m.shape) == 2} == {"QuantMatrix"}
 
 
 def test_missing_tensor_is_named_as_the_file_names_it(tmp_path):
