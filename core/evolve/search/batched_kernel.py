@@ -31,6 +31,9 @@ import numpy as np
 from numba import njit, prange
 
 from ...activations import GELU, LEAKY_RELU, RELU, RELU2, SIGMOID, SILU, SQRT_2_OVER_PI, TANH
+from ...numba_cache import install
+
+install()  # before the kernels here are defined: their cache follows the files they take code from
 
 # tanh(v) = v * P(v^2) / Q(v^2) on |v| <= _TANH_LIMIT: a least-squares fit of the relative error,
 # reweighted towards minimax (max relative error 1.03e-10 measured on 0 < v <= 9.1). Beyond the
