@@ -75,7 +75,7 @@ class CausalLM(VolumetricNetwork):
         row per sequence), else ``[B, T, vocab]``, on the model's device (see :meth:`place`; the
         ids come from the host). Observers see every layer, as in ``forward``.
         """
-        x = _token_rows(ids)
+        x = token_rows(ids)
         if caches is not None and any(len(c) != len(self.attention_layers) for c in caches):
             raise LoomShapeError(f"each sequence needs {len(self.attention_layers)} KV caches (make_cache())")
         if self.on_device:
@@ -114,10 +114,10 @@ class CausalLM(VolumetricNetwork):
         """Every layer but the LM head over token ids ``[B, T]`` as fresh sequences: ``[B, T, hidden]``
         after the final norm. Observers see those layers; the step count does not move."""
         with single_threaded_blas():
-            return _call_cells(CachedRun(self, None), self.cells[:-1], _token_rows(ids))
+            return _call_cells(CachedRun(self, None), self.cells[:-1], token_rows(ids))
 
 
-def _token_rows(ids) -> np.ndarray:
+def token_rows(ids) -> np.ndarray:
     """Token ids as ``[B, T]`` with ``T >= 1`` (a ``[T]`` sequence becomes one row)."""
     ids = np.asarray(ids)
     x = ids[None] if ids.ndim == 1 else ids
