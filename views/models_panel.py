@@ -835,6 +835,7 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
         ("Quant types", info.types_text),
         ("Chat template", "yes" if info.chat_template else "no"),
         ("Mode", info.mode if info.supports_chat else
+         f"{info.mode}: it computes embeddings (/v1/embeddings), no text" if info.embedding_model else
          f"{info.mode}: a base model, it continues text (a chat would echo the prompt)"),
         ("File size", weights),
         ("Memory estimate", info.memory_text),

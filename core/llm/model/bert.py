@@ -32,7 +32,9 @@ from .layer_builders import require
 from .llm_layers import Matrix
 from .model_args import ModelArgs, Settings
 
-__all__ = ["Args", "GGUF_BLOCK_NAMES", "build", "sanitize", "source_args"]
+__all__ = ["EMBEDDING_MODEL", "Args", "GGUF_BLOCK_NAMES", "build", "sanitize", "source_args"]
+
+EMBEDDING_MODEL = True
 
 GGUF_BLOCK_NAMES = {
     "attn_q": "attention.self.query", "attn_k": "attention.self.key", "attn_v": "attention.self.value",

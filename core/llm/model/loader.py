@@ -10,7 +10,9 @@ An architecture is one module (``llama``, ``qwen``, ``gemma3``) found by name in
 * ``source_args(args, source)`` (optional) — settings the model keeps outside its metadata (an
   HF embedding model's sentence-transformers pooling);
 * ``sanitize(weights, args)`` (optional) — value fixes after renaming;
-* ``build(args, weights) -> CausalLM`` (an :class:`~.encoder.Encoder` for an embedding model).
+* ``build(args, weights) -> CausalLM`` (an :class:`~.encoder.Encoder` for an embedding model);
+* ``EMBEDDING_MODEL`` (optional, False when absent) — True for an embedding model (an encoder),
+  which makes no text.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def architecture(name: str, fld: str = "general.architecture") -> ModuleType:
     if module is None:
         raise ModelFormatError(fld, unsupported(name) or f"architecture {name!r} has no module")
     return module
+
+
+def makes_embeddings(name: str) -> bool:
+    """Whether architecture ``name`` is an embedding model (an encoder such as BERT: no text)."""
+    return bool(getattr(ARCHITECTURES.get(name), "EMBEDDING_MODEL", False))
 
 
 def read_args(source: WeightSource) -> tuple[ModuleType, ModelArgs]:
