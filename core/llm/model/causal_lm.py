@@ -17,30 +17,21 @@ import numpy as np
 from ...backend import Backend, get_backend
 from ...errors import LoomConfigError, LoomShapeError
 from ...layers.base import Layer
-from ...network import VolumetricNetwork
 from ..kernels.device_kernels import kernels_for
 from ..kernels.quant import single_threaded_blas
 from .fused_decode import fused_step
 from .kv_cache import CachedRun, KVCache
 from .llm_layers import InferenceOnly, LLMAttention, Uploads, layer_label
 from .model_args import ModelArgs
+from .model_network import ModelNetwork
 
 
-class CausalLM(VolumetricNetwork):
+class CausalLM(ModelNetwork):
     """A decoder-only language model laid out on a ``1 x 1 x (layers + 3) x 1`` grid."""
 
     def __init__(self, args: ModelArgs, layers: list[Layer]):
-        super().__init__(1, 1, len(layers), 1, precision="fast")
-        for i, layer in enumerate(layers):
-            self[0, 0, i, 0] = layer
-        self.args = args
+        super().__init__(args, layers)
         self.attention_layers = [la for la in self.all_layers() if isinstance(la, LLMAttention)]
-        self.source = None  # the WeightSource whose mapping the weights view, when loaded from a file
-
-    def close(self) -> None:
-        """Close the model file; its mapping goes away once this network's weights are dropped."""
-        if self.source is not None:
-            self.source.close()
 
     @property
     def on_device(self) -> bool:

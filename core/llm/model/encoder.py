@@ -18,9 +18,10 @@ import numpy as np
 from ...backend import Backend, get_backend
 from ...errors import LoomConfigError
 from ...layers.base import Layer
-from ...network import Run, VolumetricNetwork
+from ...network import Run
 from .causal_lm import token_rows
 from .model_args import ModelArgs
+from .model_network import ModelNetwork
 
 MEAN, CLS = "mean", "cls"
 
@@ -42,22 +43,13 @@ class Pooling:
         return np.asarray(pooled, np.float32)
 
 
-class Encoder(VolumetricNetwork):
-    """An encoder-only model laid out on a ``1 x 1 x (blocks + 2) x 1`` grid; ``args.pooling``
-    says how :meth:`embed` pools."""
+class Encoder(ModelNetwork):
+    """An encoder-only model laid out on a ``1 x 1 x (blocks + 2) x 1`` grid; ``pooling`` says how
+    :meth:`embed` pools."""
 
     def __init__(self, args: ModelArgs, layers: list[Layer], pooling: Pooling):
-        super().__init__(1, 1, len(layers), 1, precision="fast")
-        for i, layer in enumerate(layers):
-            self[0, 0, i, 0] = layer
-        self.args = args
+        super().__init__(args, layers)
         self.pooling = pooling
-        self.source = None  # the WeightSource whose mapping the weights view, when loaded from a file
-
-    def close(self) -> None:
-        """Close the model file; its mapping goes away once this network's weights are dropped."""
-        if self.source is not None:
-            self.source.close()
 
     @property
     def on_device(self) -> bool:

@@ -67,7 +67,7 @@ ENCODERS: dict[str, tuple[str, dict]] = {
 # A WordPiece vocabulary: BERT's specials, single characters, their ## continuations, a few words.
 WORDPIECE = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz0123456789.,!?'-",
              *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"),
-             "the", "hello", "world", "emb", "##ed", "##ding", "##s", "##ing", "sentence", "model", "un",
+             "the", "hello", "world", "emb", "##ed", "##ding", "##ing", "sentence", "model", "un",
              "##aff"]
 EMBED_TEXTS = ["Hello, world!", "The embedding of a sentence.", "unaffable models embed 42 things",
                "Élan VITAL, déjà-vu?", "x"]
