@@ -99,6 +99,7 @@ def write_encoder(family: str) -> None:
         mean = SentenceTransformer(modules=[transformer, Pooling(d, "mean"), Normalize()], device="cpu")
         cls = SentenceTransformer(modules=[transformer, Pooling(d, "cls")], device="cpu")
         mean.save(str(folder))
+    (folder / "README.md").unlink()  # sentence-transformers' model card: nothing a test reads
     with torch.no_grad():
         embeddings = {"mean_normalized": mean.encode(EMBED_TEXTS, convert_to_numpy=True).tolist(),
                       "cls": cls.encode(EMBED_TEXTS, convert_to_numpy=True).tolist()}
