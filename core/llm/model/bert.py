@@ -10,13 +10,14 @@ normalises unless asked not to); the file has no setting for it.
 
 Weights are keyed by the names the GGUF route gives them (GGUF block stems mapped to transformers'
 ``model.layers.{i}.attention.self.query`` ..., ``position_embd.weight`` ...); :func:`sanitize`
-renames an HF checkpoint's ``embeddings.*`` / ``encoder.layer.{i}.*`` tensors onto them, and errors
-still name the checkpoint's own tensor.
+renames an HF checkpoint's ``embeddings.*`` / ``encoder.layer.{i}.*`` tensors onto them (nomic-bert's
+``encoder.layers.{i}.*`` and ``emb_ln`` too), and errors still name the checkpoint's own tensor.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,7 +33,7 @@ from .layer_builders import require
 from .llm_layers import Matrix
 from .model_args import ModelArgs, Settings
 
-__all__ = ["EMBEDDING_MODEL", "Args", "GGUF_BLOCK_NAMES", "build", "sanitize", "source_args"]
+__all__ = ["EMBEDDING_MODEL", "Args", "GGUF_BLOCK_NAMES", "build", "layer_norm_of", "sanitize", "source_args"]
 
 EMBEDDING_MODEL = True
 
@@ -49,6 +50,8 @@ HF_TOP_NAMES = {
     "embeddings.LayerNorm.weight": "token_embd_norm.weight",
     "embeddings.LayerNorm.bias": "token_embd_norm.bias",
 }
+NOMIC_TOP_NAMES = {"emb_ln.weight": "token_embd_norm.weight", "emb_ln.bias": "token_embd_norm.bias"}
+HF_BLOCK = re.compile(r"encoder\.layers?\.(\d{1,18})\.")  # BERT's encoder.layer.N, nomic's encoder.layers.N
 # Loom's attention parts (wq ... bo) -> their stems
 ATTENTION = (("q", "attention.self.query"), ("k", "attention.self.key"), ("v", "attention.self.value"),
              ("o", "attention.output.dense"))
@@ -62,6 +65,7 @@ class Args(ModelArgs):
     hidden_act: str = "gelu"
     pooling: Pooling = Pooling()
     TIE_DEFAULT: ClassVar[bool] = True
+    HIDDEN_ACTS: ClassVar[tuple[str, ...]] = tuple(ACTIVATIONS)  # the MLP activations built here
 
     @classmethod
     def gguf_fields(cls, s: Settings, arch: str) -> dict[str, Any]:
@@ -75,10 +79,10 @@ class Args(ModelArgs):
 
     @classmethod
     def hf_fields(cls, s: Settings, config: dict[str, Any]) -> dict[str, Any]:
-        act = s.get("hidden_act", str, "gelu")
-        if act not in ACTIVATIONS:
+        act = s.get("hidden_act", str, cls.hidden_act)
+        if act not in cls.HIDDEN_ACTS:
             raise ModelFormatError(s.field("hidden_act"),
-                                   f"{act!r:.40} is not supported ({', '.join(ACTIVATIONS)})")
+                                   f"{act!r:.40} is not supported ({', '.join(cls.HIDDEN_ACTS)})")
         eps = s.positive("layer_norm_eps", 1e-12)
         return {**super().hf_fields(s, config), "norm_eps": eps, "hidden_act": act}
 
@@ -132,27 +136,27 @@ def _json(path: Path, kind: type) -> Any:
 
 
 class _Renamed(Weights):
-    """An HF checkpoint's weights under the names used here; errors name the checkpoint's tensor."""
+    """An HF checkpoint's weights under the names used here; errors name the checkpoint's tensor
+    (one it lacks by the name its blocks' prefix, ``encoder.layer.`` or ``encoder.layers.``, gives)."""
 
-    def __init__(self, weights: dict[str, Matrix], original: dict[str, str]):
+    def __init__(self, weights: dict[str, Matrix], original: dict[str, str], block_prefix: str):
         super().__init__(weights)
         self.original = original  # name here -> the checkpoint's
+        self.block_prefix = block_prefix
 
     def file_name(self, name: str) -> str:
-        return self.original.get(name) or _hf_name_of(name)
+        top = {v: k for k, v in HF_TOP_NAMES.items()}
+        return (self.original.get(name) or top.get(name)
+                or name.replace("model.layers.", self.block_prefix, 1))
 
 
 def _our_name(name: str) -> str:
     name = name.removeprefix("bert.")
-    if name in HF_TOP_NAMES:
-        return HF_TOP_NAMES[name]
-    return "model.layers." + name[len("encoder.layer."):] if name.startswith("encoder.layer.") else name
-
-
-def _hf_name_of(name: str) -> str:
-    """The checkpoint name a tensor missing here would have."""
-    top = {v: k for k, v in HF_TOP_NAMES.items()}
-    return top.get(name) or name.replace("model.layers.", "encoder.layer.", 1)
+    top = HF_TOP_NAMES.get(name) or NOMIC_TOP_NAMES.get(name)
+    if top:
+        return top
+    m = HF_BLOCK.match(name)
+    return f"model.layers.{m[1]}.{name[m.end():]}" if m else name
 
 
 def sanitize(weights: Weights, args: Args) -> Weights:
@@ -160,13 +164,15 @@ def sanitize(weights: Weights, args: Args) -> Weights:
     renamed = {_our_name(name): name for name in weights}
     if all(ours == name for ours, name in renamed.items()):
         return weights
-    out = _Renamed({ours: weights[name] for ours, name in renamed.items()}, renamed)
+    prefix = "encoder.layers." if any(n.startswith("encoder.layers.") for n in weights) else "encoder.layer."
+    out = _Renamed({ours: weights[name] for ours, name in renamed.items()}, renamed, prefix)
     out.offsets.update({ours: weights.offsets[name] for ours, name in renamed.items()
                         if name in weights.offsets})
     return out
 
 
-def _norm(args: Args, weights: dict[str, Matrix], stem: str) -> LLMLayerNorm:
+def layer_norm_of(args: Args, weights: dict[str, Matrix], stem: str) -> LLMLayerNorm:
+    """The LayerNorm whose gamma and beta are ``{stem}.weight`` and ``{stem}.bias``."""
     d = (args.hidden_size,)
     gamma, beta = require(weights, f"{stem}.weight", d), require(weights, f"{stem}.bias", d)
     return LLMLayerNorm(gamma, beta, args.norm_eps)
@@ -181,8 +187,8 @@ def build(args: Args, weights: dict[str, Matrix]) -> Encoder:
     d, f = args.hidden_size, args.intermediate_size
     table = require(weights, "model.embed_tokens.weight", (args.vocab_size or None, d))
     positions = require(weights, "position_embd.weight", (None, d))
-    layers = [EncoderEmbedding(table, positions, require(weights, "token_types.weight", (None, d))),
-              _norm(args, weights, "token_embd_norm")]
+    layers = [EncoderEmbedding(table, require(weights, "token_types.weight", (None, d)), positions),
+              layer_norm_of(args, weights, "token_embd_norm")]
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
         w = {f"w{n}": require(weights, f"{p}{stem}.weight", (d, d)) for n, stem in ATTENTION}
@@ -193,8 +199,8 @@ def build(args: Args, weights: dict[str, Matrix]) -> Encoder:
             _dense(weights, p + "output.dense", (d, f))])
         layers.append(make_layer("Sequential", children=[
             EncoderAttention(args.num_heads, w), make_layer("Residual"),
-            _norm(args, weights, p + "attention.output.LayerNorm"),
-            mlp, make_layer("Residual"), _norm(args, weights, p + "output.LayerNorm")]))
+            layer_norm_of(args, weights, p + "attention.output.LayerNorm"),
+            mlp, make_layer("Residual"), layer_norm_of(args, weights, p + "output.LayerNorm")]))
     # a sequence holds at most as many tokens as there are position rows
     context = min(args.context_length, positions.shape[0])
     return Encoder(replace(args, vocab_size=table.shape[0], context_length=context), layers, args.pooling)

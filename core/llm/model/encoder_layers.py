@@ -19,6 +19,7 @@ from ...layers.embedding import Embedding
 from ...layers.norms import LayerNorm
 from ..kernels.gelu_kernel import gelu_erf
 from .llm_layers import InferenceOnly, Matrix, MatrixStore, linear, linears, plus_bias, token_ids
+from .rope import Rope
 
 # hidden_act names (transformers' ACT2FN) -> the float32 function; "gelu" is the exact (erf) GELU
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
@@ -38,23 +39,27 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
 
 
 class EncoderEmbedding(InferenceOnly, Embedding):
-    """Word + token-type + position embeddings: ``table[id] + token_types[0] + positions[t]``
-    (every token is of type 0, "sentence A", as embedding models are used)."""
+    """Word + token-type (+ learned position) embeddings: ``table[id] + token_types[0] (+
+    positions[t])``; every token is of type 0, "sentence A", as embedding models are used. A
+    model with rotary positions (nomic-bert) has no position table."""
 
-    def __init__(self, table: Matrix, positions: Matrix, token_types: Matrix):
+    def __init__(self, table: Matrix, token_types: Matrix, positions: Matrix | None = None):
         vocab, d = table.shape
+        parts = {"table": table, "token_types": token_types}
         super().__init__(LayerConfig(type="Embedding", vocab_size=vocab, embedding_dim=d),
-                         MatrixStore({"table": table, "positions": positions, "token_types": token_types}))
+                         MatrixStore(parts if positions is None else {**parts, "positions": positions}))
 
     def forward(self, x, ctx, skip=None):
         w = self.weights.current(self.cfg.dtype)
         ids = token_ids(x, self.cfg.vocab_size)
         ids = ids[None] if ids.ndim == 1 else ids
-        T, limit = ids.shape[-1], w["positions"].shape[0]
-        if T > limit:
-            raise LoomShapeError(f"{T} tokens exceed the model's {limit} positions")
+        T = ids.shape[-1]
         y = _rows(w["table"], ids.reshape(-1)).reshape(*ids.shape, self.cfg.embedding_dim)
         y = y + _rows(w["token_types"], np.zeros(1, np.int64))  # transformers' order: type, then position
+        if "positions" not in w:
+            return y, None
+        if T > w["positions"].shape[0]:
+            raise LoomShapeError(f"{T} tokens exceed the model's {w['positions'].shape[0]} positions")
         return y + _rows(w["positions"], np.arange(T)), None
 
 
@@ -79,23 +84,28 @@ class LLMLayerNorm(InferenceOnly, LayerNorm):
 
 
 class EncoderAttention(InferenceOnly, MultiHeadAttention):
-    """Bidirectional self-attention: every token sees every token of its sequence. Store layout:
-    Loom's Wq, Wk, Wv, Wo, bq, bk, bv, bo."""
+    """Bidirectional self-attention: every token sees every token of its sequence; queries and
+    keys rotated by ``rope`` when the model has rotary positions. Store layout: Loom's Wq, Wk, Wv,
+    Wo, bq, bk, bv, bo (zeros where the model has no bias)."""
 
-    def __init__(self, n_heads: int, weights: dict[str, Matrix]):
+    def __init__(self, n_heads: int, weights: dict[str, Matrix], rope: Rope | None = None):
         d = weights["wq"].shape[1]
         head_dim = weights["wq"].shape[0] // n_heads
         cfg = LayerConfig(type="MultiHeadAttention", d_model=d, num_heads=n_heads, num_kv_heads=n_heads,
                           head_dim=head_dim, query_dim=n_heads * head_dim)
         super().__init__(cfg, MatrixStore(weights))
+        self.rope = rope
 
     def forward(self, x, ctx, skip=None):
         w, st = self.weights.current(self.cfg.dtype), self.weights
         H, hd = self.cfg.num_heads, self.cfg.head_dim
         x3 = x.reshape(-1, *x.shape[-2:])
         B, T, _ = x3.shape
-        q, k, v = (plus_bias(y, st, w, b).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+        q, k, v = (plus_bias(y, st, w, b).reshape(B, T, H, hd)
                    for y, b in zip(linears(x3, (w["wq"], w["wk"], w["wv"])), ("bq", "bk", "bv"), strict=True))
+        if self.rope is not None:
+            q, k = self.rope((0,) * B, T, q, k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         scores = (q @ k.transpose(0, 1, 3, 2)) * np.float32(hd ** -0.5)  # [B, H, T, T]
         e = np.exp(scores - scores.max(axis=-1, keepdims=True))
         out = (e / e.sum(axis=-1, keepdims=True)) @ v  # [B, H, T, hd]

@@ -25,7 +25,7 @@ from types import ModuleType
 from ...errors import ModelFormatError
 from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
-from . import bert, gemma3, llama, qwen
+from . import bert, gemma3, llama, nomic_bert, qwen
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 
@@ -37,7 +37,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "mistral": llama,
     "qwen2": qwen, "qwen3": qwen,
     "gemma3": gemma3, "gemma3_text": gemma3,
-    "bert": bert,
+    "bert": bert, "nomic_bert": nomic_bert, "nomic-bert": nomic_bert,
 }
 
 

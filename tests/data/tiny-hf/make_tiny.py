@@ -63,6 +63,9 @@ def write(family: str) -> None:
 ENCODERS: dict[str, tuple[str, dict]] = {
     "bert": ("bert", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                           max_position_embeddings=64, type_vocab_size=2, initializer_range=0.1)),
+    "nomic-bert": ("nomic_bert", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, head_dim=16, max_position_embeddings=64,
+                                      type_vocab_size=2, initializer_range=0.1)),
 }
 # A WordPiece vocabulary: BERT's specials, single characters, their ## continuations, a few words.
 WORDPIECE = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz0123456789.,!?'-",

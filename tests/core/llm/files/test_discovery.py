@@ -122,7 +122,7 @@ def test_models_of_an_architecture_this_build_cannot_run_are_listed_with_the_rea
     found = {e.path.name: e.problem
              for e in discover([tmp_path], include_defaults=False, include_builtins=False)}
     reason = ("architecture 'deepseek2' is not supported "
-              "(supported: bert, gemma3, gemma3_text, llama, mistral, qwen2, qwen3)")
+              "(supported: bert, gemma3, gemma3_text, llama, mistral, nomic-bert, nomic_bert, qwen2, qwen3)")
     assert found == {"deepseek2.gguf": reason, "hf-deepseek2": reason, "llama.gguf": "", "hf-llama": "",
                      "other-first.gguf": ""}
 

@@ -1,10 +1,10 @@
-"""BERT-family embedding models from an HF folder and from a GGUF written from it.
+"""BERT-family embedding models (bert, nomic-bert) from an HF folder and from a GGUF written from it.
 
-Oracles: ``tests/data/tiny-hf/tiny-bert/reference.json`` (make_tiny.py): transformers' token ids
-of a few texts, sentence-transformers' embeddings of them (mean pooling, L2-normalised, as the
-folder's modules say) and CLS-pooled ones of the same weights. The GGUF is written the way
+Oracles: ``tests/data/tiny-hf/tiny-{bert,nomic-bert}/reference.json`` (make_tiny.py): transformers'
+token ids of a few texts, sentence-transformers' embeddings of them (mean pooling, L2-normalised,
+as the folder's modules say) and CLS-pooled ones of the same weights. The GGUF is written the way
 llama.cpp's converter writes a BERT (conversion/bert.py: gguf-py's tensor names, its "phantom
-space" WordPiece vocabulary, gguf-py's SpecialVocab, ``bert.pooling_type``).
+space" WordPiece vocabulary, gguf-py's SpecialVocab, ``{arch}.pooling_type``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,12 @@ from loomlab.core.llm.model.model_info import EMBEDDING, describe
 
 from .test_architectures import finish_gguf, gguf_writer, hf_checkpoint
 
-TINY_BERT = Path(__file__).resolve().parents[3] / "data" / "tiny-hf" / "tiny-bert"
-REF = json.loads((TINY_BERT / "reference.json").read_text())
+TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
+TINY_BERT = TINY / "tiny-bert"
+# family -> GGUF architecture
+ARCHS = {"bert": gguf.MODEL_ARCH.BERT, "nomic-bert": gguf.MODEL_ARCH.NOMIC_BERT}
+REFS = {family: json.loads((TINY / f"tiny-{family}" / "reference.json").read_text()) for family in ARCHS}
+REF = REFS["bert"]
 MEAN = np.array(REF["mean_normalized"], np.float32)
 CLS = np.array(REF["cls"], np.float32)
 ATOL = 2e-6  # float32 sums in another order over 3 blocks of width 64
@@ -44,16 +48,19 @@ def assert_embeddings(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def bert_gguf(path: Path, folder: Path = TINY_BERT, pooling: int = gguf.PoolingType.MEAN,
-              drop: str = "") -> Path:
-    """``folder`` as llama.cpp's convert_hf_to_gguf.py writes a BERT (float32 tensors), less the
-    tensor named ``drop``."""
+              drop: str = "", family: str = "bert") -> Path:
+    """``folder`` as llama.cpp's convert_hf_to_gguf.py writes a BERT or nomic-bert (float32
+    tensors), less the tensor named ``drop``."""
+    arch = ARCHS[family]
     cfg, tensors = hf_checkpoint(folder)
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
     special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
     tokens = sorted(vocab, key=vocab.get)
     types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
-    writer = gguf_writer(path, "bert", cfg)
+    writer = gguf_writer(path, gguf.MODEL_ARCH_NAMES[arch], cfg)
+    if "rope_parameters" in cfg:
+        writer.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_eps(cfg["layer_norm_eps"])
     writer.add_causal_attention(False)
     writer.add_pooling_type(pooling)
@@ -64,7 +71,7 @@ def bert_gguf(path: Path, folder: Path = TINY_BERT, pooling: int = gguf.PoolingT
     writer.add_token_types(types)
     writer.add_token_type_count(cfg["type_vocab_size"])
     gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(writer)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, cfg["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is not None and name != drop:  # the converter leaves out BERT's pooler
@@ -102,21 +109,32 @@ def gguf_path(tmp_path_factory) -> Path:
     return bert_gguf(tmp_path_factory.mktemp("bert") / "tiny-bert.gguf")
 
 
-@pytest.fixture(scope="module", params=["hf", "gguf"])
-def model(request, gguf_path):
-    with load_model(TINY_BERT if request.param == "hf" else gguf_path) as m:
-        yield m
+@pytest.fixture(scope="module", params=[(f, s) for f in ARCHS for s in ("hf", "gguf")], ids="-".join)
+def family_model(request, tmp_path_factory):
+    family, source = request.param
+    folder = TINY / f"tiny-{family}"
+    path = folder if source == "hf" else bert_gguf(tmp_path_factory.mktemp(family) / "m.gguf", folder,
+                                                   family=family)
+    with load_model(path) as m:
+        yield m, REFS[family]
 
 
-def test_tokenizers_give_transformers_ids(model):
-    assert [model.prompt_ids(t) for t in REF["texts"]] == REF["token_ids"]
+@pytest.fixture(scope="module")
+def model(family_model):
+    return family_model[0]
 
 
-def test_embeddings_are_sentence_transformers(model):
+def test_tokenizers_give_transformers_ids(family_model):
+    model, ref = family_model
+    assert [model.prompt_ids(t) for t in ref["texts"]] == ref["token_ids"]
+
+
+def test_embeddings_are_sentence_transformers(family_model):
     """Mean pooling and L2 normalisation: the folder's modules; the GGUF's pooling_type, and
     llama.cpp's normalisation."""
+    model, ref = family_model
     assert isinstance(model.net, Encoder) and model.is_embedding_model
-    assert_embeddings(model.embed(REF["texts"]), MEAN)
+    assert_embeddings(model.embed(ref["texts"]), np.array(ref["mean_normalized"], np.float32))
 
 
 def test_cls_pooling_as_the_model_says(tmp_path):
@@ -133,6 +151,27 @@ def test_a_plain_transformers_folder_is_mean_pooled_unnormalised(tmp_path):
         got = m.embed(REF["texts"])
     assert_embeddings(unit(got), MEAN)
     assert np.abs(np.linalg.norm(got, axis=-1) - 1).min() > 0.1
+
+
+def test_nomic_bert_config_in_nomics_own_keys(tmp_path):
+    """nomic's published config.json spells the sizes its own way (n_embd, rotary_emb_base ...):
+    the same weights give the same embeddings; a variant not built here is refused by its key."""
+    folder = tmp_path / "nomic"
+    shutil.copytree(TINY / "tiny-nomic-bert", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    nomic = {"model_type": "nomic_bert", "n_embd": cfg["hidden_size"], "n_layer": cfg["num_hidden_layers"],
+             "n_head": cfg["num_attention_heads"], "n_inner": cfg["intermediate_size"], "n_positions": 64,
+             "rotary_emb_base": cfg["rope_parameters"]["rope_theta"],
+             "layer_norm_epsilon": cfg["layer_norm_eps"],
+             "vocab_size": cfg["vocab_size"], "type_vocab_size": 2, "activation_function": "swiglu",
+             "prenorm": False, "rotary_emb_fraction": 1.0, "qkv_proj_bias": False}
+    (folder / "config.json").write_text(json.dumps(nomic))
+    ref = REFS["nomic-bert"]
+    with load_model(folder) as m:
+        assert_embeddings(m.embed(ref["texts"]), np.array(ref["mean_normalized"], np.float32))
+    (folder / "config.json").write_text(json.dumps({**nomic, "prenorm": True}))
+    with pytest.raises(ModelFormatError, match="config.json:prenorm"):
+        load_model(folder).close()
 
 
 def test_an_embedding_model_refuses_to_generate(model):
@@ -161,6 +200,8 @@ def test_bad_files_are_refused_naming_the_field(tmp_path):
         (lambda: st_folder(tmp_path / "b", [], config={"hidden_act": "swish"}), "config.json:hidden_act"),
         (lambda: st_folder(tmp_path / "c", ["Pooling"], {"pooling_mode": "max"}), "pooling_mode"),
         (lambda: st_folder(tmp_path / "d", [], config={"num_attention_heads": 5}), "num_attention_heads"),
+        (lambda: bert_gguf(tmp_path / "qkv.gguf", TINY / "tiny-nomic-bert", drop="blk.2.attn_qkv.weight",
+                           family="nomic-bert"), "blk.2.attn_qkv.weight"),
     ]
     for make, field in cases:
         path = make()
@@ -168,9 +209,11 @@ def test_bad_files_are_refused_naming_the_field(tmp_path):
             load_model(path).close()
 
 
-def test_the_encoder_is_a_grid_of_core_families(model):
+def test_the_encoder_is_a_grid_of_core_families(family_model):
     """The grid shows the encoder as core families: observers see every layer of the blocks."""
+    model, ref = family_model
     seen = [layer.type_name for layer in model.net.all_layers()]
-    assert seen[:2] == ["Embedding", "LayerNorm"]
-    assert seen.count("MultiHeadAttention") == 3 and seen.count("Dense") == 6 and seen.count("LayerNorm") == 7
+    mlp = {"bert": ("Dense", 6), "nomic-bert": ("SwiGLU", 3)}[ref["architecture"].replace("_", "-")]
+    assert seen[:2] == ["Embedding", "LayerNorm"] and seen.count(mlp[0]) == mlp[1]
+    assert seen.count("MultiHeadAttention") == 3 and seen.count("LayerNorm") == 7
     assert isinstance(model, TextModel)
