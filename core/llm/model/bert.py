@@ -16,7 +16,6 @@ renames an HF checkpoint's ``embeddings.*`` / ``encoder.layer.{i}.*`` tensors on
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,8 +23,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import ModelFormatError
+from ...errors import LoomConfigError, ModelFormatError
+from ...io.bounded_read import parse_json_text, read_small_bytes
 from ...layers.base import make_layer
+from ..files.hf_files import MAX_JSON_FILE_BYTES
 from ..files.weights_source import Weights, WeightSource
 from .encoder import CLS, MEAN, Encoder, Pooling
 from .encoder_layers import ACTIVATIONS, BiasedDense, EncoderAttention, EncoderEmbedding, LLMLayerNorm
@@ -124,12 +125,14 @@ def _pooling_mode(config: dict, where: Path) -> str:
 
 
 def _json(path: Path, kind: type) -> Any:
-    if not path.is_file():
+    """A sentence-transformers settings file (None when absent), read as a small regular file:
+    a FIFO or ``/dev/zero`` in its place is refused, not waited on."""
+    if not path.exists():
         return None
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ModelFormatError(str(path), f"not valid JSON: {e}") from None
+        value = parse_json_text(read_small_bytes(path, path.name, MAX_JSON_FILE_BYTES), path.name)
+    except LoomConfigError as e:
+        raise ModelFormatError(str(path), str(e)) from None
     if not isinstance(value, kind):
         raise ModelFormatError(str(path), f"expected a JSON {kind.__name__}")
     return value
