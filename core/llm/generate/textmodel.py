@@ -423,7 +423,8 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     "strict-no-float64" (array_api_strict's checking devices, see :mod:`loomlab.core.backend`): a
     backend this machine cannot run raises :class:`LoomConfigError` saying why, before any
     download. On a device backend every matrix is uploaded once (``CausalLM.place``) and the
-    KV caches stay on the device.
+    KV caches stay on the device. An embedding model runs on numpy ("auto" gives it numpy, a device
+    backend named is refused).
 
     ``activations``: ``"int8"`` (default, llama.cpp's numerics) or ``"float32"`` (exact), see
     :attr:`TextModel.activations`; the first run's kernels compiled as the model loads are that
@@ -454,8 +455,9 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
             release_memory()
         opened, source = source, None  # owned by load_causal_lm now: closed with the net, or there
         net = load_causal_lm(path, progress, source=opened)
-        net.place(device)
-        if not net.on_device and not isinstance(net, Encoder):  # an encoder has no decode kernels
+        encoder = isinstance(net, Encoder)
+        net.place(NUMPY if encoder and backend == "auto" else device)  # an encoder runs on numpy only
+        if not net.on_device and not encoder:  # an encoder has no decode kernels
             compilation = make_kernels_ready(net, path, activations == "int8", progress=progress,
                                              cancel=cancel, answer_meanwhile=first_run == "answer")
         if child is not None:

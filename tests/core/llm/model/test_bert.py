@@ -184,6 +184,11 @@ def test_an_embedding_model_refuses_to_generate(model):
     assert not model.supports_chat and model.info()["embedding_model"]
 
 
+def test_an_embedding_model_runs_on_numpy_only():
+    with pytest.raises(LoomConfigError, match="embedding models run on the CPU"):
+        load_model(TINY_BERT, backend="strict")
+
+
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_describe_says_embedding(source, gguf_path):
     info = describe(TINY_BERT if source == "hf" else gguf_path)
