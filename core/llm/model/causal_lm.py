@@ -23,7 +23,7 @@ from .fused_decode import fused_step
 from .kv_cache import CachedRun, KVCache
 from .llm_layers import InferenceOnly, LLMAttention, Uploads, layer_label
 from .model_args import ModelArgs
-from .model_network import ModelNetwork
+from .model_network import ModelNetwork, token_rows
 
 
 class CausalLM(ModelNetwork):
@@ -107,14 +107,6 @@ class CausalLM(ModelNetwork):
         with single_threaded_blas():
             return _call_cells(CachedRun(self, None), self.cells[:-1], token_rows(ids))
 
-
-def token_rows(ids) -> np.ndarray:
-    """Token ids as ``[B, T]`` with ``T >= 1`` (a ``[T]`` sequence becomes one row)."""
-    ids = np.asarray(ids)
-    x = ids[None] if ids.ndim == 1 else ids
-    if x.ndim != 2 or x.shape[1] == 0:
-        raise LoomShapeError(f"token ids must be [B, T] with T >= 1, got shape {ids.shape}")
-    return x
 
 
 def _call_cells(run: CachedRun, cells: list[Layer], x):

@@ -1,7 +1,7 @@
 """An encoder-only embedding model (the BERT family) as a grid network.
 
 :class:`Encoder` is a :class:`VolumetricNetwork` of one row of cells: the embeddings (word +
-token type + position), their LayerNorm, then one ``Sequential`` per block
+token type, + position unless the attention rotates), their LayerNorm, then one ``Sequential`` per block
 (``attention, Residual, LayerNorm, MLP, Residual, LayerNorm``: post-norm). ``hidden_states(ids)``
 runs the grid over whole sequences; :meth:`Encoder.embed` pools the last hidden states into one
 vector per sequence as the model says (:class:`Pooling`).
@@ -19,9 +19,8 @@ from ...backend import Backend, get_backend
 from ...errors import LoomConfigError
 from ...layers.base import Layer
 from ...network import Run
-from .causal_lm import token_rows
 from .model_args import ModelArgs
-from .model_network import ModelNetwork
+from .model_network import ModelNetwork, token_rows
 
 MEAN, CLS = "mean", "cls"
 
