@@ -41,6 +41,11 @@ class ModelFormatError(LoomError, ValueError):
         super().__init__(f"{where}: {message}")
 
 
+class EmbeddingModelError(LoomConfigError):
+    """An embedding model (an encoder such as BERT) was asked to generate text: it only computes
+    embeddings."""
+
+
 class ModelFetchError(LoomError):
     """A built-in model could not be fetched (network, pip, checksum) or was cancelled."""
 

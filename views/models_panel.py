@@ -51,7 +51,7 @@ from loomlab.core.llm.files.discovery import ModelEntry
 from loomlab.core.llm.generate.textmodel import TextModel, load_model
 from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 from loomlab.core.llm.model import model_info
-from loomlab.core.llm.model.model_info import CHAT, COMPLETION, ModelInfo
+from loomlab.core.llm.model.model_info import CHAT, COMPLETION, EMBEDDING, ModelInfo
 from loomlab.core.llm.text.token_text import token_text
 from loomlab.core.units import format_bytes, format_count
 
@@ -518,7 +518,8 @@ class ModelsPanel(QWidget):
     def _on_loaded(self, entry: ModelEntry) -> None:
         self._model = self._loading.pop()
         self._loaded_key, self._loaded_entry = _key(entry), entry
-        self._modes[self._loaded_key] = CHAT if self._model.supports_chat else COMPLETION
+        self._modes[self._loaded_key] = (EMBEDDING if self._model.is_embedding_model
+                                         else CHAT if self._model.supports_chat else COMPLETION)
         if entry.source == "builtin" and not entry.fetched:
             self._replace_builtin(entry.name, fetched=True)
         if not self._scanning and not any(_key(e) == self._loaded_key for e in self.entries()):
@@ -835,6 +836,7 @@ def _info_rows(info: ModelInfo) -> list[tuple[str, str]]:
         ("Quant types", info.types_text),
         ("Chat template", "yes" if info.chat_template else "no"),
         ("Mode", info.mode if info.supports_chat else
+         f"{info.mode}: it computes embeddings (/v1/embeddings), no text" if info.embedding_model else
          f"{info.mode}: a base model, it continues text (a chat would echo the prompt)"),
         ("File size", weights),
         ("Memory estimate", info.memory_text),

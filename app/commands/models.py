@@ -86,7 +86,7 @@ def cmd_info(args) -> int:
             ("heads / kv heads / head dim", f"{info.heads} / {info.kv_heads} / {info.head_dim}"),
             ("vocabulary", f"{info.vocab_size:,}"), ("context length", f"{info.context_length:,}"),
             ("tensor types", info.types_text),
-            ("chat template", "yes" if info.chat_template else "no (fallback)"),
+            ("chat template", "yes" if info.chat_template else "no (fallback)"), ("mode", info.mode),
             ("file size", format_bytes(info.file_bytes)),
             ("estimated memory", info.memory_text)] + ([("problem", info.problem)] if info.problem else [])
     width = max(len(k) for k, _ in rows)

@@ -26,7 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loomlab.core.errors import EngineProcessError, LoomConfigError, LoomError, LoomShapeError
+from loomlab.core.errors import (
+    EmbeddingModelError,
+    EngineProcessError,
+    LoomConfigError,
+    LoomError,
+    LoomShapeError,
+)
 from loomlab.core.llm.generate.batching import BatchEngine
 from loomlab.core.llm.generate.constrain import Constraint
 from loomlab.core.llm.generate.textmodel import TextModel
@@ -214,6 +220,14 @@ async def _disconnected(request: Request) -> None:
 
 # ----- generation -----------------------------------------------------------------------------------
 
+def refuse_embedding_model(ctx: Context) -> None:
+    """An embedding model's answer to a chat or completion request: a 400 saying it only embeds."""
+    try:
+        ctx.model.check_generates()
+    except EmbeddingModelError as e:
+        raise bad(str(e), "model", "embedding_model") from None
+
+
 def _submit(request: Request, prompts: list[list[int]], gen: Generation, param: str) -> Submission:
     ctx: Context = request.app.state.ctx
     if ctx.closing():
@@ -291,6 +305,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_chat(await read_json(request))
     ctx.check_model(req.model)
     request.state.log.model = ctx.model_name
+    refuse_embedding_model(ctx)
     try:
         ids = encode_chat(ctx.model.tokenizer, ctx.model.template, req.messages)
     except LoomError as e:
@@ -342,6 +357,7 @@ async def completions(request: Request) -> Response:
     req = parse_completion(await read_json(request))
     ctx.check_model(req.model)
     request.state.log.model = ctx.model_name
+    refuse_embedding_model(ctx)
     tok = ctx.model.tokenizer
     try:
         prompts = [tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in req.prompts]

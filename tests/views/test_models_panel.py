@@ -24,7 +24,7 @@ from loomlab.core.llm.files import discovery, registry
 from loomlab.core.llm.generate.textmodel import TextModel, load_model
 from loomlab.core.llm.kernels.kernel_warmup import KERNELS_STAGE
 from loomlab.core.llm.model import model_info
-from loomlab.core.llm.model.model_info import CHAT, COMPLETION
+from loomlab.core.llm.model.model_info import CHAT, COMPLETION, EMBEDDING
 from loomlab.core.llm.text.tokenizer_process import TokenizerProcess
 from loomlab.views import models_panel
 from loomlab.views.models_panel import CANNOT_LOAD, COLUMNS, ModelsPanel, NetworkEntry
@@ -34,6 +34,7 @@ from .contrast import AA, assert_legible, contrast, dark_theme
 
 GOLDENS = Path(__file__).resolve().parent.parent / "data" / "loom-goldens-seed1.json"
 SMOLLM = "smollm2-135m"
+TINY_BERT = Path(__file__).resolve().parents[1] / "data" / "tiny-hf" / "tiny-bert"
 
 
 @pytest.fixture
@@ -329,6 +330,7 @@ class _FirstRun:
     ``kernels_ready`` and ``kernels_compiled`` moved by the test as the compilation would."""
 
     supports_chat = True
+    is_embedding_model = False
 
     def __init__(self):
         self.name, self.kernels_ready, self.kernels_compiled, self.closed = SMOLLM, False, 0, False
@@ -385,6 +387,14 @@ def test_the_mode_a_model_supports_is_listed_and_detailed(make_panel, qtbot, ali
     assert panel.current_info.mode == mode == model_info.describe(registry.model_path(alias)).mode
     assert panel.details()["Mode"].startswith(mode)
     assert _row_text(panel, panel.visible_names().index(alias), "Mode") == mode
+
+
+def test_an_embedding_model_is_listed_detailed_and_loaded_as_one(make_panel, qtbot):
+    panel = make_panel([str(TINY_BERT)])
+    _select(qtbot, panel, "tiny-bert")
+    assert panel.current_info.mode == EMBEDDING and panel.details()["Mode"].startswith(EMBEDDING)
+    assert _load(qtbot, panel, "tiny-bert").is_embedding_model
+    assert _row_text(panel, panel.visible_names().index("tiny-bert"), "Mode") == EMBEDDING
 
 
 def test_opening_a_network_keeps_the_model_and_both_can_be_shown_again(make_panel, qtbot, tmp_path):

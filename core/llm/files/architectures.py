@@ -3,7 +3,8 @@ model floor builds, kept here so that a listing can tell a file it cannot run be
 loads it; ``model.loader.ARCHITECTURES`` maps each one to its module (a test keeps them equal)."""
 
 SUPPORTED: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma3_text",
-                                       "qwen3moe", "qwen3_moe", "mixtral"})
+                                       "qwen3moe", "qwen3_moe", "mixtral", "bert", "nomic_bert",
+                                       "nomic-bert"})
 
 
 def unsupported(name: str) -> str:

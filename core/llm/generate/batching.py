@@ -133,6 +133,7 @@ class Batch:
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt as a list of ids, or the typed error a generation of it would raise."""
+        self.model.check_generates()
         ids = self.model.prompt_ids(list(prompt_ids))
         if params.max_tokens < 1:
             raise LoomConfigError("max_tokens must be >= 1 for a generation request")

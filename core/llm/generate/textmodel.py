@@ -23,7 +23,7 @@ import numpy as np
 
 from ...backend import NUMPY, Backend, array_module, device_memory, get_backend, to_host
 from ...cancel import Cancel, as_cancel_check
-from ...errors import LoomConfigError, LoomShapeError, ModelFormatError
+from ...errors import EmbeddingModelError, LoomConfigError, LoomShapeError, ModelFormatError
 from ...procinfo import peak_rss_bytes, release_memory
 from ..files.discovery import in_file, resolve
 from ..files.weights_source import open_source
@@ -31,6 +31,7 @@ from ..kernels.kernel_warmup import warm_model
 from ..kernels.quant import adaptive_threads, single_threaded_blas
 from ..kernels.quant_int8 import int8_activations
 from ..model.causal_lm import CausalLM
+from ..model.encoder import Encoder
 from ..model.kernel_compilation import KernelCompilation, first_run_mode, make_kernels_ready
 from ..model.loader import load_causal_lm
 from ..text.chat_template import ChatTemplate, encode_chat
@@ -153,6 +154,7 @@ class TextModel:
                 name = getattr(m, "type_name", str(getattr(m, "dtype", "")))
                 types[name] = types.get(name, 0) + 1
         return {"name": self.name, "architecture": args.architecture, "vocab_size": self.vocab_size,
+                "embedding_model": self.is_embedding_model,
                 "layers": args.num_layers, "hidden_size": args.hidden_size, "heads": args.num_heads,
                 "kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
                 "context_length": args.context_length, "weight_types": types,
@@ -164,9 +166,24 @@ class TextModel:
         text (:meth:`generate`). The rule is :func:`~loomlab.core.llm.model.model_info.supports_chat`."""
         from ..model.model_info import supports_chat
 
+        if self.is_embedding_model:
+            return False
         source = self.net.source
         path, meta = (source.path, source.metadata) if source is not None else (self.name, {})
         return supports_chat(self.template.source == "file", path, meta)
+
+    @property
+    def is_embedding_model(self) -> bool:
+        """Whether the model is an encoder (BERT family) that computes embeddings only: :meth:`embed`
+        pools its output as the model says, and generating raises :class:`EmbeddingModelError`."""
+        return isinstance(self.net, Encoder)
+
+    def check_generates(self) -> None:
+        """:class:`EmbeddingModelError` when the model cannot generate text (an embedding model)."""
+        if self.is_embedding_model:
+            raise EmbeddingModelError(f"{self.name or self.net.args.architecture} is an embedding model "
+                                      f"({self.net.args.architecture}): it computes embeddings (embed, "
+                                      "/v1/embeddings) and cannot chat or complete text")
 
     def metrics(self) -> Metrics:
         self._metrics.device_memory = device_memory(self.backend)
@@ -211,6 +228,7 @@ class TextModel:
         :class:`~loomlab.core.llm.generate.decoding.Drafter`, or None (off); other settings raise
         LoomConfigError.
         """
+        self.check_generates()
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
         drafter = drafter_for(speculative, self, params)
@@ -227,6 +245,7 @@ class TextModel:
         and ``max_tokens`` fit the context; how many were dropped is in :meth:`metrics`.
         ``speculative`` as in :meth:`generate`.
         """
+        self.check_generates()
         params = SamplingParams(**_tuple_stop(sampling))
         _check_policy(context_policy)
         drafter = drafter_for(speculative, self, params)
@@ -250,6 +269,7 @@ class TextModel:
         """Complete several prompts decoded together (one matmul per layer over the active
         sequences, see :mod:`.batching`); returns the generated texts. Each text is what
         :meth:`generate` gives for its prompt alone."""
+        self.check_generates()
         params = SamplingParams(**_tuple_stop(sampling))
         batch = Batch(self, max_batch)
         requests = [Request(batch.check(self.prompt_ids(p), params), params) for p in prompts]
@@ -270,6 +290,7 @@ class TextModel:
                  return_logits: bool = True) -> list[ClassifyResult]:
         """Next-token prediction at the end of each prompt; prompts of equal length share one
         batched prefill."""
+        self.check_generates()
         all_ids = [self.prompt_ids(p) for p in prompts]
         results: list[ClassifyResult | None] = [None] * len(all_ids)
         by_length: dict[int, list[int]] = {}
@@ -290,12 +311,18 @@ class TextModel:
         return results
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Mean of the final-norm hidden states over each text's tokens: ``[len(texts), hidden]``."""
+        """One vector per text: ``[len(texts), hidden]``. An embedding model's (see
+        :attr:`is_embedding_model`) is pooled as the model says (mean or CLS, L2-normalised or
+        not: :class:`~loomlab.core.llm.model.encoder.Pooling`); a decoder's is the mean of its
+        final-norm hidden states over the text's tokens."""
         out = np.zeros((len(texts), self.net.args.hidden_size), np.float32)
         with self.busy():
             for i, text in enumerate(texts):
                 ids = self.prompt_ids(text)
                 self.check_fits(ids, SamplingParams(max_tokens=0))
+                if self.is_embedding_model:
+                    out[i] = self.net.embed(np.array([ids]))[0]
+                    continue
                 hidden = self.net.hidden_states(np.array([ids]))  # on a device: its mean comes over
                 out[i] = to_host(array_module(hidden).mean(hidden[0, ...], axis=0))
         return out
@@ -396,7 +423,8 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
     "strict-no-float64" (array_api_strict's checking devices, see :mod:`loomlab.core.backend`): a
     backend this machine cannot run raises :class:`LoomConfigError` saying why, before any
     download. On a device backend every matrix is uploaded once (``CausalLM.place``) and the
-    KV caches stay on the device.
+    KV caches stay on the device. An embedding model runs on numpy ("auto" gives it numpy, a device
+    backend named is refused).
 
     ``activations``: ``"int8"`` (default, llama.cpp's numerics) or ``"float32"`` (exact), see
     :attr:`TextModel.activations`; the first run's kernels compiled as the model loads are that
@@ -427,8 +455,9 @@ def load_model(alias_or_path: str | os.PathLike, *, progress=None, cancel: Cance
             release_memory()
         opened, source = source, None  # owned by load_causal_lm now: closed with the net, or there
         net = load_causal_lm(path, progress, source=opened)
-        net.place(device)
-        if not net.on_device:
+        encoder = isinstance(net, Encoder)
+        net.place(NUMPY if encoder and backend == "auto" else device)  # an encoder runs on numpy only
+        if not net.on_device and not encoder:  # an encoder has no decode kernels
             compilation = make_kernels_ready(net, path, activations == "int8", progress=progress,
                                              cancel=cancel, answer_meanwhile=first_run == "answer")
         if child is not None:

@@ -17,30 +17,21 @@ import numpy as np
 from ...backend import Backend, get_backend
 from ...errors import LoomConfigError, LoomShapeError
 from ...layers.base import Layer
-from ...network import VolumetricNetwork
 from ..kernels.device_kernels import kernels_for
 from ..kernels.quant import single_threaded_blas
 from .fused_decode import fused_step
 from .kv_cache import CachedRun, KVCache
 from .llm_layers import InferenceOnly, LLMAttention, Uploads, layer_label
 from .model_args import ModelArgs
+from .model_network import ModelNetwork, token_rows
 
 
-class CausalLM(VolumetricNetwork):
+class CausalLM(ModelNetwork):
     """A decoder-only language model laid out on a ``1 x 1 x (layers + 3) x 1`` grid."""
 
     def __init__(self, args: ModelArgs, layers: list[Layer]):
-        super().__init__(1, 1, len(layers), 1, precision="fast")
-        for i, layer in enumerate(layers):
-            self[0, 0, i, 0] = layer
-        self.args = args
+        super().__init__(args, layers)
         self.attention_layers = [la for la in self.all_layers() if isinstance(la, LLMAttention)]
-        self.source = None  # the WeightSource whose mapping the weights view, when loaded from a file
-
-    def close(self) -> None:
-        """Close the model file; its mapping goes away once this network's weights are dropped."""
-        if self.source is not None:
-            self.source.close()
 
     @property
     def on_device(self) -> bool:
@@ -75,7 +66,7 @@ class CausalLM(VolumetricNetwork):
         row per sequence), else ``[B, T, vocab]``, on the model's device (see :meth:`place`; the
         ids come from the host). Observers see every layer, as in ``forward``.
         """
-        x = _token_rows(ids)
+        x = token_rows(ids)
         if caches is not None and any(len(c) != len(self.attention_layers) for c in caches):
             raise LoomShapeError(f"each sequence needs {len(self.attention_layers)} KV caches (make_cache())")
         if self.on_device:
@@ -114,16 +105,8 @@ class CausalLM(VolumetricNetwork):
         """Every layer but the LM head over token ids ``[B, T]`` as fresh sequences: ``[B, T, hidden]``
         after the final norm. Observers see those layers; the step count does not move."""
         with single_threaded_blas():
-            return _call_cells(CachedRun(self, None), self.cells[:-1], _token_rows(ids))
+            return _call_cells(CachedRun(self, None), self.cells[:-1], token_rows(ids))
 
-
-def _token_rows(ids) -> np.ndarray:
-    """Token ids as ``[B, T]`` with ``T >= 1`` (a ``[T]`` sequence becomes one row)."""
-    ids = np.asarray(ids)
-    x = ids[None] if ids.ndim == 1 else ids
-    if x.ndim != 2 or x.shape[1] == 0:
-        raise LoomShapeError(f"token ids must be [B, T] with T >= 1, got shape {ids.shape}")
-    return x
 
 
 def _call_cells(run: CachedRun, cells: list[Layer], x):

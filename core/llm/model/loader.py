@@ -7,8 +7,12 @@ qwen's) found by name in :data:`ARCHITECTURES`. It provides, as in mlx-lm:
   offsets)`` or ``Args.from_hf(config)``; keys it does not know are ignored;
 * ``GGUF_BLOCK_NAMES`` — GGUF block tensor stems -> transformers names (weights are keyed by
   transformers names whatever the file);
+* ``source_args(args, source)`` (optional) — settings the model keeps outside its metadata (an
+  HF embedding model's sentence-transformers pooling);
 * ``sanitize(weights, args)`` (optional) — value fixes after renaming;
-* ``build(args, weights) -> CausalLM``.
+* ``build(args, weights) -> CausalLM`` (an :class:`~.encoder.Encoder` for an embedding model);
+* ``EMBEDDING_MODEL`` (optional, False when absent) — True for an embedding model (an encoder),
+  which makes no text.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from types import ModuleType
 from ...errors import ModelFormatError
 from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
-from . import gemma3, llama, qwen
+from . import bert, gemma3, llama, nomic_bert, qwen
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 
@@ -33,6 +37,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "mistral": llama,
     "qwen2": qwen, "qwen3": qwen, "qwen3moe": qwen, "qwen3_moe": qwen, "mixtral": llama,
     "gemma3": gemma3, "gemma3_text": gemma3,
+    "bert": bert, "nomic_bert": nomic_bert, "nomic-bert": nomic_bert,
 }
 
 
@@ -44,6 +49,11 @@ def architecture(name: str, fld: str = "general.architecture") -> ModuleType:
     return module
 
 
+def makes_embeddings(name: str) -> bool:
+    """Whether architecture ``name`` is an embedding model (an encoder such as BERT: no text)."""
+    return bool(getattr(ARCHITECTURES.get(name), "EMBEDDING_MODEL", False))
+
+
 def read_args(source: WeightSource) -> tuple[ModuleType, ModelArgs]:
     """The architecture module of an opened model and its settings (GGUF metadata or config.json),
     checked against the blocks its tensors hold."""
@@ -53,6 +63,9 @@ def read_args(source: WeightSource) -> tuple[ModuleType, ModelArgs]:
         args = module.Args.from_gguf(source.metadata, source.offsets)
     else:
         args = module.Args.from_hf(source.metadata)
+    source_args: Callable | None = getattr(module, "source_args", None)  # settings in other files
+    if source_args is not None:
+        args = source_args(args, source)
     check_block_count(source, args.num_layers)
     return module, args
 

@@ -1,5 +1,5 @@
 """What a model file is, without loading it: architecture, sizes, quantization, context, memory,
-and whether it can chat (:func:`supports_chat`)."""
+and whether it can chat (:func:`supports_chat`) or is an embedding model."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from ..files.architectures import unsupported
 from ..files.hf_files import TOKENIZER_CONFIG
 from ..files.weights_source import WeightSource, open_source
 from ..kernels.quant import DECODED_TYPES
-from .loader import ARCHITECTURES, read_args
+from .loader import ARCHITECTURES, makes_embeddings, read_args
 from .model_args import MAX_DIM, MAX_TOKENS, Settings
 
 # An f32 K and V row per layer and position: what a full-context KV cache costs on top of weights.
 KV_BYTES = 4
-CHAT, COMPLETION = "chat", "completion only"
+CHAT, COMPLETION, EMBEDDING = "chat", "completion only", "embedding"
 # How instruction-tuned releases are named ("SmolLM2-135M-Instruct", "gemma-3-270m-it", "…-chat"):
 # "it" only as a word of its own, so "Digit" or "Smith" do not count.
 _INSTRUCT_NAME = re.compile(r"instruct|chat|(?<![a-z0-9])it(?![a-z0-9])", re.IGNORECASE)
@@ -67,10 +67,14 @@ class ModelInfo:
     decoded_types: tuple[str, ...] = ()  # tensor types without a matrix kernel: float32 copies at load
     decoded_bytes: int = 0  # what those copies cost
     problem: str = ""  # why this build cannot run the model ("" when it can)
+    embedding_model: bool = False  # an encoder (BERT family): it computes embeddings, makes no text
 
     @property
     def mode(self) -> str:
-        """What the model is for: :data:`CHAT` or :data:`COMPLETION` (a base model)."""
+        """What the model is for: :data:`CHAT`, :data:`COMPLETION` (a base model) or
+        :data:`EMBEDDING` (an embedding model, for ``/v1/embeddings``)."""
+        if self.embedding_model:
+            return EMBEDDING
         return CHAT if self.supports_chat else COMPLETION
 
     @property
@@ -144,13 +148,15 @@ def _describe_gguf(source: WeightSource) -> ModelInfo:
     if isinstance(tokens, list):  # the tokenizer's vocabulary, when the file carries one
         n["vocab_size"] = len(tokens)
     template = "tokenizer.chat_template" in meta
+    embedding = makes_embeddings(source.architecture)
     decoded = [t for t in tensors if t.type_name in DECODED_TYPES]
     return ModelInfo(
         str(path), "gguf", str(meta.get("general.name", path.stem)), source.architecture,
         sum(t.n_elements for t in tensors),
         tensor_types=dict(Counter(t.type_name for t in tensors).most_common()), chat_template=template,
-        file_bytes=source.file.model_bytes, kv_cache_bytes=_kv_bytes(n),
-        supports_chat=supports_chat(template, path, meta), problem=unsupported(source.architecture),
+        file_bytes=source.file.model_bytes, kv_cache_bytes=0 if embedding else _kv_bytes(n),
+        supports_chat=not embedding and supports_chat(template, path, meta), embedding_model=embedding,
+        problem=unsupported(source.architecture),
         decoded_types=tuple(sorted({t.type_name for t in decoded})),
         decoded_bytes=sum(4 * t.n_elements for t in decoded), **n)
 
@@ -159,11 +165,13 @@ def _describe_hf(source: WeightSource) -> ModelInfo:
     path, tensors = source.path, source.tensors.values()
     n = _sizes(source)
     template = _has_template(source.file.tokenizer_config_json)
+    embedding = makes_embeddings(source.architecture)
     return ModelInfo(
         str(path), "hf", path.name, source.architecture, sum(math.prod(t.shape) for t in tensors),
         tensor_types=dict(Counter(t.dtype for t in tensors).most_common()), chat_template=template,
         file_bytes=sum(Path(f).stat().st_size for f in {t.file for t in tensors}),
-        kv_cache_bytes=_kv_bytes(n), supports_chat=supports_chat(template, path, source.metadata),
+        kv_cache_bytes=0 if embedding else _kv_bytes(n), embedding_model=embedding,
+        supports_chat=not embedding and supports_chat(template, path, source.metadata),
         problem=unsupported(source.architecture), **n)
 
 

@@ -10,6 +10,10 @@ A GGUF file carries its vocabulary as metadata (``tokenizer.ggml.*``). Two kinds
   whose concatenation is the best-scored vocabulary piece is merged, again and again; a
   character not in the vocabulary falls back to its UTF-8 bytes (``<0xNN>`` tokens). That is an
   HF BPE whose merges are every (left, right) split of a normal piece, ranked by the piece's score.
+* ``bert`` (WordPiece, BERT-family embedding models): llama.cpp's converter writes a word-initial
+  piece as ``▁piece`` and a continuation ``##piece`` as ``piece``; turned back, they make BERT's
+  WordPiece, after BERT's normaliser (lowercase, accents stripped, as llama.cpp lowercases every
+  text) and its split at whitespace and punctuation. Every text is wrapped in CLS ... SEP.
 
 Token types (llama.cpp's numbering): control, unknown and unused tokens are *special* (matched in
 text only when asked for, see :meth:`Tokenizer.encode`); user-defined ones (Gemma's runs of
@@ -35,7 +39,7 @@ from typing import Any
 import numpy as np
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordPiece
 
 from ...errors import LoomConfigError, ModelFormatError
 
@@ -157,19 +161,22 @@ class Tokenizer:
         tokens = _tokens(meta)
         n = len(tokens)
         ids = {name: _optional_id(meta, f"tokenizer.ggml.{name}_token_id", n)
-               for name in ("bos", "eos", "unknown", "padding", "eot", "eom")}
+               for name in ("bos", "eos", "unknown", "padding", "eot", "eom", "cls", "seperator")}
         types = _token_types(meta, n, [i for i in ids.values() if i is not None])
         if kind not in _GGUF_KINDS:
             raise ModelFormatError("tokenizer.ggml.model", f"unsupported tokenizer model {kind!r}; "
-                                   "supported: 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)")
+                                   "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE) and "
+                                   "'bert' (WordPiece)")
         build, add_bos_default = _GGUF_KINDS[kind]
         vocab, aliases = _vocab(tokens)
         hf = build(meta, tokens, types, vocab, ids["unknown"])
         _add_typed_tokens(hf, tokens, types)
-        add_bos = _get(meta, "tokenizer.ggml.add_bos_token", bool, add_bos_default)
-        add_eos = _get(meta, "tokenizer.ggml.add_eos_token", bool, False)
-        hf.post_processor = _template_processing(tokens, ids["bos"] if add_bos else None,
-                                                 ids["eos"] if add_eos else None)
+        if kind == "bert":  # llama.cpp wraps every text in CLS ... SEP (its BOS and EOS, when not named)
+            first, last = _first_id(ids, "cls", "bos"), _first_id(ids, "seperator", "eos")
+        else:
+            first = ids["bos"] if _get(meta, "tokenizer.ggml.add_bos_token", bool, add_bos_default) else None
+            last = ids["eos"] if _get(meta, "tokenizer.ggml.add_eos_token", bool, False) else None
+        hf.post_processor = _template_processing(tokens, first, last)
         eos_ids = {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
         eos_ids |= {i for i in np.flatnonzero(types == CONTROL).tolist() if tokens[i] in END_OF_TURN_TEXTS}
         return cls(hf, bos_id=ids["bos"], eos_ids=eos_ids, pad_id=ids["padding"], unk_id=ids["unknown"],
@@ -466,8 +473,27 @@ def _spm_merges(tokens: list[str], types: np.ndarray, scores: np.ndarray) -> lis
                                                           strict=True)]
 
 
+def _wordpiece_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: np.ndarray,
+                         vocab: dict[str, int], unk_id: int | None) -> HFTokenizer:
+    """BERT's WordPiece over the vocabulary llama.cpp's converter wrote: its ``▁piece`` back to
+    ``piece`` and its continuation ``piece`` back to ``##piece``; control tokens as they are."""
+    words = [t if kind in _SPECIAL_TYPES else t[1:] if t.startswith("▁") else "##" + t
+             for t, kind in zip(tokens, types.tolist(), strict=True)]
+    unk = tokens[unk_id] if unk_id is not None else "[UNK]"
+    hf = HFTokenizer(WordPiece(_vocab(words)[0], unk_token=unk, continuing_subword_prefix="##"))
+    hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix="##")
+    return hf
+
+
+def _first_id(ids: dict[str, int | None], *names: str) -> int | None:
+    return next((ids[n] for n in names if ids[n] is not None), None)
+
+
 # ``tokenizer.ggml.model`` -> (builder, whether BOS is added when ``add_bos_token`` is absent).
-_GGUF_KINDS = {"gpt2": (_gpt2_tokenizer, False), "llama": (_spm_tokenizer, True)}
+_GGUF_KINDS = {"gpt2": (_gpt2_tokenizer, False), "llama": (_spm_tokenizer, True),
+               "bert": (_wordpiece_tokenizer, True)}
 
 
 def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]], key: str, **kwargs) -> HFTokenizer:

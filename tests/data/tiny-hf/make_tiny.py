@@ -64,9 +64,65 @@ def write(family: str) -> None:
     print(f"{folder}: {sum(p.numel() for p in model.parameters())} parameters")
 
 
+# ----- encoder-only embedding models ---------------------------------------------------------------
+# family -> (config.json model_type, settings). BERT's own widths (its config has no GQA or head_dim)
+ENCODERS: dict[str, tuple[str, dict]] = {
+    "bert": ("bert", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                          max_position_embeddings=64, type_vocab_size=2, initializer_range=0.1)),
+    "nomic-bert": ("nomic_bert", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, head_dim=16, max_position_embeddings=64,
+                                      type_vocab_size=2, initializer_range=0.1)),
+}
+# A WordPiece vocabulary: BERT's specials, single characters, their ## continuations, a few words.
+WORDPIECE = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz0123456789.,!?'-",
+             *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"),
+             "the", "hello", "world", "emb", "##ed", "##ding", "##ing", "sentence", "model", "un",
+             "##aff"]
+EMBED_TEXTS = ["Hello, world!", "The embedding of a sentence.", "unaffable models embed 42 things",
+               "Élan VITAL, déjà-vu?", "x"]
+
+
+def write_encoder(family: str) -> None:
+    """An encoder checkpoint saved as a sentence-transformers folder (the transformer, mean pooling,
+    L2 normalisation) with ``reference.json``: the token ids transformers' tokenizer gives each of
+    :data:`EMBED_TEXTS`, sentence-transformers' embeddings of them, and CLS-pooled ones (no
+    normalisation) from the same weights."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from transformers import AutoConfig, AutoModel, BertTokenizerFast
+
+    model_type, settings = ENCODERS[family]
+    folder = HERE / f"tiny-{family}"
+    torch.manual_seed(SEED)
+    config = AutoConfig.for_model(model_type, vocab_size=len(WORDPIECE), **settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vocab.txt").write_text("\n".join(WORDPIECE) + "\n")
+        tokenizer = BertTokenizerFast(vocab=str(Path(tmp) / "vocab.txt"), do_lower_case=True)
+        AutoModel.from_config(config).float().eval().save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        transformer = Transformer(tmp)
+        d = config.hidden_size
+        mean = SentenceTransformer(modules=[transformer, Pooling(d, "mean"), Normalize()], device="cpu")
+        cls = SentenceTransformer(modules=[transformer, Pooling(d, "cls")], device="cpu")
+        mean.save(str(folder))
+    (folder / "README.md").unlink()  # sentence-transformers' model card: nothing a test reads
+    with torch.no_grad():
+        embeddings = {"mean_normalized": mean.encode(EMBED_TEXTS, convert_to_numpy=True).tolist(),
+                      "cls": cls.encode(EMBED_TEXTS, convert_to_numpy=True).tolist()}
+    reference = {"architecture": model_type, "storage_dtype": "float32",
+                 "reference": "sentence-transformers float32 encode of the saved weights",
+                 "texts": EMBED_TEXTS, "token_ids": [tokenizer(t)["input_ids"] for t in EMBED_TEXTS],
+                 **embeddings}
+    (folder / "reference.json").write_text(json.dumps(reference))
+    print(f"{folder}: {sum(p.numel() for p in mean.parameters())} parameters")
+
+
 if __name__ == "__main__":
-    unknown = [f for f in sys.argv[1:] if f not in FAMILIES]
+    unknown = [f for f in sys.argv[1:] if f not in FAMILIES and f not in ENCODERS]
     if unknown or len(sys.argv) < 2:
-        sys.exit(f"usage: make_tiny.py FAMILY ...; families: {', '.join(FAMILIES)}")
+        sys.exit(f"usage: make_tiny.py FAMILY ...; families: {', '.join([*FAMILIES, *ENCODERS])}")
     for name in sys.argv[1:]:
-        write(name)
+        write_encoder(name) if name in ENCODERS else write(name)

@@ -332,15 +332,9 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``; split
     into files of ``split_max_tensors`` tensors (gguf-py's splitting, as ``convert_hf_to_gguf.py
     --split-max-tensors``) when given."""
-    with open_hf(folder or TINY / name) as hf:
-        cfg = hf.config
-        tensors = stack_experts({k: t.data().astype(np.float32) for k, t in hf.tensors.items()})
-    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    writer.add_block_count(cfg["num_hidden_layers"])
-    writer.add_context_length(cfg["max_position_embeddings"])
-    writer.add_embedding_length(cfg["hidden_size"])
-    writer.add_feed_forward_length(cfg["intermediate_size"])
-    writer.add_head_count(cfg["num_attention_heads"])
+    cfg, tensors = hf_checkpoint(folder or TINY / name)
+    tensors = stack_experts(tensors)
+    writer = gguf_writer(path, arch, cfg, split_max_tensors)
     writer.add_head_count_kv(cfg["num_key_value_heads"])
     writer.add_key_length(cfg["head_dim"])
     writer.add_value_length(cfg["head_dim"])
@@ -377,11 +371,33 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
             writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, w)
+    finish_gguf(writer)
+    return path
+
+
+def hf_checkpoint(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """An HF folder's config.json and its tensors as float32 arrays."""
+    with open_hf(folder) as hf:
+        return hf.config, {k: t.data().astype(np.float32) for k, t in hf.tensors.items()}
+
+
+def gguf_writer(path: Path, arch: str, cfg: dict, split_max_tensors: int = 0) -> gguf.GGUFWriter:
+    """A writer of ``arch`` holding the sizes every architecture's GGUF states (the converter's
+    common ``set_gguf_parameters``), read from config.json ``cfg``."""
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    return writer
+
+
+def finish_gguf(writer: gguf.GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def stack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
