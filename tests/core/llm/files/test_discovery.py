@@ -121,7 +121,8 @@ def test_models_of_an_architecture_this_build_cannot_run_are_listed_with_the_rea
                             + struct.pack("<IQ", 8, len(value)) + value)
     found = {e.path.name: e.problem
              for e in discover([tmp_path], include_defaults=False, include_builtins=False)}
-    reason = f"architecture 'deepseek2' is not supported (supported: {', '.join(sorted(architectures.SUPPORTED))})"
+    supported = ", ".join(sorted(architectures.SUPPORTED))
+    reason = f"architecture 'deepseek2' is not supported (supported: {supported})"
     assert found == {"deepseek2.gguf": reason, "hf-deepseek2": reason, "llama.gguf": "", "hf-llama": "",
                      "other-first.gguf": ""}
 
