@@ -31,7 +31,15 @@ COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_
               initializer_range=0.1, tie_word_embeddings=False)
 
 # family -> (config.json model_type, settings besides COMMON, storage dtype of the safetensors)
-FAMILIES: dict[str, tuple[str, dict, str]] = {}
+FAMILIES: dict[str, tuple[str, dict, str]] = {
+    # phi3's default pad id (32000) lies outside the tiny vocabulary
+    "phi3": ("phi3", dict(pad_token_id=None, bos_token_id=1, eos_token_id=2), "float32"),
+    "granite": ("granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.1,
+                                logits_scaling=8.0), "float32"),
+    # 4 blocks: the 4th is the one without RoPE (no_rope_layer_interval 4, llama.cpp's fixed step)
+    "smollm3": ("smollm3", dict(num_hidden_layers=4, pad_token_id=None, bos_token_id=1, eos_token_id=2),
+                "float32"),
+}
 
 
 def write(family: str) -> None:
