@@ -28,7 +28,7 @@ from .model_args import Settings
 __all__ = ["Args", "GGUF_BLOCK_NAMES", "build", "sanitize"]
 
 GGUF_BLOCK_NAMES = {**GGUF_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-LONGROPE_TENSORS = ("rope_factors_long", "rope_factors_short")  # GGUF's longrope factors
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # GGUF's longrope factors
 
 
 @dataclass

@@ -34,7 +34,9 @@ from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+             "granite": gguf.MODEL_ARCH.GRANITE, "smollm3": gguf.MODEL_ARCH.SMOLLM3}
+PERMUTED_QK = {"llama", "granite", "smollm3"}  # convert_hf_to_gguf.py's LlamaModel and its subclasses
 
 
 def reference(name: str) -> dict:
@@ -322,10 +324,12 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 # ----- GGUF files written as llama.cpp's converter writes them ---------------------------------------
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
                reshape: str = "", folder: Path | None = None, encode=None) -> Path:
-    """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
-    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
-    when given (and stored as gguf-py's float32 dequantization of those blocks when
-    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``."""
+    """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names
+    (phi3's fused ``attn_qkv`` and gate+up ``ffn_up`` as they are), llama's (granite's, smollm3's)
+    Q/K rows permuted, gemma's norms stored as ``1 + w``, granite's multipliers as its scale keys;
+    matrices quantized to ``qtype`` when given (and stored as gguf-py's float32 dequantization of
+    those blocks when ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype
+    or None)``."""
     with open_hf(folder or TINY / name) as hf:
         cfg = hf.config
         tensors = {k: t.data().astype(np.float32) for k, t in hf.tensors.items()}
@@ -343,10 +347,15 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     if arch == "gemma3":
         writer.add_sliding_window(cfg["sliding_window"])
+    if arch == "granite":
+        writer.add_embedding_scale(cfg["embedding_multiplier"])
+        writer.add_residual_scale(cfg["residual_multiplier"])
+        writer.add_attention_scale(cfg["attention_multiplier"])
+        writer.add_logit_scale(cfg["logits_scaling"])
     names = gguf.get_tensor_name_map(GGUF_ARCH[arch], cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg["num_attention_heads"] if "q_proj" in hf_name else cfg["num_key_value_heads"]
             w = llama_cpp_permute(w, heads)
         if arch == "gemma3" and hf_name.endswith("norm.weight"):
@@ -385,15 +394,16 @@ def test_gguf_conversion_gives_transformers_logits(tmp_path, name, arch):
     assert tied == (arch == "gemma3")
 
 
-def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
+@pytest.mark.parametrize("name, arch", [("tiny-llama", "llama"), ("tiny-phi3", "phi3")])
+def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path, name, arch):
     """Q8_0 matrices multiplied in place (prefill, decode, embedding rows) against a float32 GGUF
-    holding gguf-py's dequantization of the same blocks."""
+    holding gguf-py's dequantization of the same blocks (phi3's split from its fused matrices)."""
     q8 = GGMLQuantizationType.Q8_0
-    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-llama", "llama", qtype=q8))
-    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", "tiny-llama", "llama", qtype=q8, dequantized=True))
+    quantized = load_causal_lm(write_gguf(tmp_path / "q.gguf", name, arch, qtype=q8))
+    twin = load_causal_lm(write_gguf(tmp_path / "f.gguf", name, arch, qtype=q8, dequantized=True))
     assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
             if len(m.shape) == 2} == {"QuantMatrix"}
-    ids = np.array(reference("tiny-llama")["input_ids"])
+    ids = np.array(reference(name)["input_ids"])
     results = []
     for net in (quantized, twin):
         cache = net.make_cache()
