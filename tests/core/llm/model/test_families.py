@@ -139,6 +139,11 @@ def test_bad_family_gguf_files_are_refused_naming_the_key_or_tensor(tmp_path):
     with pytest.raises(ModelFormatError, match="longrope") as info:  # GGUF's Phi-3 128k factors
         architecture("phi3").sanitize({"rope_factors_short.weight": np.ones(8, np.float32)}, args)
     assert info.value.field == "rope_factors_short.weight"
+    phi3_gguf = {"general.architecture": "phi3", "phi3.block_count": 2, "phi3.embedding_length": 64,
+                 "phi3.attention.head_count": 4, "phi3.feed_forward_length": 128}
+    with pytest.raises(ModelFormatError, match="differs from the head size 16") as info:  # partial rotary
+        architecture("phi3").Args.from_gguf({**phi3_gguf, "phi3.rope.dimension_count": 12}, {})
+    assert info.value.field == "phi3.rope.dimension_count"
     path = write_gguf(tmp_path / "short.gguf", "tiny-phi3", "phi3", reshape="blk.1.attn_qkv.weight")
     with pytest.raises(ModelFormatError, match=r"shape \(127, 64\), expected \(128, 64\)") as info:
         load_causal_lm(path)
