@@ -1037,6 +1037,25 @@ class QuantMatrix:
             _block_rows(*self._float_args()[0], ids, out)
         return out
 
+    def row_range(self, start: int, stop: int) -> QuantMatrix:
+        """Rows ``start .. stop - 1`` as a matrix of this encoding viewing this one's bytes (a row
+        of a block format is whole blocks, so a row range is a byte range): a fused matrix (phi3's
+        Q/K/V, its gate and up) split without dequantizing, each part taking every fast kernel.
+
+        Raises:
+            LoomShapeError: the range is empty or not inside the matrix.
+        """
+        if not 0 <= start < stop <= self.shape[0]:
+            raise LoomShapeError(f"rows {start}..{stop} are not a range of the {self.shape[0]} rows of "
+                                 f"{self!r}")
+        part = object.__new__(QuantMatrix)
+        part.__dict__.update(self.__dict__)
+        part.shape = (stop - start, self.shape[1])
+        part._q = None if self._q is None else self._q[start:stop]
+        part._dense = None if self._dense is None else self._dense[start:stop]
+        part._kernel_args, part.int8_rows = None, None  # made for the part's own rows on first use
+        return part
+
     def _products(self, X: np.ndarray, out: np.ndarray) -> None:
         """``out = X @ W.T`` by the row-invariant kernels."""
         pace()

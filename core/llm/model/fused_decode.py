@@ -21,9 +21,9 @@ sequences, at most MAX_ROWS rows in all (a decode step alone or batched, a specu
 verification, a short prompt: the products take the rows together), the int8 mode, float32 host
 caches, no observer listening (they see every layer's output, which this step never makes), and
 the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
-qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
-:class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and the
-caller runs the grid.
+qwen2/3, gemma3, phi3 once split, granite, smollm3) with every matrix in a format with an
+integer kernel (re-checked whenever :class:`_Watch` sees a cell, child, switch or weight
+change). Anything else returns None and the caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as the repacked rows' addresses and sizes with their
@@ -200,14 +200,15 @@ def _plus(a, lo, hi, b):
 
 
 @njit(cache=True, nogil=True)
-def _add_residual(x, y, bias, post_norm, eps):
-    """``x += norm(y + bias)`` over rows ``[B, d]``: the bias and the post-norm (gemma's) where
-    the block has them. ``y`` is shared, so each thread normalizes into its own rows."""
+def _add_residual(x, y, bias, post_norm, eps, resid):
+    """``x += norm((y + bias) * resid)`` over rows ``[B, d]``: the bias and the post-norm
+    (gemma's) where the block has them, ``resid`` granite's residual multiplier (1 elsewhere: a
+    product by 1 is exact). ``y`` is shared, so each thread normalizes into its own rows."""
     B, d = x.shape
     rows = np.empty((B, d), F32)
     for r in range(B):
         for j in range(d):
-            rows[r, j] = y[r, j] + bias[j] if bias.size else y[r, j]
+            rows[r, j] = (y[r, j] + bias[j] if bias.size else y[r, j]) * resid
     if post_norm.size:
         rms_norm_rows(rows, post_norm, eps, rows)
     for r in range(B):
@@ -217,11 +218,11 @@ def _add_residual(x, y, bias, post_norm, eps):
 
 @njit(inline="always")
 def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, fns, tid, threads, out, bias, post_norm,
-                         eps, flags, epoch):
-    """``x += post_norm(h @ W_m.T + bias)`` (attention's output projection, the MLP's down): a
-    meeting (every thread has written its part of h), h quantized (:func:`_quantize_for`), this
-    thread's rows of the product, a meeting (every thread adds all of them), the residual add.
-    Returns the last meeting's epoch, or -1 when the region was abandoned."""
+                         eps, resid, flags, epoch):
+    """``x += post_norm((h @ W_m.T + bias) * resid)`` (attention's output projection, the MLP's
+    down): a meeting (every thread has written its part of h), h quantized (:func:`_quantize_for`),
+    this thread's rows of the product, a meeting (every thread adds all of them), the residual
+    add. Returns the last meeting's epoch, or -1 when the region was abandoned."""
     epoch += 1
     if not meet(flags, tid, threads, epoch):
         return -1
@@ -232,7 +233,7 @@ def _project_into_stream(x, h, acts, split, m, mats, kinds, rows, fns, tid, thre
     epoch += 1
     if not meet(flags, tid, threads, epoch):
         return -1
-    _add_residual(x, out, bias, post_norm, eps)
+    _add_residual(x, out, bias, post_norm, eps, resid)
     return epoch
 
 
@@ -249,8 +250,8 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 
 @njit(cache=True, nogil=True)
-def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
-                 act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
+def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, resid,
+                 interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
                  acts_i32):
     """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
     ``x0[B * T, d]`` their embeddings (row ``b * T + t``), ``starts[B]`` each sequence's first
@@ -326,7 +327,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
             attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
                          starts[b], windows[i], scale)
         epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, fns, tid, threads, ob,
-                                     _vec(vecs, v + _BO), _vec(vecs, v + _APOST), eps, flags, epoch)
+                                     _vec(vecs, v + _BO), _vec(vecs, v + _APOST), eps, resid, flags, epoch)
         if epoch < 0:
             return False
         # the MLP; each thread activates the gate/up columns it computed
@@ -341,7 +342,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
         for r in range(R):
             gated_range(act, gb[r], ub[r], hb[r], f0, f1)
         epoch = _project_into_stream(x, hb, a_ffn, split, m + _DOWN, mats, kinds, rows, fns, tid, threads, db,
-                                     _vec(vecs, v + _BDOWN), _vec(vecs, v + _FPOST), eps, flags, epoch)
+                                     _vec(vecs, v + _BDOWN), _vec(vecs, v + _FPOST), eps, resid, flags, epoch)
         if epoch < 0:
             return False
     if last_only and T > 1:  # each sequence's last row alone, quantized by each thread itself
@@ -355,8 +356,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
-                   act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32, acts_i32):
+def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, resid,
+                   interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8,
+                   acts_f32, acts_i32):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -366,7 +368,7 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, 
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale,
-                         interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
+                         resid, interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
                          acts_i8, acts_f32, acts_i32)
 
 
@@ -496,6 +498,8 @@ class FusedDecoder:
         self.eps = F32(blocks[0][0].eps)
         self.qk_eps = F32(s.norm_eps)
         self.scale = F32(attns[0]._scale())
+        self.resid = F32(attns[0].spec.output_scale)  # granite's residual multiplier
+        self.head = net.cells[-1]
         self.interleaved = s.rope.interleaved
         self.act = blocks[0][4].cfg.act_id
         self.windows = np.array([a.spec.window or 0 for a in attns], np.int64)
@@ -510,7 +514,8 @@ class FusedDecoder:
     def fits(net, blocks: list[tuple]) -> bool:
         """Whether the compiled step computes this decoder as the grid would: every matrix with
         an integer kernel, the layers in float32 on the host, one norm eps, and the attention
-        shape, RoPE layout, score scale and activation alike in every block."""
+        shape, RoPE layout, score scale, activation and output multiplier (one for both halves)
+        alike in every block."""
         leaves = [la for block in blocks for la in block if la is not None] + [net.cells[0], *net.cells[-2:]]
         if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
             return False
@@ -520,7 +525,7 @@ class FusedDecoder:
             a = attn.spec
             norms = {la.eps for la in block if isinstance(la, LLMRMSNorm)}
             return (len(norms), *norms, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
-                    attn._scale(), mlp.cfg.act_id)
+                    attn._scale(), a.output_scale, mlp.output_scale, mlp.cfg.act_id)
 
         first = shape(blocks[0])
         for block in blocks:
@@ -528,7 +533,8 @@ class FusedDecoder:
             if shape(block) != first or not all(supports(w[name]) for name in MATRICES):
                 return False
         head = net.cells[-1].weights.current("float32")["weight"]
-        return first[:2] == (1, net.cells[-2].eps) and first[-1] in GATED_ACTIVATIONS and supports(head)
+        return (first[:2] == (1, net.cells[-2].eps) and first[-3] == first[-2]
+                and first[-1] in GATED_ACTIVATIONS and supports(head))
 
     def step(self, tokens: np.ndarray, caches: list[list[KVCache]], last_only: bool) -> np.ndarray | None:
         """Logits of the integer ``tokens[B, T]``, each row continuing its sequence in
@@ -557,8 +563,9 @@ class FusedDecoder:
         flags = counters(threads)
         shared, acts = self._scratch(B * T, B if last_only else B * T)
         args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.fns, self.vecs,
-                self.dims, self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos,
-                sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared, *acts)
+                self.dims, self.eps, self.qk_eps, self.scale, self.resid, self.interleaved, self.act,
+                self.windows, cos, sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T,
+                last_only, shared, *acts)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
@@ -568,7 +575,8 @@ class FusedDecoder:
         for row in caches:
             for c in row:
                 c.offset += T
-        return shared[-1] if last_only else shared[-1].reshape(B, T, -1)
+        logits = self.head.divided(shared[-1])  # granite's logits scaling, as the grid's head
+        return logits if last_only else logits.reshape(B, T, -1)
 
     def _scratch(self, R: int, heads: int) -> tuple:
         """The step's shared arrays for R rows and the shared activation buffers of the model,

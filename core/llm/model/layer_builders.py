@@ -50,8 +50,10 @@ def norm_layer(args: ModelArgs, weights: dict[str, Matrix], name: str) -> LLMRMS
 
 
 def attention_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: Rope, *,
-                    window: int | None = None, scale: float | None = None) -> LLMAttention:
-    """Block ``i``'s attention: projections, optional biases and Q/K norms."""
+                    window: int | None = None, scale: float | None = None,
+                    output_scale: float = 1.0) -> LLMAttention:
+    """Block ``i``'s attention: projections, optional biases and Q/K norms; ``scale`` the score
+    scale (None: head_dim ** -0.5), ``output_scale`` a multiplier of its output."""
     p = f"model.layers.{i}.self_attn."
     d, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     shapes = {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q)}
@@ -62,19 +64,22 @@ def attention_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: R
     if args.qk_norm:
         w["q_norm"] = require(weights, f"{p}q_norm.weight", (args.head_dim,))
         w["k_norm"] = require(weights, f"{p}k_norm.weight", (args.head_dim,))
-    spec = AttentionSpec(args.num_heads, args.num_kv_heads, args.head_dim, rope, window, scale, args.norm_eps)
+    spec = AttentionSpec(args.num_heads, args.num_kv_heads, args.head_dim, rope, window, scale, args.norm_eps,
+                         output_scale)
     return LLMAttention(i, spec, w)
 
 
-def mlp_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, activation: str = "Silu") -> LLMGatedMLP:
-    """Block ``i``'s gated MLP, with the biases the file has (llama's ``mlp_bias``)."""
+def mlp_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, activation: str = "Silu",
+              output_scale: float = 1.0) -> LLMGatedMLP:
+    """Block ``i``'s gated MLP, with the biases the file has (llama's ``mlp_bias``), its output
+    times ``output_scale``."""
     p, d, f = f"model.layers.{i}.mlp.", args.hidden_size, args.intermediate_size
     w = {}
     for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
         w[name] = require(weights, f"{p}{name}_proj.weight", shape)
         if f"{p}{name}_proj.bias" in weights:
             w[f"b_{name}"] = require(weights, f"{p}{name}_proj.bias", shape[:1])
-    return LLMGatedMLP(w, activation)
+    return LLMGatedMLP(w, activation, output_scale)
 
 
 def decoder_block(attention_part: list[Layer], mlp_part: list[Layer]) -> Layer:
@@ -92,28 +97,38 @@ def standard_rope(args: ModelArgs, weights: dict[str, Matrix]) -> Rope:
     return Rope(args.rope.inv_freq(args.head_dim, factors), args.rope_interleaved)
 
 
+def llama_block(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: Rope, *,
+                scale: float | None = None, output_scale: float = 1.0,
+                ffn: Callable[..., Layer] | None = None) -> Layer:
+    """Block ``i`` of the llama-style decoder: pre-norm attention (score ``scale``), pre-norm
+    SwiGLU MLP (or what ``ffn(args, weights, i)`` builds: mixtral's and qwen3moe's experts), each
+    half's output times ``output_scale`` before its residual add."""
+    p = f"model.layers.{i}."
+    mlp = mlp_layer(args, weights, i, output_scale=output_scale) if ffn is None else ffn(args, weights, i)
+    return decoder_block(
+        [norm_layer(args, weights, p + "input_layernorm.weight"),
+         attention_layer(args, weights, i, rope, window=args.layer_window(i), scale=scale,
+                         output_scale=output_scale)],
+        [norm_layer(args, weights, p + "post_attention_layernorm.weight"), mlp])
+
+
 def build_decoder(args: ModelArgs, weights: dict[str, Matrix],
-                  ffn: Callable[..., Layer] = mlp_layer) -> CausalLM:
-    """The llama-style decoder (llama, mistral, qwen2, qwen3): pre-norm blocks, SwiGLU MLP (or
-    what ``ffn(args, weights, i)`` builds for block i: mixtral's and qwen3moe's experts)."""
+                  ffn: Callable[..., Layer] | None = None) -> CausalLM:
+    """The llama-style decoder (llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3moe): pre-norm
+    blocks, SwiGLU MLP (or ``ffn``'s, see :func:`llama_block`)."""
     rope = standard_rope(args, weights)
-    blocks = []
-    for i in range(args.num_layers):
-        p = f"model.layers.{i}."
-        blocks.append(decoder_block(
-            [norm_layer(args, weights, p + "input_layernorm.weight"),
-             attention_layer(args, weights, i, rope, window=args.layer_window(i))],
-            [norm_layer(args, weights, p + "post_attention_layernorm.weight"), ffn(args, weights, i)]))
+    blocks = [llama_block(args, weights, i, rope, ffn=ffn) for i in range(args.num_layers)]
     return assemble_causal_lm(args, weights, blocks)
 
 
 def assemble_causal_lm(args: ModelArgs, weights: dict[str, Matrix], blocks: list[Layer], *,
-              embed_scale: float = 1.0) -> CausalLM:
-    """Embedding, ``blocks``, final norm and LM head (the embedding table itself when tied)."""
+                       embed_scale: float = 1.0, logit_divisor: float = 1.0) -> CausalLM:
+    """Embedding (rows times ``embed_scale``), ``blocks``, final norm and LM head (the embedding
+    table itself when tied; logits divided by ``logit_divisor``)."""
     table = require(weights, "model.embed_tokens.weight", (args.vocab_size or None, args.hidden_size))
     args = replace(args, vocab_size=table.shape[0])
     tied = args.tie_embeddings if args.tie_embeddings is not None else "lm_head.weight" not in weights
     head = table if tied else require(weights, "lm_head.weight", (args.vocab_size, args.hidden_size))
     layers = [LLMEmbedding(table, embed_scale), *blocks, norm_layer(args, weights, "model.norm.weight"),
-              LLMHead(head)]
+              LLMHead(head, logit_divisor)]
     return CausalLM(args, layers)

@@ -94,6 +94,12 @@ def plus_bias(y: np.ndarray, store: MatrixStore, w: dict[str, Matrix], name: str
     return y if store.is_filler(name, b) else y + b
 
 
+def scaled(y, scale: float):
+    """``y * scale`` in float32 (granite's residual multiplier), ``y`` itself for a scale of 1;
+    ``y`` a numpy or device array."""
+    return y if scale == 1 else y * float(np.float32(scale))
+
+
 def dense(m: Matrix) -> np.ndarray:
     """A matrix as a float32 array (dequantized when it is a QuantMatrix)."""
     return m if isinstance(m, np.ndarray) else np.asarray(m.dequantize(), dtype=np.float32)
@@ -512,6 +518,7 @@ class AttentionSpec:
     window: int | None = None  # sliding window: positions a query sees, itself included
     scale: float | None = None  # score scale; head_dim ** -0.5 when None
     norm_eps: float = 1e-6  # eps of the per-head Q/K norms (qwen3, gemma3)
+    output_scale: float = 1.0  # times the output (granite's residual multiplier)
 
 
 class LLMAttention(InferenceOnly, MultiHeadAttention):
@@ -559,7 +566,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                     caches[b].update_and_fetch(kb, vb)
                     kb, vb = caches[b].keys, caches[b].values
                 out[b] = self._attend(q[b], kb, vb, starts[b])
-        y = plus_bias(linear(out, w["wo"]), st, w, "bo")
+        y = scaled(plus_bias(linear(out, w["wo"]), st, w, "bo"), s.output_scale)
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
 
     def _attend(self, q, keys, values, start: int) -> np.ndarray:
@@ -598,21 +605,23 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                 if caches[b].dtype == "float32":  # the whole buffers, as on the host: attend reads
                     kb, vb = caches[b].keys, caches[b].values  # what it needs, and no view is copied
             rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale()))
-        y = dc.linear_bias(xp.stack(rows), w, "wo", "bo")
+        y = scaled(dc.linear_bias(xp.stack(rows), w, "wo", "bo"), s.output_scale)
         return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
 
 
 class LLMGatedMLP(InferenceOnly, SwiGLU):
     """``down(act(gate(x)) * up(x))`` with SiLU (SwiGLU) or tanh-GELU (gemma) gate; ``activation``
-    is a Loom activation name. Store layout: Loom's Wgate, Wup, Wdown, bgate, bup, bdown."""
+    is a Loom activation name; ``output_scale`` multiplies the output (granite's residual
+    multiplier). Store layout: Loom's Wgate, Wup, Wdown, bgate, bup, bdown."""
 
-    def __init__(self, weights: dict[str, Matrix], activation: str = "Silu"):
+    def __init__(self, weights: dict[str, Matrix], activation: str = "Silu", output_scale: float = 1.0):
         ffn, d = weights["gate"].shape
         cfg = LayerConfig(type="SwiGLU", activation=activation, input_height=d, output_height=ffn)
         blocks = {name: weights[name] for name in ("gate", "up", "down")}
         for name, width in (("b_gate", ffn), ("b_up", ffn), ("b_down", d)):
             blocks[name] = weights.get(name, np.zeros(width, np.float32))
         super().__init__(cfg, MatrixStore(blocks))
+        self.output_scale = output_scale
 
     def forward(self, x, ctx, skip=None):
         if self.device_copy is not None:
@@ -620,7 +629,7 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
             w = dc.arrays(self, ctx)
             h = activate(self.cfg.act_id, dc.linear_bias(x, w, "gate", "b_gate")) * \
                 dc.linear_bias(x, w, "up", "b_up")
-            return dc.linear_bias(h, w, "down", "b_down"), None
+            return scaled(dc.linear_bias(h, w, "down", "b_down"), self.output_scale), None
         w = self.weights.current(self.cfg.dtype)
         st = self.weights
         gate, up = linears(x, (w["gate"], w["up"]))
@@ -629,18 +638,26 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
             h = gated(self.cfg.act_id, gate, up)
         else:
             h = activate(self.cfg.act_id, gate) * up
-        return plus_bias(linear(h, w["down"]), st, w, "b_down"), None
+        return scaled(plus_bias(linear(h, w["down"]), st, w, "b_down"), self.output_scale), None
 
 
 class LLMHead(InferenceOnly, Dense):
-    """The LM head: logits over the vocabulary; ``weight`` may be the embedding's own table."""
+    """The LM head: logits over the vocabulary, divided by ``divisor`` (granite's logits scaling);
+    ``weight`` may be the embedding's own table."""
 
-    def __init__(self, weight: Matrix):
+    def __init__(self, weight: Matrix, divisor: float = 1.0):
         vocab, d = weight.shape
         super().__init__(LayerConfig(type="Dense", input_height=d, output_height=vocab),
                          MatrixStore({"weight": weight}))
+        self.divisor = divisor
 
     def forward(self, x, ctx, skip=None):
         if self.device_copy is not None:
-            return self.device_copy.linear(x, self.device_copy.arrays(self, ctx)["weight"]), None
-        return linear(x, self.weights.current(self.cfg.dtype)["weight"]), None
+            y = self.device_copy.linear(x, self.device_copy.arrays(self, ctx)["weight"])
+        else:
+            y = linear(x, self.weights.current(self.cfg.dtype)["weight"])
+        return self.divided(y), None
+
+    def divided(self, logits):
+        """``logits / divisor`` in float32 (the logits themselves for a divisor of 1)."""
+        return logits if self.divisor == 1 else logits / float(np.float32(self.divisor))

@@ -1,7 +1,7 @@
 """Loading a model file as a :class:`~.causal_lm.CausalLM`, and the table of architectures.
 
-An architecture is one module (``llama``, ``qwen``, ``gemma3``; mixtral is llama's, qwen3moe
-qwen's) found by name in :data:`ARCHITECTURES`. It provides, as in mlx-lm:
+An architecture is one module (``llama``, ``qwen``, ``gemma3``, ``phi3`` ...; mixtral is llama's,
+qwen3moe qwen's) found by name in :data:`ARCHITECTURES`. It provides, as in mlx-lm:
 
 * ``Args`` — a :class:`~.model_args.ModelArgs` dataclass built by ``Args.from_gguf(metadata,
   offsets)`` or ``Args.from_hf(config)``; keys it does not know are ignored;
@@ -25,7 +25,7 @@ from types import ModuleType
 from ...errors import ModelFormatError
 from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
-from . import bert, gemma3, llama, nomic_bert, qwen
+from . import bert, gemma3, granite, llama, nomic_bert, phi3, qwen, smollm3
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 
@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "qwen2": qwen, "qwen3": qwen, "qwen3moe": qwen, "qwen3_moe": qwen, "mixtral": llama,
     "gemma3": gemma3, "gemma3_text": gemma3,
     "bert": bert, "nomic_bert": nomic_bert, "nomic-bert": nomic_bert,
+    "phi3": phi3, "granite": granite, "smollm3": smollm3,
 }
 
 

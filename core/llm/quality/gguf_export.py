@@ -187,10 +187,15 @@ def _plan(net, source) -> list[_Tensor]:
             refused.setdefault(dtype, []).append(named.label)
             continue
         for part, tensor_name in named.tensors.items():
-            if tensor_name not in source.tensors:  # an expert: rows of a stacked tensor (ffn_up_exps[e])
-                if not _file_matrix(layer, part):
+            record = source.tensors.get(tensor_name)
+            if record is None and tensor_name.endswith("]"):  # an expert: rows of a stacked tensor
+                if not _file_matrix(layer, part):  # (ffn_up_exps.weight[e])
                     experts.append(named.label)
                 continue
+            if record is None or tuple(record.shape) != tuple(layer.weights.blocks[part].shape):
+                raise LoomConfigError(f"{named.label}: its {part!r} matrix is not the file's {tensor_name} "
+                                      "but part of a fused one, split at load (phi3's Q/K/V and gate/up): "
+                                      "such a model cannot be exported as GGUF")
             by_name.setdefault(tensor_name, []).append(_layer_tensor(layer, part, tensor_name, source))
     _refuse_unstorable(refused, "cannot export as GGUF", "morph {} to one of those first")
     if experts:

@@ -209,6 +209,9 @@ class _Parent:
         self.source: WeightSource = open_source(path)
         try:
             self.module, self.args = read_args(self.source)
+            if self.source.kind == "gguf" and self.args.architecture not in HF_CLASSES:
+                raise LoomConfigError(f"{label} ({path.name}) is a {self.args.architecture} GGUF file, whose "
+                                      "transformers config is not written here; merge its HF release instead")
             if self.source.kind == "gguf":
                 self.matrices = self.source.load(self.module.GGUF_BLOCK_NAMES)  # blocks stay in the file
             else:

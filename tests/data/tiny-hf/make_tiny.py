@@ -37,6 +37,13 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
                  "float32"),
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32), "float32"),
+    # phi3's default pad id (32000) lies outside the tiny vocabulary
+    "phi3": ("phi3", dict(pad_token_id=None, bos_token_id=1, eos_token_id=2), "float32"),
+    "granite": ("granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.1,
+                                logits_scaling=8.0), "float32"),
+    # 4 blocks: the 4th is the one without RoPE (no_rope_layer_interval 4, llama.cpp's fixed step)
+    "smollm3": ("smollm3", dict(num_hidden_layers=4, pad_token_id=None, bos_token_id=1, eos_token_id=2),
+                "float32"),
 }
 
 

@@ -181,6 +181,36 @@ def test_blocks_are_read_in_place():
     np.testing.assert_array_equal(m.dequantize(), quants.dequantize(data, GT.Q4_1))
 
 
+@pytest.mark.parametrize("ggml_type", [GT.Q8_0, GT.Q4_1, GT.Q6_K, GT.IQ4_NL, GT.F16], ids=lambda t: t.name)
+def test_a_row_range_is_those_rows_in_the_same_encoding_without_a_copy(ggml_type):
+    """Oracle: the whole matrix's rows and products (block formats and a plain one, F16); the part
+    views the file's bytes, and the int8 kernels give it the products of a matrix made from a
+    copy of those rows' bytes, bit for bit."""
+    from loomlab.core.llm.kernels.quant_int8 import int8_product, supports
+
+    rng = np.random.default_rng(8)
+    rows, cols = 48, 256
+    if ggml_type == GT.F16:
+        data = rng.standard_normal((rows, cols)).astype(np.float16)
+    else:
+        data = random_blocks(ggml_type, rows, cols, rng)
+    m = QuantMatrix(data, ggml_type, (rows, cols))
+    X = rng.standard_normal((3, cols)).astype(np.float32)
+    for start, stop in ((0, 16), (16, 40), (40, 48)):
+        part = m.row_range(start, stop)
+        assert (part.shape, part.type_name) == ((stop - start, cols), m.type_name)
+        np.testing.assert_array_equal(part.dequantize(), m.dequantize()[start:stop])
+        np.testing.assert_array_equal(part.matmul(X), m.matmul(X)[:, start:stop])
+        np.testing.assert_array_equal(part.matvec(X[0]), m.matvec(X[0])[start:stop])
+        if ggml_type != GT.F16:
+            assert np.shares_memory(part.raw_blocks, m.raw_blocks) and supports(part)
+            copied = QuantMatrix(np.array(data[start:stop]), ggml_type, part.shape)  # its own bytes
+            np.testing.assert_array_equal(int8_product(part, X), int8_product(copied, X))
+    for start, stop in ((0, 0), (-1, 4), (40, 49), (5, 3)):
+        with pytest.raises(LoomShapeError, match="not a range"):
+            m.row_range(start, stop)
+
+
 @pytest.mark.parametrize("ggml_type", [GT.Q5_0, GT.Q5_1], ids=lambda t: t.name)
 def test_matvec_writes_into_out(ggml_type):
     rng = np.random.default_rng(4)

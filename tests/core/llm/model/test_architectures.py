@@ -34,8 +34,10 @@ from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+             "granite": gguf.MODEL_ARCH.GRANITE, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
              "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+PERMUTED_QK = {"llama", "granite", "smollm3"}  # convert_hf_to_gguf.py's LlamaModel and its subclasses
 EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+\.weight)")  # a checkpoint's per-expert matrix
 
 
@@ -325,13 +327,14 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
                reshape: str = "", folder: Path | None = None, encode=None,
                split_max_tensors: int = 0) -> Path:
-    """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
-    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``, experts stacked into one
-    ``[experts, rows, cols]`` tensor each with the router left float32; matrices quantized to ``qtype``
-    when given (and stored as gguf-py's float32 dequantization of those blocks when
-    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``; split
-    into files of ``split_max_tensors`` tensors (gguf-py's splitting, as ``convert_hf_to_gguf.py
-    --split-max-tensors``) when given."""
+    """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names
+    (phi3's fused ``attn_qkv`` and gate+up ``ffn_up`` as they are), llama's (granite's, smollm3's)
+    Q/K rows permuted, gemma's norms stored as ``1 + w``, granite's multipliers as its scale keys,
+    experts stacked into one ``[experts, rows, cols]`` tensor each with the router left float32;
+    matrices quantized to ``qtype`` when given (and stored as gguf-py's float32 dequantization of
+    those blocks when ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype
+    or None)``; split into files of ``split_max_tensors`` tensors (gguf-py's splitting, as
+    ``convert_hf_to_gguf.py --split-max-tensors``) when given."""
     cfg, tensors = hf_checkpoint(folder or TINY / name)
     tensors = stack_experts(tensors)
     writer = gguf_writer(path, arch, cfg, split_max_tensors)
@@ -348,10 +351,15 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if arch == "granite":
+        writer.add_embedding_scale(cfg["embedding_multiplier"])
+        writer.add_residual_scale(cfg["residual_multiplier"])
+        writer.add_attention_scale(cfg["attention_multiplier"])
+        writer.add_logit_scale(cfg["logits_scaling"])
     names = gguf.get_tensor_name_map(GGUF_ARCH[arch], cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg["num_attention_heads"] if "q_proj" in hf_name else cfg["num_key_value_heads"]
             w = llama_cpp_permute(w, heads)
         if arch == "gemma3" and hf_name.endswith("norm.weight"):
@@ -446,9 +454,11 @@ def assert_matches_float_twin(tmp_path: Path, name: str, arch: str) -> Volumetri
     return quantized
 
 
-def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path):
-    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows)."""
-    quantized = assert_matches_float_twin(tmp_path, "tiny-llama", "llama")
+@pytest.mark.parametrize("name, arch", [("tiny-llama", "llama"), ("tiny-phi3", "phi3")])
+def test_quantized_gguf_matches_a_float_twin_of_its_dequantized_blocks(tmp_path, name, arch):
+    """Q8_0 matrices multiplied in place (prefill, decode, embedding rows; phi3's split from its
+    fused matrices)."""
+    quantized = assert_matches_float_twin(tmp_path, name, arch)
     assert {type(m).__name__ for la in quantized.weighted_layers() for m in la.weights.blocks.values()
             if len(m.shape) == 2} == {"QuantMatrix"}
 

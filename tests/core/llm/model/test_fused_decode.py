@@ -1,7 +1,8 @@
 """The int8 mode's fused decode step (core/llm/model/fused_decode.py) against its oracle, the grid path:
 every step's logits bit for bit, on the real SmolLM2 and on small llama-style decoders of every
 feature the step reads (block formats, biases, Q/K norms, sliding windows, RoPE layouts, tied or
-untied heads); and every case it must leave to the grid (observers, morphed or disabled layers,
+untied heads) and of the phi3, granite and smollm3 builders (split fused matrices, multipliers,
+layers without RoPE); and every case it must leave to the grid (observers, morphed or disabled layers,
 float16 caches, prompts longer than MAX_ROWS, a region that cannot run) gives the grid's logits;
 short prompts, speculative verification rows and batches are fused and equal the grid (and each
 sequence alone).
@@ -28,6 +29,7 @@ from loomlab.core.llm.kernels.quant_int8 import int8_activations
 from loomlab.core.llm.model import causal_lm, fused_decode
 from loomlab.core.llm.model.layer_builders import assemble_causal_lm, build_decoder, decoder_block, mlp_layer
 from loomlab.core.llm.model.llm_layers import LLMGatedMLP, LLMHead
+from loomlab.core.llm.model.loader import architecture
 from loomlab.core.llm.model.model_args import ModelArgs
 from loomlab.core.llm.model.rope import RopeConfig
 from loomlab.core.morph import morph_layer, morph_sublayer
@@ -155,6 +157,19 @@ def test_gemma3_generation_is_the_grid_bit_for_bit(gemma3, spy, monkeypatch, n_t
     assert_same_bits(fused, grid)
 
 
+def test_output_multipliers_that_differ_stay_on_the_grid(spy, monkeypatch):
+    """The step scales both halves of every block by one multiplier (granite's): a block whose
+    MLP has its own is left to the grid."""
+    def make():
+        net = family_decoder("granite")
+        blocks_of(net)[1][1].output_scale = 0.5
+        return net
+
+    allowed, grid, answers = twin_runs(monkeypatch, spy, make, lambda net: greedy(net, PROMPT, 3)[0])
+    assert answers == [False] * 4
+    assert_same_bits(allowed, grid)
+
+
 def test_an_unknown_block_layout_stays_on_the_grid(spy, monkeypatch):
     """A block whose attention half has a norm before and two after is no layout the step knows."""
     def make():
@@ -250,7 +265,41 @@ CASES = {
 }
 
 
+# family -> its settings besides ARGS, the block formats
+FAMILIES = {
+    # the fused Q/K/V and gate/up quantized whole, then split into row ranges of their blocks
+    "phi3": ({}, {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q4_K", "gate": "Q4_K", "up": "Q4_K",
+                  "down": "Q6_K", "head": "Q8_0"}),
+    # every multiplier: the residual adds scaled, the logits divided
+    "granite": ({"embedding_scale": 12.0, "residual_scale": 0.22, "attention_scale": 0.1, "logit_scale": 8.0},
+                MIXED),
+    # a layer without RoPE (a rope of zero frequencies) after one with
+    "smollm3": ({"rope_layers": (True, False), "rope_interleaved": True}, K_QUANTS),
+}
+
+
+def family_decoder(family: str):
+    """A ``family`` decoder built by its own module from random weights, in block formats."""
+    changes, formats = FAMILIES[family]
+    module = architecture(family)
+    args = module.Args(**(ARGS | {"architecture": family} | changes))
+    w = random_weights(args, 4)
+    if family == "phi3":
+        for i in range(args.num_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            w[attn + "qkv_proj.weight"] = encode(
+                np.concatenate([w.pop(f"{attn}{n}_proj.weight") for n in "qkv"]), "Q8_0")
+            w[mlp + "gate_up_proj.weight"] = encode(
+                np.concatenate([w.pop(f"{mlp}{n}_proj.weight") for n in ("gate", "up")]), "Q4_K")
+        w = module.sanitize(w, args)
+    net = module.build(args, w)
+    morph_blocks(net, formats)
+    return net
+
+
 def synthetic(case: str, seed: int = 0):
+    if case in FAMILIES:
+        return family_decoder(case)
     changes, formats, options = CASES[case]
     args = ModelArgs(**(ARGS | changes))
     net = build_decoder(args, random_weights(args, seed, **options))
@@ -259,7 +308,7 @@ def synthetic(case: str, seed: int = 0):
 
 
 @pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *FAMILIES])
 def test_synthetic_decoder_is_the_grid_bit_for_bit(case, n_threads, spy, monkeypatch):
     net = synthetic(case)
     steps = 9

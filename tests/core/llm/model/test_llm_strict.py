@@ -39,7 +39,7 @@ pytest.importorskip("array_api_strict", reason="the strict backend needs array-a
 
 STRICT = ["strict", "strict-no-float64"]
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
-CHECKPOINTS = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"]
+CHECKPOINTS = ["tiny-llama", "tiny-qwen2", "tiny-gemma3", "tiny-phi3", "tiny-granite", "tiny-smollm3"]
 RTOL = 1e-5  # of the largest logit (module docstring)
 U = 2.0**-24  # float32's unit roundoff
 

@@ -318,6 +318,22 @@ def test_the_models_own_file_and_a_folder_model_are_refused(smollm2, tmp_path):
     assert only_file(tmp_path) == []
 
 
+def test_a_model_with_matrices_split_from_fused_ones_is_refused(tmp_path):
+    """phi3's Q/K/V and gate/up are row ranges of its attn_qkv and ffn_up, no tensors of the file."""
+    from ..model.test_architectures import write_gguf
+
+    net = load_causal_lm(write_gguf(tmp_path / "phi3.gguf", "tiny-phi3", "phi3"))
+    model = SimpleNamespace(net=net, name="tiny-phi3")
+    try:
+        refusal = export_refusal(model)
+        assert "'wq' matrix is not the file's blk.0.attn_q.weight but part of a fused one" in refusal
+        with pytest.raises(LoomConfigError, match="cannot be exported as GGUF"):
+            export_gguf(model, tmp_path / "out.gguf")
+    finally:
+        net.close()
+    assert only_file(tmp_path) == ["phi3.gguf"]
+
+
 # ----- gemma3: its own tokenizer and template ----------------------------------------------------
 def test_gemma3_round_trip_keeps_tokenizer_template_and_settings(tmp_path):
     out = tmp_path / "gemma.gguf"

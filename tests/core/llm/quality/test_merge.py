@@ -166,6 +166,9 @@ def test_models_that_differ_name_the_first_difference(tmp_path):
         merge_models(a, wide, tmp_path / "out")
     with pytest.raises(LoomConfigError, match=r"architectures differ \(llama vs qwen2\)"):
         merge_models(a, TINY / "tiny-qwen2", tmp_path / "out")
+    granite = write_gguf(tmp_path / "granite.gguf", "tiny-granite", "granite")  # multipliers: no HF config
+    with pytest.raises(LoomConfigError, match="a granite GGUF file, whose transformers config is not"):
+        merge_models(granite, TINY / "tiny-granite", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
