@@ -104,12 +104,12 @@ def llama_block(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: Rope,
     SwiGLU MLP (or what ``ffn(args, weights, i)`` builds: mixtral's and qwen3moe's experts), each
     half's output times ``output_scale`` before its residual add."""
     p = f"model.layers.{i}."
+    attention_part = [norm_layer(args, weights, p + "input_layernorm.weight"),
+                      attention_layer(args, weights, i, rope, window=args.layer_window(i), scale=scale,
+                                      output_scale=output_scale)]
+    norm = norm_layer(args, weights, p + "post_attention_layernorm.weight")
     mlp = mlp_layer(args, weights, i, output_scale=output_scale) if ffn is None else ffn(args, weights, i)
-    return decoder_block(
-        [norm_layer(args, weights, p + "input_layernorm.weight"),
-         attention_layer(args, weights, i, rope, window=args.layer_window(i), scale=scale,
-                         output_scale=output_scale)],
-        [norm_layer(args, weights, p + "post_attention_layernorm.weight"), mlp])
+    return decoder_block(attention_part, [norm, mlp])
 
 
 def build_decoder(args: ModelArgs, weights: dict[str, Matrix],
