@@ -2,7 +2,8 @@
 model floor builds, kept here so that a listing can tell a file it cannot run before anything
 loads it; ``model.loader.ARCHITECTURES`` maps each one to its module (a test keeps them equal)."""
 
-SUPPORTED: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma3_text"})
+SUPPORTED: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma3_text",
+                                       "gemma2", "olmo2"})
 
 
 def unsupported(name: str) -> str:

@@ -1,6 +1,6 @@
 """Loading a model file as a :class:`~.causal_lm.CausalLM`, and the table of architectures.
 
-An architecture is one module (``llama``, ``qwen``, ``gemma3``) found by name in
+An architecture is one module (``llama``, ``qwen``, ``gemma3``, ``gemma2``, ``olmo2``) found by name in
 :data:`ARCHITECTURES`. It provides, as in mlx-lm:
 
 * ``Args`` — a :class:`~.model_args.ModelArgs` dataclass built by ``Args.from_gguf(metadata,
@@ -21,7 +21,7 @@ from types import ModuleType
 from ...errors import ModelFormatError
 from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
-from . import gemma3, llama, qwen
+from . import gemma2, gemma3, llama, olmo2, qwen
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 
@@ -33,6 +33,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "mistral": llama,
     "qwen2": qwen, "qwen3": qwen,
     "gemma3": gemma3, "gemma3_text": gemma3,
+    "gemma2": gemma2, "olmo2": olmo2,
 }
 
 

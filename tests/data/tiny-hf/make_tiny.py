@@ -31,7 +31,16 @@ COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_
               initializer_range=0.1, tie_word_embeddings=False)
 
 # family -> (config.json model_type, settings besides COMMON, storage dtype of the safetensors)
-FAMILIES: dict[str, tuple[str, dict, str]] = {}
+FAMILIES: dict[str, tuple[str, dict, str]] = {
+    # soft-capping small enough to bend this model's scores and logits; window 4 < the 12-token prompt;
+    # query_pre_attn_scalar = head_dim and a tied head, as llama.cpp assumes for a GGUF of this size
+    "gemma2": ("gemma2", dict(attn_logit_softcapping=1.0, final_logit_softcapping=2.0, sliding_window=4,
+                              query_pre_attn_scalar=16, tie_word_embeddings=True), "float32"),
+    "olmo2": ("olmo2", {}, "float32"),
+}
+# families whose norm gammas are drawn at random too (transformers starts them all equal, so a norm
+# read into the wrong place would go unnoticed)
+RANDOM_NORMS = {"gemma2", "olmo2"}
 
 
 def write(family: str) -> None:
@@ -42,6 +51,11 @@ def write(family: str) -> None:
     torch.manual_seed(SEED)
     config = AutoConfig.for_model(model_type, **{**COMMON, **settings})
     model = AutoModelForCausalLM.from_config(config).float().eval()
+    if family in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.2 * torch.randn_like(p))
     folder = HERE / f"tiny-{family}"
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     # the reference is the saved weights in float32 (bfloat16 storage rounds them first)
