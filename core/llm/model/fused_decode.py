@@ -21,9 +21,9 @@ sequences, at most MAX_ROWS rows in all (a decode step alone or batched, a specu
 verification, a short prompt: the products take the rows together), the int8 mode, float32 host
 caches, no observer listening (they see every layer's output, which this step never makes), and
 the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
-qwen2/3, gemma3) with every matrix in a format with an integer kernel (re-checked whenever
-:class:`_Watch` sees a cell, child, switch or weight change). Anything else returns None and the
-caller runs the grid.
+qwen2/3, gemma2/3; not olmo2's norms after each half alone) with every matrix in a format with an
+integer kernel (re-checked whenever :class:`_Watch` sees a cell, child, switch or weight change).
+Anything else returns None and the caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as the repacked rows' addresses and sizes with their
@@ -56,7 +56,7 @@ from ..kernels.quant_int8_superblocks import is_superblock_kind
 from ..kernels.quant_int8_tiles import TILE, TILES_AT_ONCE, is_tiled
 from ..kernels.spin_barrier import PAD, abort, counters, meet
 from .kv_cache import KVCache
-from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore
+from .llm_layers import LLMAttention, LLMEmbedding, LLMGatedMLP, LLMHead, LLMRMSNorm, MatrixStore, soft_cap
 from .rope import rotate_head
 
 F32 = np.float32
@@ -249,8 +249,8 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 
 @njit(cache=True, nogil=True)
-def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
-                 act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
+def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, softcap,
+                 interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
                  acts_i32):
     """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
     ``x0[B * T, d]`` their embeddings (row ``b * T + t``), ``starts[B]`` each sequence's first
@@ -324,7 +324,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
             b, kv, k = unit // (Hkv * chunks), unit // chunks % Hkv, unit % chunks
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, caches[i, b, 2])
             attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
-                         starts[b], windows[i], scale)
+                         starts[b], windows[i], scale, softcap)
         epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, fns, tid, threads, ob,
                                      _vec(vecs, v + _BO), _vec(vecs, v + _APOST), eps, flags, epoch)
         if epoch < 0:
@@ -355,8 +355,9 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, interleaved,
-                   act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32, acts_i32):
+def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, softcap,
+                   interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8,
+                   acts_f32, acts_i32):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -366,7 +367,7 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, 
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale,
-                         interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
+                         softcap, interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
                          acts_i8, acts_f32, acts_i32)
 
 
@@ -496,6 +497,8 @@ class FusedDecoder:
         self.eps = F32(blocks[0][0].eps)
         self.qk_eps = F32(s.norm_eps)
         self.scale = F32(attns[0]._scale())
+        self.softcap = F32(s.softcap or 0)  # attend_chunk's: 0 uncapped
+        self.logit_softcap = net.cells[-1].softcap
         self.interleaved = s.rope.interleaved
         self.act = blocks[0][4].cfg.act_id
         self.windows = np.array([a.spec.window or 0 for a in attns], np.int64)
@@ -510,7 +513,8 @@ class FusedDecoder:
     def fits(net, blocks: list[tuple]) -> bool:
         """Whether the compiled step computes this decoder as the grid would: every matrix with
         an integer kernel, the layers in float32 on the host, one norm eps, and the attention
-        shape, RoPE layout, score scale and activation alike in every block."""
+        shape, RoPE layout, score scale and soft cap and activation alike in every block, Q/K norms
+        (if any) head by head."""
         leaves = [la for block in blocks for la in block if la is not None] + [net.cells[0], *net.cells[-2:]]
         if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
             return False
@@ -520,13 +524,15 @@ class FusedDecoder:
             a = attn.spec
             norms = {la.eps for la in block if isinstance(la, LLMRMSNorm)}
             return (len(norms), *norms, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
-                    attn._scale(), mlp.cfg.act_id)
+                    attn._scale(), a.softcap, mlp.cfg.act_id)
 
         first = shape(blocks[0])
         for block in blocks:
             w = {**block[1].weights.current("float32"), **block[4].weights.current("float32")}
             if shape(block) != first or not all(supports(w[name]) for name in MATRICES):
                 return False
+            if any(w[name].shape != (block[1].spec.head_dim,) for name in ("q_norm", "k_norm") if name in w):
+                return False  # olmo2's norms over all heads: the step norms each head
         head = net.cells[-1].weights.current("float32")["weight"]
         return first[:2] == (1, net.cells[-2].eps) and first[-1] in GATED_ACTIVATIONS and supports(head)
 
@@ -557,8 +563,9 @@ class FusedDecoder:
         flags = counters(threads)
         shared, acts = self._scratch(B * T, B if last_only else B * T)
         args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.fns, self.vecs,
-                self.dims, self.eps, self.qk_eps, self.scale, self.interleaved, self.act, self.windows, cos,
-                sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T, last_only, shared, *acts)
+                self.dims, self.eps, self.qk_eps, self.scale, self.softcap, self.interleaved, self.act,
+                self.windows, cos, sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T,
+                last_only, shared, *acts)
         if threads == 1:
             _step_worker(0, 1, *args)
         else:
@@ -568,7 +575,9 @@ class FusedDecoder:
         for row in caches:
             for c in row:
                 c.offset += T
-        return shared[-1] if last_only else shared[-1].reshape(B, T, -1)
+        logits = shared[-1] if last_only else shared[-1].reshape(B, T, -1)
+        # the head's soft cap (gemma2) by the grid's own function, as the grid applies it
+        return logits if self.logit_softcap is None else soft_cap(logits, self.logit_softcap)
 
     def _scratch(self, R: int, heads: int) -> tuple:
         """The step's shared arrays for R rows and the shared activation buffers of the model,

@@ -34,7 +34,9 @@ from loomlab.core.morph import morph_layer
 from loomlab.core.observe import CallbackObserver
 
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+             "gemma2": gguf.MODEL_ARCH.GEMMA2, "olmo2": gguf.MODEL_ARCH.OLMO2}
+GEMMAS = ("gemma3", "gemma2")  # norms stored as 1 + w, a sliding window
 
 
 def reference(name: str) -> dict:
@@ -323,7 +325,8 @@ def test_morphing_a_layer_changes_its_output_and_morphing_back_restores_it():
 def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: bool = False, drop: str = "",
                reshape: str = "", folder: Path | None = None, encode=None) -> Path:
     """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names,
-    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``; matrices quantized to ``qtype``
+    llama's Q/K rows permuted, gemma's norms stored as ``1 + w``, the config's soft caps (gemma2)
+    written when it has them; matrices quantized to ``qtype``
     when given (and stored as gguf-py's float32 dequantization of those blocks when
     ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``."""
     with open_hf(folder or TINY / name) as hf:
@@ -341,15 +344,19 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rope = cfg["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
-    if arch == "gemma3":
+    if arch in GEMMAS:
         writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     names = gguf.get_tensor_name_map(GGUF_ARCH[arch], cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg["num_attention_heads"] if "q_proj" in hf_name else cfg["num_key_value_heads"]
             w = llama_cpp_permute(w, heads)
-        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        if arch in GEMMAS and hf_name.endswith("norm.weight"):
             w = w + 1
         if gguf_name == drop:
             continue
