@@ -20,7 +20,6 @@ from loomlab.core.backend import to_host
 from loomlab.core.errors import ModelFormatError
 from loomlab.core.llm.kernels.attention_kernel import attend
 from loomlab.core.llm.kernels.quant_int8 import int8_activations
-from loomlab.core.llm.model import causal_lm
 from loomlab.core.llm.model.llm_layers import LLMAttention, LLMHead
 from loomlab.core.llm.model.loader import architecture, load_causal_lm
 
@@ -87,48 +86,21 @@ def test_gguf_agrees_with_the_hf_folder_over_a_long_sequence(tmp_path):
         np.testing.assert_allclose(from_gguf.forward(ids), from_hf.forward(ids), atol=1e-5, err_msg=family)
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """Whether each call of the fused decode step answered (True) or left the step to the grid."""
-    answers: list[bool] = []
-    real = causal_lm.fused_step
-
-    def fused_step(*args):
-        logits = real(*args)
-        answers.append(logits is not None)
-        return logits
-
-    monkeypatch.setattr(causal_lm, "fused_step", fused_step)
-    return answers
-
-
-def test_a_q8_0_gemma2_takes_the_fused_step_and_stays_near_transformers(tmp_path, spy):
-    """Q8_0 matrices in the default mode: the prompt and a token by the fused decode step (its
-    bits are the grid's: test_fused_decode), the logits near transformers' float32 ones."""
-    net = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-gemma2", "gemma2",
+@pytest.mark.parametrize("family, fused", [("gemma2", True), ("olmo2", False)])
+def test_a_q8_0_gguf_in_the_default_mode_stays_near_transformers(tmp_path, spy, family, fused):
+    """Q8_0 matrices in the int8 mode, the prompt and a token: gemma2's by the fused decode step
+    (its bits are the grid's: test_fused_decode), olmo2's by the grid (norms after each half
+    only, over all heads: no layout of the step); the logits near transformers' float32 ones."""
+    net = load_causal_lm(write_gguf(tmp_path / "q.gguf", FAMILIES[family], family,
                                     qtype=GGMLQuantizationType.Q8_0))
-    ref = reference("gemma2")
+    ref = reference(family)
     with int8_activations():
         cache = [net.make_cache(len(ref["input_ids"]) + 1)]
         last = net.step(np.array([ref["input_ids"]]), cache)[0]
         net.step(np.array([[1]]), cache)
-    assert spy == [True, True]
+    assert spy == [fused, fused]
     np.testing.assert_allclose(last, ref["logits"][-1], atol=0.1)  # 8-bit weights and activations
     assert int(np.argmax(last)) == ref["greedy_32"][0]
-
-
-def test_olmo2_is_left_to_the_grid_in_the_default_mode(tmp_path, spy):
-    """Norms after each half only, over all heads: no layout of the fused step; Q8_0 matrices
-    in the int8 mode run through the grid, every step."""
-    q8 = GGMLQuantizationType.Q8_0
-    net = load_causal_lm(write_gguf(tmp_path / "q.gguf", "tiny-olmo2", "olmo2", qtype=q8))
-    ref = reference("olmo2")
-    with int8_activations():
-        cache = [net.make_cache(len(ref["input_ids"]) + 1)]
-        last = net.step(np.array([ref["input_ids"]]), cache)[0]
-        net.step(np.array([[1]]), cache)
-    assert spy == [False, False]
-    np.testing.assert_allclose(last, ref["logits"][-1], atol=0.1)  # 8-bit weights and activations
 
 
 # ----- settings -------------------------------------------------------------------------------------

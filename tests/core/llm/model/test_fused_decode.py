@@ -49,22 +49,7 @@ TWO_THREADS = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers: the grid alone, a spy on the fused step, greedy decoding.
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """Whether each call of ``fused_step`` answered (True) or left the step to the grid (False)."""
-    answers: list[bool] = []
-    real = causal_lm.fused_step
-
-    def fused_step(*args):
-        logits = real(*args)
-        answers.append(logits is not None)
-        return logits
-
-    monkeypatch.setattr(causal_lm, "fused_step", fused_step)
-    return answers
+# Helpers: the grid alone, greedy decoding (the spy on the fused step: conftest.py).
 
 
 @contextmanager
@@ -320,15 +305,13 @@ def gemma2_decoder(seed: int = 0):
 def test_gemma2_decoder_is_the_grid_bit_for_bit(n_threads, spy, monkeypatch):
     """gemma2's soft caps in the step: the scores' by attend_chunk, the logits' by the head's own
     function; a prompt and 8 tokens."""
+    with threads(n_threads):
+        (fused, fused_tokens), (grid, grid_tokens), answers = twin_runs(
+            monkeypatch, spy, gemma2_decoder, lambda net: greedy(net, PROMPT, 8))
+    assert answers == [True] * 9 and fused_tokens == grid_tokens
+    assert_same_bits(fused, grid)
     net = gemma2_decoder()
     assert net.cells[-1].softcap == 8.0 and blocks_of(net)[0][0].spec.softcap == 1.5
-    with threads(n_threads):
-        fused, fused_tokens = greedy(net, PROMPT, 8)
-        assert spy == [True] * 9
-        with grid_only(monkeypatch):
-            grid, grid_tokens = greedy(net, PROMPT, 8)
-    assert fused_tokens == grid_tokens
-    assert_same_bits(fused, grid)
     assert 1 < np.abs(fused[-1]).max() <= 8.0  # capped logits
 
 
