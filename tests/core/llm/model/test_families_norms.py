@@ -103,6 +103,19 @@ def test_a_q8_0_gguf_in_the_default_mode_stays_near_transformers(tmp_path, spy, 
     assert int(np.argmax(last)) == ref["greedy_32"][0]
 
 
+def test_a_gguf_merged_with_its_checkpoint_loads_back_as_transformers_model(tmp_path):
+    """A merge whose first parent is a GGUF writes config.json from the GGUF's settings (soft
+    caps, query scale, layer types): the merged folder gives transformers' logits."""
+    from loomlab.core.llm.quality.merge import merge_models
+
+    for family, name in FAMILIES.items():
+        gguf_file = write_gguf(tmp_path / f"{family}.gguf", name, family)
+        out = merge_models(gguf_file, TINY / name, tmp_path / family, method="linear", t=0.5)
+        ref = reference(family)
+        logits = load_causal_lm(out).forward(np.array([ref["input_ids"]]))[0]
+        np.testing.assert_allclose(logits, np.array(ref["logits"]), atol=1e-4, err_msg=family)
+
+
 # ----- settings -------------------------------------------------------------------------------------
 GEMMA2 = {"general.architecture": "gemma2", "gemma2.block_count": 5, "gemma2.embedding_length": 64,
           "gemma2.attention.head_count": 4, "gemma2.feed_forward_length": 128, "gemma2.rope.freq_base": 5e4}
