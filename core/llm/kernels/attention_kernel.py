@@ -301,7 +301,7 @@ def _prefetch_cache(keys_t, values, kv, lo, n):
 
 
 @njit(inline="always")
-def capped(score, softcap):
+def _capped(score, softcap):
     """A score soft-capped: ``tanh(score / softcap) * softcap`` (transformers' order)."""
     return np.tanh(score / softcap) * softcap
 
@@ -314,7 +314,7 @@ def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, softcap, out, a
     floats at element ``at[g]`` of ``out``. One pass over the keys and values for all of them;
     each query's result has the bits it gets alone: its scores and weighted sums take the same
     operations in the same order, and the lanes of its exponentials' sum start at its first key.
-    ``softcap`` > 0 caps each of its scores (:func:`capped`) and takes the largest of those."""
+    ``softcap`` > 0 caps each of its scores (:func:`_capped`) and takes the largest of those."""
     lo, hi = los[0], ps[0]
     for g in range(1, count):
         lo, hi = min(lo, los[g]), max(hi, ps[g])
@@ -329,8 +329,8 @@ def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, softcap, out, a
         if softcap > 0:
             top = F32(-np.inf)
             for i in range(s0, s0 + m):
-                row[i] = capped(row[i], softcap)
-                top = max(top, row[i])
+                row[_u(i)] = _capped(row[_u(i)], softcap)
+                top = max(top, row[_u(i)])
         for i in range(s0, s0 + m, LANES):  # whole vectors (the lanes past the query's keys unread)
             for j in range(LANES):
                 row[_u(i + j)] = exp_poly(row[_u(i + j)] - top)
@@ -443,7 +443,8 @@ def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | No
     """A decode step's attention for B sequences in one call: ``k``/``v`` ``[B, T, Hkv, hd]``
     appended to each sequence's float32 host cache (room reserved here), then :func:`attend`'s
     result for each, ``[B, T, H * hd]``, the same bits as B calls of it. ``q``, ``k``, ``v``
-    float32 C-contiguous; ``starts[b]`` is cache b's offset before the append (it moves here)."""
+    float32 C-contiguous; ``starts[b]`` is cache b's offset before the append (it moves here);
+    ``softcap`` as :func:`attend`'s."""
     B, T = q.shape[:2]
     for c in caches:
         c.reserve(T)
