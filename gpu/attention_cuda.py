@@ -3,7 +3,8 @@ semantics as one numba-CUDA kernel.
 
 One thread block per (query, head): the query at position ``p = start + t`` and head ``h`` (KV head
 ``h // (H / Hkv)``) sees keys ``lo..p`` (``lo`` set by the sliding window). The block's threads
-take the keys in strides: each score is a sum over d in order times ``scale`` (as on the CPU);
+take the keys in strides: each score is a sum over d in order times ``scale`` (as on the CPU),
+then soft-capped when ``softcap`` > 0 (``tanh(s / softcap) * softcap``);
 the block's maximum, then its exponentials and their sum, are reduced in shared memory; then each
 thread takes head-dimension elements and sums ``weight_i * v_i[d]`` over the keys in order. The
 scores and weights live in a scratch array ``[T * H, keys]`` in device memory (a decode step has
@@ -74,7 +75,7 @@ def _attend_kernel(half: bool):
     block_max = block_reduce_builder(larger)
 
     @cuda.jit
-    def attend_kernel(q, keys, values, start, window, scale, w, out):
+    def attend_kernel(q, keys, values, start, window, scale, softcap, w, out):
         t, h = cuda.blockIdx.x, cuda.blockIdx.y
         tid, threads = cuda.threadIdx.x, cuda.blockDim.x
         H, hd = q.shape[1], q.shape[2]
@@ -90,6 +91,8 @@ def _attend_kernel(half: bool):
             for d in range(hd):
                 score += q[t, h, d] * element(keys[kv, lo + i, d])
             score *= scale
+            if softcap > 0:
+                score = F32(math.tanh(score / softcap)) * softcap
             w[row, i] = score
             top = larger(top, score)
         buf[tid] = top
@@ -110,7 +113,8 @@ def _attend_kernel(half: bool):
     return attend_kernel
 
 
-def attend(q, keys, values, start: int, window: int | None, scale: float, *, threads: int = THREADS):
+def attend(q, keys, values, start: int, window: int | None, scale: float, softcap: float | None = None, *,
+           threads: int = THREADS):
     """Causal attention of queries ``q[T, H, hd]`` at positions ``start..start+T-1``, on the device.
 
     Arguments as :func:`loomlab.core.llm.kernels.attention_kernel.attend` (``keys`` / ``values``
@@ -122,7 +126,7 @@ def attend(q, keys, values, start: int, window: int | None, scale: float, *, thr
         LoomShapeError: shapes, dtypes, heads or positions do not fit together.
         LoomConfigError: no CUDA device (and no simulator), or a bad ``threads``.
     """
-    T, H, hd = check_attend_args(q, keys, values, start, window)
+    T, H, hd = check_attend_args(q, keys, values, start, window, softcap)
     check_threads(threads)
     kernel = _attend_kernel(np.dtype(keys.dtype) == np.uint16)
     d_q = device_input(q, F32, "q")
@@ -132,5 +136,5 @@ def attend(q, keys, values, start: int, window: int | None, scale: float, *, thr
         keys_seen = start + T if window is None else min(start + T, window)
         w = cuda.device_array((T * H, keys_seen), F32)
         kernel[(T, H), threads](d_q, d_k, d_v, int(start), 0 if window is None else int(window), F32(scale),
-                                w, d_out)
+                                F32(0 if softcap is None else softcap), w, d_out)
     return result(d_out, host=not on_device(q))

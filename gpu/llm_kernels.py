@@ -58,11 +58,12 @@ class CudaLLMKernels(LLMKernels):
             return self.xp.asarray(m.matmul(self._dense(x)))
         return super().linear(x, m)
 
-    def attend(self, q, keys, values, start: int, window: int | None, scale: float):
+    def attend(self, q, keys, values, start: int, window: int | None, scale: float,
+               softcap: float | None = None):
         """:func:`loomlab.core.llm.kernels.attention_kernel.attend`'s semantics on device arrays: ``q [T, H,
         hd]``, ``keys`` / ``values`` ``[Hkv, S, hd]`` -> ``[T, H * hd]`` float32."""
         out = attend_cuda(self._dense(q), self._dense(keys), self._dense(values), start, window, scale,
-                          threads=self.threads)
+                          softcap, threads=self.threads)
         return self.xp.asarray(out)
 
     def _dense(self, a):

@@ -66,7 +66,7 @@ def test_attention_kernel_compiles_to_float32_ptx(cuda, half):
     from loomlab.gpu.attention_cuda import _attend_kernel
 
     kv = A(numba_types.uint16 if half else F32, 3)
-    ptx = compiled(cuda, _attend_kernel(half), (A(F32, 3), kv, kv, I64, I64, F32, A(F32, 2), A(F32, 2)))
+    ptx = compiled(cuda, _attend_kernel(half), (A(F32, 3), kv, kv, I64, I64, F32, F32, A(F32, 2), A(F32, 2)))
     assert any(".entry" in line for line in ptx)
     assert not any(".f64" in line for line in ptx)
 

@@ -29,8 +29,9 @@ def inputs(T, H, Hkv, hd, S, half, seed):
     return q, *((a.view(np.uint16) if half else a) for a in (keys, values))
 
 
-def magnitude(q, keys, values, start, window, scale):
-    """``sum_i p_i |v_i|`` per output, p the float64 softmax over the keys each query sees."""
+def magnitude(q, keys, values, start, window, scale, softcap=None):
+    """``sum_i p_i |v_i|`` per output, p the float64 softmax over the keys each query sees (of
+    the scores soft-capped at ``softcap`` when given)."""
     T, H, hd = q.shape
     Hkv = keys.shape[0]
     k64, v64 = (np.asarray(a.view(np.float16) if a.dtype == np.uint16 else a, np.float64)
@@ -42,6 +43,8 @@ def magnitude(q, keys, values, start, window, scale):
         for h in range(H):
             kv = h // (H // Hkv)
             s = scale * (k64[kv, lo:p + 1] @ q[t, h].astype(np.float64))
+            if softcap is not None:
+                s = np.tanh(s / softcap) * softcap
             e = np.exp(s - s.max())
             out[t, h * hd:(h + 1) * hd] = (e / e.sum()) @ np.abs(v64[kv, lo:p + 1])
     return out
@@ -73,6 +76,21 @@ def test_attention_matches_cpu_kernel(T, H, Hkv, hd, S, start, window, half):
     bound = (4 * n + 32) * 2.0**-24 * magnitude(q, keys, values, start, window, scale)
     excess = np.abs(got.astype(np.float64) - want) - bound
     assert excess.max() <= 0, f"worst difference exceeds the bound by {excess.max():.3g}"
+
+
+def test_soft_capped_scores_match_the_cpu_kernel():
+    """gemma2's cap on each score, ``tanh(s / c) * c`` (CUDA's tanhf against the CPU's, each a
+    few ulp of c at most, which the exponentials carry over unamplified): within the bound above,
+    with the capped scores' weights, and far from the uncapped result."""
+    from loomlab.gpu.attention_cuda import attend as attend_gpu
+
+    q, keys, values = inputs(3, 4, 2, 16, 20, False, seed=21)
+    want = attend(q, keys, values, 17, 6, 0.5, softcap=1.5)
+    got = attend_gpu(q, keys, values, 17, 6, 0.5, 1.5, threads=THREADS)
+    bound = (4 * 6 + 32) * 2.0**-24 * magnitude(q, keys, values, 17, 6, 0.5, softcap=1.5)
+    excess = np.abs(got.astype(np.float64) - want) - bound
+    assert excess.max() <= 0, f"worst difference exceeds the bound by {excess.max():.3g}"
+    assert np.abs(want - attend(q, keys, values, 17, 6, 0.5)).max() > 0.05
 
 
 def test_device_arrays_in_device_arrays_out():

@@ -4,7 +4,7 @@ loads it; ``model.loader.ARCHITECTURES`` maps each one to its module (a test kee
 
 SUPPORTED: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma3_text",
                                        "qwen3moe", "qwen3_moe", "mixtral", "bert", "nomic_bert",
-                                       "nomic-bert", "phi3", "granite", "smollm3"})
+                                       "nomic-bert", "phi3", "granite", "smollm3", "gemma2", "olmo2"})
 
 
 def unsupported(name: str) -> str:

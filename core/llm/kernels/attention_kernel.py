@@ -2,14 +2,16 @@
 
 ``attend`` computes, for the query at position ``p = start + t`` and head ``h`` (KV head
 ``h // (H / Hkv)``), ``softmax(scale * q . k_s) @ v_s`` over the keys it sees (``lo..p``, ``lo`` set
-by the sliding window). Every (query, head) pair runs the same float operations in the same order
-whatever T is: each score a sum over d in order (the keys are stored head_dim-major, so a vector
-holds 16 keys' sums and no lanes are ever summed), the max, the exponentials (a polynomial,
-vectorized) and their sum in ``LANES`` float32 lanes summed in order (as the matmul kernels in
-:mod:`.quant` do), then the weighted sum of the value rows, each head dim a lane. numpy's version
-(``qg @ keys.T``, a masked softmax, ``@ values``) summed differently by shape: a position's output
-changed in the last bits with the number of queries sharing the step, and greedy output then
-differed with and without prefix caching or speculative decoding.
+by the sliding window); with a soft cap ``c`` (gemma2) each score ``s`` is ``tanh(s / c) * c``
+first, as transformers caps them before the mask and the softmax. Every (query, head) pair runs
+the same float operations in the same order whatever T is: each score a sum over d in order
+(the keys are stored head_dim-major, so a vector holds 16 keys' sums and no lanes are ever
+summed), the max, the exponentials (a polynomial, vectorized) and their sum in ``LANES`` float32
+lanes summed in order (as the matmul kernels in :mod:`.quant` do), then the weighted sum of the
+value rows, each head dim a lane. numpy's version (``qg @ keys.T``, a masked softmax, ``@
+values``) summed differently by shape: a position's output changed in the last bits with the
+number of queries sharing the step, and greedy output then differed with and without prefix
+caching or speculative decoding.
 
 The scores and the weighted sums are LLVM vector code (:func:`_scores_kernel`,
 :func:`_values_kernel`): up to ``GROUP`` queries of one KV head (its group's heads, a step's
@@ -299,13 +301,20 @@ def _prefetch_cache(keys_t, values, kv, lo, n):
 
 
 @njit(inline="always")
-def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
+def _capped(score, softcap):
+    """A score soft-capped: ``tanh(score / softcap) * softcap`` (transformers' order)."""
+    return np.tanh(score / softcap) * softcap
+
+
+@njit(inline="always")
+def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, softcap, out, at):
     """Queries ``qs[:count]`` of KV head ``kv`` (query g at position ``ps[g]`` sees keys
     ``los[g] .. ps[g]``) over ``keys_t[Hkv, hd, S]`` (head_dim-major: a score is a sum over d in
     order, the keys of a pass one vector each) and ``values[Hkv, S, hd]``, into the ``hd``
     floats at element ``at[g]`` of ``out``. One pass over the keys and values for all of them;
     each query's result has the bits it gets alone: its scores and weighted sums take the same
-    operations in the same order, and the lanes of its exponentials' sum start at its first key."""
+    operations in the same order, and the lanes of its exponentials' sum start at its first key.
+    ``softcap`` > 0 caps each of its scores (:func:`_capped`) and takes the largest of those."""
     lo, hi = los[0], ps[0]
     for g in range(1, count):
         lo, hi = min(lo, los[g]), max(hi, ps[g])
@@ -317,6 +326,11 @@ def _attend_group(qs, count, los, ps, keys_t, values, kv, scale, out, at):
     for g in range(count):
         s0, m, top = los[g] - lo, ps[g] + 1 - los[g], tops[g]
         row = w[g]
+        if softcap > 0:
+            top = F32(-np.inf)
+            for i in range(s0, s0 + m):
+                row[_u(i)] = _capped(row[_u(i)], softcap)
+                top = max(top, row[_u(i)])
         for i in range(s0, s0 + m, LANES):  # whole vectors (the lanes past the query's keys unread)
             for j in range(LANES):
                 row[_u(i + j)] = exp_poly(row[_u(i + j)] - top)
@@ -344,9 +358,10 @@ def chunks_of(T, group, heads, threads):
 
 
 @njit(inline="always")
-def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale):
+def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale, softcap):
     """Chunk ``k`` of ``chunks`` of KV head ``kv``'s queries in ``q[T, H, hd]`` (positions
-    ``start ..``; row-major (t, head), chunks of near-equal size), into ``out[T, H * hd]``."""
+    ``start ..``; row-major (t, head), chunks of near-equal size), into ``out[T, H * hd]``;
+    ``softcap`` 0: scores uncapped."""
     T, H, hd = q.shape
     group = H // keys_t.shape[0]
     total = T * group
@@ -360,17 +375,18 @@ def attend_chunk(q, out, k, chunks, kv, keys_t, values, start, window, scale):
         ps[g] = start + t
         los[g] = max(0, ps[g] - window + 1) if window > 0 else 0
         at[g] = t * out.shape[1] + h * hd
-    _attend_group(qs, g1 - g0, los, ps, keys_t, values, kv, scale, out, at)
+    _attend_group(qs, g1 - g0, los, ps, keys_t, values, kv, scale, softcap, out, at)
 
 
 @njit(**KERNEL_OPTIONS)
-def _attend(q, keys_t, values, start, window, scale, threads, out):
+def _attend(q, keys_t, values, start, window, scale, softcap, threads, out):
     T, H, hd = q.shape
     Hkv = keys_t.shape[0]
     chunks = chunks_of(T, H // Hkv, Hkv, threads)
     for item in prange(Hkv * chunks):
         wide_vectors()
-        attend_chunk(q, out, item % chunks, chunks, item // chunks, keys_t, values, start, window, scale)
+        attend_chunk(q, out, item % chunks, chunks, item // chunks, keys_t, values, start, window, scale,
+                     softcap)
 
 
 @intrinsic
@@ -400,7 +416,7 @@ def cache_views(address_k, address_v, Hkv, hd, cap):
 
 
 @njit(**KERNEL_OPTIONS)
-def _append_and_attend(q, k, v, buffers, starts, window, scale, threads, out):
+def _append_and_attend(q, k, v, buffers, starts, window, scale, softcap, threads, out):
     """Each sequence b's new keys and values ``k/v[b]`` written into its cache buffers at
     ``starts[b]..`` (``buffers[b]``: addresses of keys ``[Hkv, hd, cap]`` and values
     ``[Hkv, cap, hd]``, and cap), then every (sequence, query, head) as :func:`_attend` does it."""
@@ -419,28 +435,30 @@ def _append_and_attend(q, k, v, buffers, starts, window, scale, threads, out):
         wide_vectors()
         b, kv, k = item // (Hkv * chunks), item // chunks % Hkv, item % chunks
         keys_t, values = cache_views(buffers[b, 0], buffers[b, 1], Hkv, hd, buffers[b, 2])
-        attend_chunk(q[b], out[b], k, chunks, kv, keys_t, values, starts[b], window, scale)
+        attend_chunk(q[b], out[b], k, chunks, kv, keys_t, values, starts[b], window, scale, softcap)
 
 
 def append_and_attend(q, k, v, caches, starts: tuple[int, ...], window: int | None,
-                      scale: float) -> np.ndarray:
+                      scale: float, softcap: float | None = None) -> np.ndarray:
     """A decode step's attention for B sequences in one call: ``k``/``v`` ``[B, T, Hkv, hd]``
     appended to each sequence's float32 host cache (room reserved here), then :func:`attend`'s
     result for each, ``[B, T, H * hd]``, the same bits as B calls of it. ``q``, ``k``, ``v``
-    float32 C-contiguous; ``starts[b]`` is cache b's offset before the append (it moves here)."""
+    float32 C-contiguous; ``starts[b]`` is cache b's offset before the append (it moves here);
+    ``softcap`` as :func:`attend`'s."""
     B, T = q.shape[:2]
     for c in caches:
         c.reserve(T)
     buffers = np.array([c.host_buffers() for c in caches], np.int64)  # after reserve: growth moves them
     out = np.empty((B, T, q.shape[2] * q.shape[3]), F32)
     _append_and_attend(q, k, v, buffers, np.array(starts, np.int64), 0 if window is None else window,
-                       F32(scale), get_num_threads(), out)
+                       F32(scale), _cap(softcap), get_num_threads(), out)
     for c in caches:
         c.offset += T
     return out
 
 
-def check_attend_args(q, keys, values, start: int, window: int | None) -> tuple[int, int, int]:
+def check_attend_args(q, keys, values, start: int, window: int | None,
+                      softcap: float | None = None) -> tuple[int, int, int]:
     """:func:`attend`'s argument checks, for any array with ``shape`` and ``dtype`` (the GPU
     kernel's device arrays too); returns q's ``(T, H, hd)``.
 
@@ -463,11 +481,13 @@ def check_attend_args(q, keys, values, start: int, window: int | None) -> tuple[
                              f"{S} positions given")
     if window is not None and window < 1:
         raise LoomShapeError(f"attend: a window must hold at least the query itself; got {window}")
+    if softcap is not None and not 0 < softcap < np.inf:
+        raise LoomShapeError(f"attend: a soft cap must be a positive number; got {softcap}")
     return T, H, hd
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, window: int | None,
-           scale: float) -> np.ndarray:
+           scale: float, softcap: float | None = None) -> np.ndarray:
     """Causal attention of queries ``q[T, H, hd]`` at positions ``start..start+T-1``.
 
     Args:
@@ -477,6 +497,8 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, wind
         start: position of the first query.
         window: positions a query sees, itself included (sliding-window layers); None: all before it.
         scale: the score scale (``head_dim ** -0.5`` for most models).
+        softcap: each scaled score ``s`` becomes ``tanh(s / softcap) * softcap`` (gemma2's
+            attention logit soft-capping); None: uncapped.
 
     Returns:
         float32 ``[T, H * hd]``; row t has the same bits as ``attend(q[t:t+1], ..., start + t, ...)``.
@@ -485,17 +507,24 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, wind
         LoomShapeError: shapes, dtypes, heads or positions do not fit together.
     """
     q = np.ascontiguousarray(q, dtype=F32)
-    check_attend_args(q, keys, values, start, window)
+    check_attend_args(q, keys, values, start, window, softcap)
     # a KVCache's keys are a transposed view of a head_dim-major buffer: no copy here
     return attend_checked(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values),
-                          int(start), window, scale)
+                          int(start), window, scale, softcap)
 
 
-def attend_checked(q, keys_t, values, start: int, window: int | None, scale: float) -> np.ndarray:
+def _cap(softcap: float | None) -> np.float32:
+    """The kernels' soft cap: 0 for none."""
+    return F32(0 if softcap is None else softcap)
+
+
+def attend_checked(q, keys_t, values, start: int, window: int | None, scale: float,
+                   softcap: float | None = None) -> np.ndarray:
     """:func:`attend` for a caller that has made its checks (a decode step's attention layer on
     its own caches, ~30 a token): ``q`` float32 C-contiguous, ``keys_t`` the keys as
     ``[Hkv, hd, S]`` and ``values`` ``[Hkv, S, hd]``, both C-contiguous (a KVCache's buffers)."""
     T, H, hd = q.shape
     out = np.empty((T, H * hd), F32)
-    _attend(q, keys_t, values, start, 0 if window is None else window, F32(scale), get_num_threads(), out)
+    _attend(q, keys_t, values, start, 0 if window is None else window, F32(scale), _cap(softcap),
+            get_num_threads(), out)
     return out

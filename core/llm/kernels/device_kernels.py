@@ -47,10 +47,12 @@ class LLMKernels:
         ``[T, out]`` float32 on the device."""
         return x @ self.xp.matrix_transpose(m)
 
-    def attend(self, q, keys, values, start: int, window: int | None, scale: float):
+    def attend(self, q, keys, values, start: int, window: int | None, scale: float,
+               softcap: float | None = None):
         """:func:`loomlab.core.llm.kernels.attention_kernel.attend`'s semantics on device arrays: ``q [T, H,
         hd]``, ``keys`` and ``values [Hkv, S, hd]`` float32 (positions ``0..S-1``), queries at
-        positions ``start..start+T-1``; returns ``[T, H*hd]`` float32 on the device.
+        positions ``start..start+T-1``, scores soft-capped at ``softcap`` (None: uncapped);
+        returns ``[T, H*hd]`` float32 on the device.
 
         Fallback: scores of each KV head's query group as one matrix product, the causal (and
         sliding-window) mask, a softmax over the keys, a product with the values. It sums in
@@ -64,6 +66,8 @@ class LLMKernels:
         # [Hkv, group * T, hd]: query head h = kv * group + g reads KV head kv, as GQA pairs them
         qg = xp.reshape(xp.permute_dims(q, (1, 0, 2)), (n_kv, group * T, hd))
         scores = xp.reshape((qg @ xp.matrix_transpose(keys)) * scale, (n_kv, group, T, S))
+        if softcap is not None:
+            scores = xp.tanh(scores / softcap) * softcap
         positions = xp.arange(start, S)[:, None]  # [T, 1] against the keys' [S]
         seen = xp.arange(S)[None, :]
         visible = seen <= positions

@@ -21,9 +21,9 @@ sequences, at most MAX_ROWS rows in all (a decode step alone or batched, a specu
 verification, a short prompt: the products take the rows together), the int8 mode, float32 host
 caches, no observer listening (they see every layer's output, which this step never makes), and
 the network still a decoder of the layouts :func:`_decoder_blocks` knows (llama, mistral,
-qwen2/3, gemma3, phi3 once split, granite, smollm3) with every matrix in a format with an
-integer kernel (re-checked whenever :class:`_Watch` sees a cell, child, switch or weight
-change). Anything else returns None and the caller runs the grid.
+qwen2/3, gemma2/3, phi3 once split, granite, smollm3; not olmo2's norms after each half alone)
+with every matrix in a format with an integer kernel (re-checked whenever :class:`_Watch` sees a
+cell, child, switch or weight change). Anything else returns None and the caller runs the grid.
 
 Layout handed to the compiled step (:class:`FusedDecoder`): per block i, matrices ``7 i + j``
 for j in :data:`MATRICES` (the LM head last) as the repacked rows' addresses and sizes with their
@@ -251,8 +251,8 @@ def _rotated(src, bias, gamma, eps, cos, sin, interleaved, dst, scratch):
 
 @njit(cache=True, nogil=True)
 def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, resid,
-                 interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8, acts_f32,
-                 acts_i32):
+                 softcap, interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8,
+                 acts_f32, acts_i32):
     """Thread ``tid``'s part of one step of B sequences of T new tokens each (module doc):
     ``x0[B * T, d]`` their embeddings (row ``b * T + t``), ``starts[B]`` each sequence's first
     new position, ``caches[L, B, 3]`` their KV buffers, ``cos``/``sin`` ``[L, B * T, head_dim /
@@ -325,7 +325,7 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
             b, kv, k = unit // (Hkv * chunks), unit // chunks % Hkv, unit % chunks
             keys_t, values = cache_views(caches[i, b, 0], caches[i, b, 1], Hkv, hd, caches[i, b, 2])
             attend_chunk(qr[b * T:(b + 1) * T], att[b * T:(b + 1) * T], k, chunks, kv, keys_t, values,
-                         starts[b], windows[i], scale)
+                         starts[b], windows[i], scale, softcap)
         epoch = _project_into_stream(x, att, a_att, split, m + _WO, mats, kinds, rows, fns, tid, threads, ob,
                                      _vec(vecs, v + _BO), _vec(vecs, v + _APOST), eps, resid, flags, epoch)
         if epoch < 0:
@@ -357,8 +357,8 @@ def _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, ep
 
 @njit(cache=True, nogil=True, parallel=True)
 def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale, resid,
-                   interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared, acts_i8,
-                   acts_f32, acts_i32):
+                   softcap, interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
+                   acts_i8, acts_f32, acts_i32):
     """The step on ``threads`` threads, one iteration each; a thread that is not the one its
     index names (a threading layer that runs two iterations on one thread) abandons the region
     rather than wait for itself."""
@@ -368,7 +368,8 @@ def _step_parallel(threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, 
             abort(flags, threads)
         else:
             _step_worker(tid, threads, flags, x0, mats, kinds, rows, fns, vecs, dims, eps, qk_eps, scale,
-                         resid, interleaved, act, windows, cos, sin, caches, starts, T, last_only, shared,
+                         resid, softcap, interleaved, act, windows, cos, sin, caches, starts, T, last_only,
+                         shared,
                          acts_i8, acts_f32, acts_i32)
 
 
@@ -499,6 +500,7 @@ class FusedDecoder:
         self.qk_eps = F32(s.norm_eps)
         self.scale = F32(attns[0]._scale())
         self.resid = F32(attns[0].spec.output_scale)  # granite's residual multiplier
+        self.softcap = F32(s.softcap or 0)  # attend_chunk's: 0 uncapped
         self.head = net.cells[-1]
         self.interleaved = s.rope.interleaved
         self.act = blocks[0][4].cfg.act_id
@@ -514,8 +516,8 @@ class FusedDecoder:
     def fits(net, blocks: list[tuple]) -> bool:
         """Whether the compiled step computes this decoder as the grid would: every matrix with
         an integer kernel, the layers in float32 on the host, one norm eps, and the attention
-        shape, RoPE layout, score scale, activation and output multiplier (one for both halves)
-        alike in every block."""
+        shape, RoPE layout, score scale and soft cap, activation and output multiplier (one for both
+        halves) alike in every block, Q/K norms (if any) head by head."""
         leaves = [la for block in blocks for la in block if la is not None] + [net.cells[0], *net.cells[-2:]]
         if not blocks or any(la.device_copy is not None or la.cfg.dtype != "float32" for la in leaves):
             return False
@@ -525,13 +527,15 @@ class FusedDecoder:
             a = attn.spec
             norms = {la.eps for la in block if isinstance(la, LLMRMSNorm)}
             return (len(norms), *norms, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
-                    attn._scale(), a.output_scale, mlp.output_scale, mlp.cfg.act_id)
+                    attn._scale(), a.softcap, a.output_scale, mlp.output_scale, mlp.cfg.act_id)
 
         first = shape(blocks[0])
         for block in blocks:
             w = {**block[1].weights.current("float32"), **block[4].weights.current("float32")}
             if shape(block) != first or not all(supports(w[name]) for name in MATRICES):
                 return False
+            if any(w[name].shape != (block[1].spec.head_dim,) for name in ("q_norm", "k_norm") if name in w):
+                return False  # olmo2's norms over all heads: the step norms each head
         head = net.cells[-1].weights.current("float32")["weight"]
         return (first[:2] == (1, net.cells[-2].eps) and first[-3] == first[-2]
                 and first[-1] in GATED_ACTIVATIONS and supports(head))
@@ -563,7 +567,8 @@ class FusedDecoder:
         flags = counters(threads)
         shared, acts = self._scratch(B * T, B if last_only else B * T)
         args = (flags, x0.reshape(B * T, -1), self.mats, self.kinds, self.rows, self.fns, self.vecs,
-                self.dims, self.eps, self.qk_eps, self.scale, self.resid, self.interleaved, self.act,
+                self.dims, self.eps, self.qk_eps, self.scale, self.resid, self.softcap, self.interleaved,
+                self.act,
                 self.windows, cos, sin, np.ascontiguousarray(addresses), np.array(starts, np.int64), T,
                 last_only, shared, *acts)
         if threads == 1:
@@ -575,7 +580,7 @@ class FusedDecoder:
         for row in caches:
             for c in row:
                 c.offset += T
-        logits = self.head.divided(shared[-1])  # granite's logits scaling, as the grid's head
+        logits = self.head.finished(shared[-1])  # granite's scaling, gemma2's cap: the grid head's own
         return logits if last_only else logits.reshape(B, T, -1)
 
     def _scratch(self, R: int, heads: int) -> tuple:

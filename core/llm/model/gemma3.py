@@ -41,7 +41,10 @@ class Args(ModelArgs):
     local_rope: RopeConfig = field(default_factory=lambda: RopeConfig(LOCAL_ROPE_BASE))
     query_scale: float | None = None  # query_pre_attn_scalar ** -0.5; None: head_dim ** -0.5
     norm_shift: float = 0.0  # added to every stored norm gamma
+    attn_softcap: float | None = None  # attention scores soft-capped (gemma2); None: uncapped
+    final_softcap: float | None = None  # the logits soft-capped (gemma2); None: uncapped
     TIE_DEFAULT: ClassVar[bool] = True
+    PATTERN: ClassVar[int] = DEFAULT_PATTERN  # every PATTERN-th layer global when no layer says
 
     @classmethod
     def gguf_fields(cls, s: Settings, arch: str) -> dict[str, Any]:
@@ -50,7 +53,7 @@ class Args(ModelArgs):
         if isinstance(flags, np.ndarray) and flags.dtype == np.bool_:
             types = tuple(SLIDING if flag else FULL for flag in flags)
         else:
-            types = _pattern(f["num_layers"], s.count("attention.sliding_window_pattern", DEFAULT_PATTERN))
+            types = _pattern(f["num_layers"], s.count("attention.sliding_window_pattern", cls.PATTERN))
         return {**f, "sliding_window": s.count("attention.sliding_window", 4096, 1 << 24),
                 "layer_types": types,
                 "local_rope": RopeConfig(s.positive("rope.freq_base_swa", LOCAL_ROPE_BASE, ROPE_BASE_ABOVE))}
@@ -61,7 +64,7 @@ class Args(ModelArgs):
         if not f["layer_types"]:
             key = next((k for k in ("sliding_window_pattern", "_sliding_window_pattern") if k in config),
                        "sliding_window_pattern")
-            f["layer_types"] = _pattern(f["num_layers"], s.count(key, DEFAULT_PATTERN))
+            f["layer_types"] = _pattern(f["num_layers"], s.count(key, cls.PATTERN))
         local = s.positive("rope_local_base_freq", None, ROPE_BASE_ABOVE)  # transformers 4 configs
         return {**f, "sliding_window": s.count("sliding_window", 4096, 1 << 24),
                 "local_rope": RopeConfig(local) if local else hf_rope(config, SLIDING),
@@ -91,7 +94,7 @@ def build(args: Args, weights: dict[str, Matrix]) -> CausalLM:
         p = f"model.layers.{i}."
         window = args.layer_window(i)
         attention = attention_layer(args, weights, i, ropes[SLIDING if window else FULL], window=window,
-                                    scale=args.query_scale)
+                                    scale=args.query_scale, softcap=args.attn_softcap)
         blocks.append(decoder_block(
             [norm_layer(args, weights, p + "input_layernorm.weight"), attention,
              norm_layer(args, weights, p + "post_attention_layernorm.weight")],
@@ -100,4 +103,5 @@ def build(args: Args, weights: dict[str, Matrix]) -> CausalLM:
              norm_layer(args, weights, p + "post_feedforward_layernorm.weight")]))
     # transformers keeps sqrt(d) as a float32 tensor: the scale is rounded to float32
     embed_scale = float(np.float32(math.sqrt(args.hidden_size)))
-    return assemble_causal_lm(args, weights, blocks, embed_scale=embed_scale)
+    return assemble_causal_lm(args, weights, blocks, embed_scale=embed_scale,
+                              logit_softcap=args.final_softcap)

@@ -50,10 +50,11 @@ def norm_layer(args: ModelArgs, weights: dict[str, Matrix], name: str) -> LLMRMS
 
 
 def attention_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: Rope, *,
-                    window: int | None = None, scale: float | None = None,
-                    output_scale: float = 1.0) -> LLMAttention:
-    """Block ``i``'s attention: projections, optional biases and Q/K norms; ``scale`` the score
-    scale (None: head_dim ** -0.5), ``output_scale`` a multiplier of its output."""
+                    window: int | None = None, scale: float | None = None, softcap: float | None = None,
+                    whole_qk_norm: bool = False, output_scale: float = 1.0) -> LLMAttention:
+    """Block ``i``'s attention: projections, optional biases and Q/K norms (each head's, or with
+    ``whole_qk_norm`` one over all heads: olmo2); ``scale`` the score scale (None: head_dim **
+    -0.5), scores soft-capped at ``softcap`` (gemma2), ``output_scale`` a multiplier of its output."""
     p = f"model.layers.{i}.self_attn."
     d, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     shapes = {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q)}
@@ -62,10 +63,10 @@ def attention_layer(args: ModelArgs, weights: dict[str, Matrix], i: int, rope: R
         w[f"b{n}"] = (require(weights, f"{p}{n}_proj.bias", (rows,)) if n in args.attention_biases
                       else np.zeros(rows, np.float32))
     if args.qk_norm:
-        w["q_norm"] = require(weights, f"{p}q_norm.weight", (args.head_dim,))
-        w["k_norm"] = require(weights, f"{p}k_norm.weight", (args.head_dim,))
+        w["q_norm"] = require(weights, f"{p}q_norm.weight", (q if whole_qk_norm else args.head_dim,))
+        w["k_norm"] = require(weights, f"{p}k_norm.weight", (kv if whole_qk_norm else args.head_dim,))
     spec = AttentionSpec(args.num_heads, args.num_kv_heads, args.head_dim, rope, window, scale, args.norm_eps,
-                         output_scale)
+                         softcap, output_scale)
     return LLMAttention(i, spec, w)
 
 
@@ -122,13 +123,15 @@ def build_decoder(args: ModelArgs, weights: dict[str, Matrix],
 
 
 def assemble_causal_lm(args: ModelArgs, weights: dict[str, Matrix], blocks: list[Layer], *,
-                       embed_scale: float = 1.0, logit_divisor: float = 1.0) -> CausalLM:
+                       embed_scale: float = 1.0, logit_divisor: float = 1.0,
+                       logit_softcap: float | None = None) -> CausalLM:
     """Embedding (rows times ``embed_scale``), ``blocks``, final norm and LM head (the embedding
-    table itself when tied; logits divided by ``logit_divisor``)."""
+    table itself when tied; logits divided by ``logit_divisor``, soft-capped at ``logit_softcap``:
+    gemma2)."""
     table = require(weights, "model.embed_tokens.weight", (args.vocab_size or None, args.hidden_size))
     args = replace(args, vocab_size=table.shape[0])
     tied = args.tie_embeddings if args.tie_embeddings is not None else "lm_head.weight" not in weights
     head = table if tied else require(weights, "lm_head.weight", (args.vocab_size, args.hidden_size))
     layers = [LLMEmbedding(table, embed_scale), *blocks, norm_layer(args, weights, "model.norm.weight"),
-              LLMHead(head, logit_divisor)]
+              LLMHead(head, logit_divisor, logit_softcap)]
     return CausalLM(args, layers)

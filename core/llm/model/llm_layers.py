@@ -126,6 +126,22 @@ def rms_norm_xp(x, gamma, eps: float):
     return (x * (1.0 / xp.sqrt(mean_square + float(eps)))) * gamma
 
 
+def norm_heads(norm, x, gamma, eps: float):
+    """Q or K heads ``x[..., heads, hd]`` RMS-normed by ``norm`` (:func:`rms_norm` or
+    :func:`rms_norm_xp`): each head alone for a gamma of ``hd`` (qwen3, gemma3), all heads as one
+    vector for a gamma of ``heads * hd`` (olmo2)."""
+    if gamma.shape[0] == x.shape[-1]:
+        return norm(x, gamma, eps)
+    xp = array_module(x)
+    return xp.reshape(norm(xp.reshape(x, (*x.shape[:-2], -1)), gamma, eps), x.shape)
+
+
+def soft_cap(x, cap: float):
+    """``tanh(x / cap) * cap`` on any namespace (gemma2's final logit soft-capping)."""
+    xp = array_module(x)
+    return xp.tanh(x / cap) * cap
+
+
 # ----- a layer's weights on a device backend -------------------------------------------------
 class Uploads:
     """A model's matrices on one device backend, each uploaded once whichever layers use it (a
@@ -517,7 +533,8 @@ class AttentionSpec:
     rope: Rope
     window: int | None = None  # sliding window: positions a query sees, itself included
     scale: float | None = None  # score scale; head_dim ** -0.5 when None
-    norm_eps: float = 1e-6  # eps of the per-head Q/K norms (qwen3, gemma3)
+    norm_eps: float = 1e-6  # eps of the Q/K norms (qwen3, gemma3: per head; olmo2: all heads)
+    softcap: float | None = None  # scores soft-capped at this (gemma2); None: uncapped
     output_scale: float = 1.0  # times the output (granite's residual multiplier)
 
 
@@ -550,14 +567,15 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         k = plus_bias(k, st, w, "bk").reshape(B, T, s.n_kv_heads, s.head_dim)
         v = plus_bias(v, st, w, "bv").reshape(B, T, s.n_kv_heads, s.head_dim)
         if "q_norm" in w:
-            q, k = rms_norm(q, w["q_norm"], s.norm_eps), rms_norm(k, w["k_norm"], s.norm_eps)
+            q, k = (norm_heads(rms_norm, q, w["q_norm"], s.norm_eps),
+                    norm_heads(rms_norm, k, w["k_norm"], s.norm_eps))
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
         q, k = s.rope(starts, T, q, k)
         if caches and all(c.on_host_float32 for c in caches):  # one call for every sequence
             out = append_and_attend(q, np.ascontiguousarray(k), np.ascontiguousarray(v), caches, starts,
-                                    s.window, self._scale())
+                                    s.window, self._scale(), s.softcap)
         else:
             out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
             for b in range(B):
@@ -576,7 +594,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         # the layer's own q, keys and values fit together: attend's checks are skipped (~30 calls
         # a token); a KVCache's keys are a transposed view of a head_dim-major buffer: no copy
         return attend_checked(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values),
-                              start, self.spec.window, self._scale())
+                              start, self.spec.window, self._scale(), self.spec.softcap)
 
     def _scale(self) -> float:
         s = self.spec
@@ -593,7 +611,8 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         k = xp.reshape(dc.linear_bias(x3, w, "wk", "bk"), (B, T, s.n_kv_heads, s.head_dim))
         v = xp.reshape(dc.linear_bias(x3, w, "wv", "bv"), (B, T, s.n_kv_heads, s.head_dim))
         if "q_norm" in w:
-            q, k = rms_norm_xp(q, w["q_norm"], s.norm_eps), rms_norm_xp(k, w["k_norm"], s.norm_eps)
+            q, k = (norm_heads(rms_norm_xp, q, w["q_norm"], s.norm_eps),
+                    norm_heads(rms_norm_xp, k, w["k_norm"], s.norm_eps))
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
         q, k = s.rope.on_device(starts, T, xp, q, k)
@@ -604,7 +623,7 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                 kb, vb = caches[b].update_and_fetch(kb, vb)
                 if caches[b].dtype == "float32":  # the whole buffers, as on the host: attend reads
                     kb, vb = caches[b].keys, caches[b].values  # what it needs, and no view is copied
-            rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale()))
+            rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale(), s.softcap))
         y = scaled(dc.linear_bias(xp.stack(rows), w, "wo", "bo"), s.output_scale)
         return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
 
@@ -642,22 +661,25 @@ class LLMGatedMLP(InferenceOnly, SwiGLU):
 
 
 class LLMHead(InferenceOnly, Dense):
-    """The LM head: logits over the vocabulary, divided by ``divisor`` (granite's logits scaling);
-    ``weight`` may be the embedding's own table."""
+    """The LM head: logits over the vocabulary, divided by ``divisor`` (granite's logits scaling),
+    soft-capped at ``softcap`` when given (gemma2); ``weight`` may be the embedding's own table."""
 
-    def __init__(self, weight: Matrix, divisor: float = 1.0):
+    def __init__(self, weight: Matrix, divisor: float = 1.0, softcap: float | None = None):
         vocab, d = weight.shape
         super().__init__(LayerConfig(type="Dense", input_height=d, output_height=vocab),
                          MatrixStore({"weight": weight}))
         self.divisor = divisor
+        self.softcap = softcap
 
     def forward(self, x, ctx, skip=None):
         if self.device_copy is not None:
             y = self.device_copy.linear(x, self.device_copy.arrays(self, ctx)["weight"])
         else:
             y = linear(x, self.weights.current(self.cfg.dtype)["weight"])
-        return self.divided(y), None
+        return self.finished(y), None
 
-    def divided(self, logits):
-        """``logits / divisor`` in float32 (the logits themselves for a divisor of 1)."""
-        return logits if self.divisor == 1 else logits / float(np.float32(self.divisor))
+    def finished(self, logits):
+        """``logits / divisor`` in float32, then soft-capped (the logits themselves for neither)."""
+        if self.divisor != 1:
+            logits = logits / float(np.float32(self.divisor))
+        return logits if self.softcap is None else soft_cap(logits, self.softcap)

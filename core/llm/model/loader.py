@@ -25,7 +25,7 @@ from types import ModuleType
 from ...errors import ModelFormatError
 from ..files.architectures import unsupported
 from ..files.weights_source import Progress, WeightSource, open_source
-from . import bert, gemma3, granite, llama, nomic_bert, phi3, qwen, smollm3
+from . import bert, gemma2, gemma3, granite, llama, nomic_bert, olmo2, phi3, qwen, smollm3
 from .causal_lm import CausalLM
 from .model_args import ModelArgs
 
@@ -38,7 +38,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "qwen2": qwen, "qwen3": qwen, "qwen3moe": qwen, "qwen3_moe": qwen, "mixtral": llama,
     "gemma3": gemma3, "gemma3_text": gemma3,
     "bert": bert, "nomic_bert": nomic_bert, "nomic-bert": nomic_bert,
-    "phi3": phi3, "granite": granite, "smollm3": smollm3,
+    "phi3": phi3, "granite": granite, "smollm3": smollm3, "gemma2": gemma2, "olmo2": olmo2,
 }
 
 

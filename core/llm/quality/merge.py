@@ -3,7 +3,7 @@
 Parents are what :func:`~loomlab.core.llm.files.discovery.resolve` takes: a built-in alias, a GGUF file
 or an HF safetensors folder, in any mix. Every tensor is read by its transformers name,
 dequantized to float32 and put in transformers' layout (GGUF llama's permuted Q/K rows back in
-order, gemma3's GGUF norms ``1 + w`` back to ``w``), merged, and written straight into the
+order, gemma's GGUF norms ``1 + w`` back to ``w``), merged, and written straight into the
 ``model.safetensors`` of an HF folder: one merged tensor is in memory at a time. The folder also
 gets ``config.json`` and the tokenizer files of the first model, so it loads back with
 :func:`~loomlab.core.llm.load_model` as a :class:`~loomlab.core.llm.TextModel` that chats (a
@@ -68,7 +68,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Settings the tensors' shapes do not show but the meaning of their rows depends on.
 LAYOUT_SETTINGS = ("num_heads", "num_kv_heads", "head_dim", "qk_norm", "attention_biases")
 HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+              "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+              "olmo2": "Olmo2ForCausalLM"}
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.")
 _HEADER_LEN = struct.Struct("<Q")
 
@@ -318,10 +319,10 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _hf_config(args: ModelArgs, vocab: int, tied: bool, bos: int | None, eos: list[int]) -> dict:
     """transformers' config.json for a model read from GGUF metadata (Q/K in transformers' order)."""
-    gemma = args.architecture == "gemma3"
+    gemma = args.architecture in ("gemma3", "gemma2")
     config = {
         "architectures": [HF_CLASSES[args.architecture]],
-        "model_type": "gemma3_text" if gemma else args.architecture,
+        "model_type": "gemma3_text" if args.architecture == "gemma3" else args.architecture,
         "hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size,
         "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
         "num_key_value_heads": args.num_kv_heads, "head_dim": args.head_dim, "rms_norm_eps": args.norm_eps,
@@ -334,9 +335,13 @@ def _hf_config(args: ModelArgs, vocab: int, tied: bool, bos: int | None, eos: li
     if args.layer_types:
         config["layer_types"] = list(args.layer_types)
         config["sliding_window"] = args.sliding_window
-    if gemma:
+    if args.architecture == "gemma3":
         config["rope_parameters"] = {FULL: _rope_parameters(args.rope),
                                      SLIDING: _rope_parameters(args.local_rope)}
+    if args.architecture == "gemma2":
+        config["attn_logit_softcapping"] = args.attn_softcap
+        config["final_logit_softcapping"] = args.final_softcap
+    if gemma:
         config["query_pre_attn_scalar"] = args.query_scale ** -2 if args.query_scale else args.head_dim
         config["hidden_activation"] = "gelu_pytorch_tanh"
     return config

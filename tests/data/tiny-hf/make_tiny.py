@@ -44,7 +44,15 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
     # 4 blocks: the 4th is the one without RoPE (no_rope_layer_interval 4, llama.cpp's fixed step)
     "smollm3": ("smollm3", dict(num_hidden_layers=4, pad_token_id=None, bos_token_id=1, eos_token_id=2),
                 "float32"),
+    # soft-capping small enough to bend this model's scores and logits; window 4 < the 12-token prompt;
+    # query_pre_attn_scalar = head_dim and a tied head, as llama.cpp assumes for a GGUF of this size
+    "gemma2": ("gemma2", dict(attn_logit_softcapping=1.0, final_logit_softcapping=2.0, sliding_window=4,
+                              query_pre_attn_scalar=16, tie_word_embeddings=True), "float32"),
+    "olmo2": ("olmo2", {}, "float32"),
 }
+# families whose norm gammas are drawn at random too (transformers starts them all equal, so a norm
+# read into the wrong place would go unnoticed)
+RANDOM_NORMS = {"gemma2", "olmo2"}
 
 
 def write(family: str) -> None:
@@ -55,6 +63,11 @@ def write(family: str) -> None:
     torch.manual_seed(SEED)
     config = AutoConfig.for_model(model_type, **{**COMMON, **settings})
     model = AutoModelForCausalLM.from_config(config).float().eval()
+    if family in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.2 * torch.randn_like(p))
     folder = HERE / f"tiny-{family}"
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     # the reference is the saved weights in float32 (bfloat16 storage rounds them first)

@@ -1,6 +1,7 @@
 """The decode-attention kernel: accuracy, query invariance, float16 caches.
 
-Oracles: a float64 numpy causal GQA attention with sliding windows; numpy's float16 -> float32
+Oracles: a float64 numpy causal GQA attention with sliding windows and soft-capped scores
+(``tanh(s / c) * c``, transformers' gemma2 formula); numpy's float16 -> float32
 conversion of every bit pattern (with and without F16C); the kernel itself called one query at a
 time (invariance must be bitwise); SmolLM2's float32-cache logits for the float16 cache.
 """
@@ -64,8 +65,9 @@ def test_half_to_float_matches_numpy_for_every_bit_pattern(f16c, monkeypatch):
         assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
-def reference(q, keys, values, start, window, scale):
-    """Causal GQA attention in float64, one (query, head) at a time."""
+def reference(q, keys, values, start, window, scale, softcap=None):
+    """Causal GQA attention in float64, one (query, head) at a time; scores soft-capped at
+    ``softcap`` when given."""
     T, H, hd = q.shape
     group = H // keys.shape[0]
     out = np.zeros((T, H, hd))
@@ -75,6 +77,8 @@ def reference(q, keys, values, start, window, scale):
         for h in range(H):
             k, v = keys[h // group, lo:p + 1], values[h // group, lo:p + 1]
             s = k.astype(np.float64) @ q[t, h].astype(np.float64) * scale
+            if softcap is not None:
+                s = np.tanh(s / softcap) * softcap
             e = np.exp(s - s.max())
             out[t, h] = e / e.sum() @ v.astype(np.float64)
     return out.reshape(T, -1)
@@ -114,6 +118,22 @@ def test_each_query_gets_the_same_bits_alone_or_among_others(dtype, window):
         assert np.array_equal(together, alone), (T, start)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_soft_capped_scores_match_the_formula_and_keep_each_querys_bits(dtype, window):
+    """gemma2's attention logit soft-capping: within float32 rounding of the float64 formula,
+    far from the uncapped result at these scores, and each query's bits alone or among others."""
+    rng = np.random.default_rng(11)
+    T, H, Hkv, hd, S, cap = 7, 4, 2, 32, 30, 1.5
+    q, k, v, k_ref, v_ref = random_qkv(rng, T, H, Hkv, hd, S, dtype)
+    start = S - T - 2
+    capped = attend(q, k, v, start, window, 0.5, softcap=cap)
+    np.testing.assert_allclose(capped, reference(q, k_ref, v_ref, start, window, 0.5, cap), atol=2e-6)
+    assert np.abs(capped - attend(q, k, v, start, window, 0.5)).max() > 0.1
+    alone = np.concatenate([attend(q[t:t + 1], k, v, start + t, window, 0.5, cap) for t in range(T)])
+    assert np.array_equal(capped, alone)
+
+
 def test_attend_rejects_inputs_that_do_not_fit():
     q, k, v, _, _ = random_qkv(np.random.default_rng(0), 2, 4, 2, 8, 10)
     with pytest.raises(LoomShapeError, match="3 query heads"):
@@ -126,6 +146,9 @@ def test_attend_rejects_inputs_that_do_not_fit():
         attend(q, k, v, 0, 0, 1.0)
     with pytest.raises(LoomShapeError, match="alike"):
         attend(q, k, v[:, :5], 0, None, 1.0)
+    for cap in (0.0, -1.0, np.inf, np.nan):
+        with pytest.raises(LoomShapeError, match="a soft cap must be a positive number"):
+            attend(q, k, v, 0, None, 1.0, softcap=cap)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +165,8 @@ def test_prefill_in_one_step_or_two_gives_the_same_attention_and_logits(smollm2,
     calls = []
     append_of = llm_layers.append_and_attend
 
-    def recording(q, k, v, caches, starts, window, scale):
+    def recording(q, k, v, caches, starts, window, scale, softcap):
+        assert softcap is None  # (SmolLM2's scores are not capped)
         out = append_of(q, k, v, caches, starts, window, scale)
         c = caches[0]
         calls.append((q[0].copy(), c.keys[:, :c.offset].copy(), c.values[:, :c.offset].copy(), starts[0],

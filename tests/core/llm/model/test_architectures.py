@@ -36,8 +36,10 @@ from loomlab.core.observe import CallbackObserver
 TINY = Path(__file__).resolve().parents[3] / "data" / "tiny-hf"
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
              "granite": gguf.MODEL_ARCH.GRANITE, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
-             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma2": gguf.MODEL_ARCH.GEMMA2,
+             "olmo2": gguf.MODEL_ARCH.OLMO2}
 PERMUTED_QK = {"llama", "granite", "smollm3"}  # convert_hf_to_gguf.py's LlamaModel and its subclasses
+GEMMAS = ("gemma3", "gemma2")  # norms stored as 1 + w, a sliding window
 EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+\.weight)")  # a checkpoint's per-expert matrix
 
 
@@ -329,12 +331,13 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
                split_max_tensors: int = 0) -> Path:
     """``tests/data/tiny-hf/<name>`` (or the HF ``folder``) as a GGUF: gguf-py's tensor names
     (phi3's fused ``attn_qkv`` and gate+up ``ffn_up`` as they are), llama's (granite's, smollm3's)
-    Q/K rows permuted, gemma's norms stored as ``1 + w``, granite's multipliers as its scale keys,
-    experts stacked into one ``[experts, rows, cols]`` tensor each with the router left float32;
-    matrices quantized to ``qtype`` when given (and stored as gguf-py's float32 dequantization of
-    those blocks when ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype
-    or None)``; split into files of ``split_max_tensors`` tensors (gguf-py's splitting, as
-    ``convert_hf_to_gguf.py --split-max-tensors``) when given."""
+    Q/K rows permuted, gemma's norms stored as ``1 + w``, the config's soft caps (gemma2) written
+    when it has them, granite's multipliers as its scale keys, experts stacked into one
+    ``[experts, rows, cols]`` tensor each with the router left float32; matrices quantized to
+    ``qtype`` when given (and stored as gguf-py's float32 dequantization of those blocks when
+    ``dequantized``), or stored as ``encode(w)`` gives them: ``(data, raw_dtype or None)``; split
+    into files of ``split_max_tensors`` tensors (gguf-py's splitting, as ``convert_hf_to_gguf.py
+    --split-max-tensors``) when given."""
     cfg, tensors = hf_checkpoint(folder or TINY / name)
     tensors = stack_experts(tensors)
     writer = gguf_writer(path, arch, cfg, split_max_tensors)
@@ -344,7 +347,7 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rope = cfg["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
-    if arch == "gemma3":
+    if arch in GEMMAS:
         writer.add_sliding_window(cfg["sliding_window"])
     if "num_experts_per_tok" in cfg:
         writer.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
@@ -356,13 +359,17 @@ def write_gguf(path: Path, name: str, arch: str, *, qtype=None, dequantized: boo
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     names = gguf.get_tensor_name_map(GGUF_ARCH[arch], cfg["num_hidden_layers"])
     for hf_name, w in tensors.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg["num_attention_heads"] if "q_proj" in hf_name else cfg["num_key_value_heads"]
             w = llama_cpp_permute(w, heads)
-        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        if arch in GEMMAS and hf_name.endswith("norm.weight"):
             w = w + 1
         if gguf_name == drop:
             continue

@@ -26,9 +26,17 @@ from loomlab.core.errors import LoomShapeError
 from loomlab.core.llm.kernels.block_morph import encode
 from loomlab.core.llm.kernels.mlp_kernel import gated
 from loomlab.core.llm.kernels.quant_int8 import int8_activations
-from loomlab.core.llm.model import causal_lm, fused_decode
-from loomlab.core.llm.model.layer_builders import assemble_causal_lm, build_decoder, decoder_block, mlp_layer
-from loomlab.core.llm.model.llm_layers import LLMGatedMLP, LLMHead
+from loomlab.core.llm.model import causal_lm, fused_decode, gemma2, olmo2
+from loomlab.core.llm.model.layer_builders import (
+    assemble_causal_lm,
+    attention_layer,
+    build_decoder,
+    decoder_block,
+    mlp_layer,
+    norm_layer,
+    standard_rope,
+)
+from loomlab.core.llm.model.llm_layers import LLMGatedMLP, LLMHead, LLMRMSNorm
 from loomlab.core.llm.model.loader import architecture
 from loomlab.core.llm.model.model_args import ModelArgs
 from loomlab.core.llm.model.rope import RopeConfig
@@ -43,22 +51,7 @@ TWO_THREADS = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers: the grid alone, a spy on the fused step, greedy decoding.
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """Whether each call of ``fused_step`` answered (True) or left the step to the grid (False)."""
-    answers: list[bool] = []
-    real = causal_lm.fused_step
-
-    def fused_step(*args):
-        logits = real(*args)
-        answers.append(logits is not None)
-        return logits
-
-    monkeypatch.setattr(causal_lm, "fused_step", fused_step)
-    return answers
+# Helpers: the grid alone, greedy decoding (the spy on the fused step: conftest.py).
 
 
 @contextmanager
@@ -341,6 +334,36 @@ def test_gelu_decoder_is_the_grid_bit_for_bit(n_threads, spy, monkeypatch):
     assert_same_bits(fused, grid)
 
 
+def gemma2_decoder(seed: int = 0):
+    """A gemma2 network (gemma3's block: a norm before and after each half) with soft-capped
+    scores and logits, a sliding and a global layer, GELU, MIXED matrices."""
+    layers = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 3}
+    caps = {"attn_softcap": 1.5, "final_softcap": 8.0}
+    args = gemma2.Args(**(ARGS | layers | caps | {"architecture": "gemma2"}))
+    w = random_weights(args, seed)
+    rng = np.random.default_rng(seed + 1)
+    for i in range(args.num_layers):
+        for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            w[f"model.layers.{i}.{name}.weight"] = (1 + 0.1 * rng.standard_normal(256)).astype(F32)
+    net = gemma2.build(args, w)
+    morph_blocks(net, MIXED)
+    return net
+
+
+@pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=TWO_THREADS)])
+def test_gemma2_decoder_is_the_grid_bit_for_bit(n_threads, spy, monkeypatch):
+    """gemma2's soft caps in the step: the scores' by attend_chunk, the logits' by the head's own
+    function; a prompt and 8 tokens."""
+    with threads(n_threads):
+        (fused, fused_tokens), (grid, grid_tokens), answers = twin_runs(
+            monkeypatch, spy, gemma2_decoder, lambda net: greedy(net, PROMPT, 8))
+    assert answers == [True] * 9 and fused_tokens == grid_tokens
+    assert_same_bits(fused, grid)
+    net = gemma2_decoder()
+    assert net.cells[-1].softcap == 8.0 and blocks_of(net)[0][0].spec.softcap == 1.5
+    assert 1 < np.abs(fused[-1]).max() <= 8.0  # capped logits
+
+
 def test_caches_that_grow_alternate_trim_or_fork_are_followed(spy, monkeypatch):
     """The step writes into the caches' buffers by address: a cache that grows (buffers moved at
     256 positions), two sequences' caches taken in turn, a trimmed cache and a prefix cache's fork
@@ -544,6 +567,45 @@ def test_a_disabled_or_linked_layer_keeps_the_step_on_the_grid(case, spy, monkey
     assert answers == expected
     assert offsets == grid_offsets
     assert_same_bits(fused, grid)
+
+
+def olmo2_decoder(seed: int = 0, post_norms_only: bool = True):
+    """An olmo2 network (Q/K norms over all heads; ``post_norms_only``: a norm after each half
+    and none before, else llama's pre-norm blocks around those attentions), MIXED matrices."""
+    args = olmo2.Args(**(ARGS | {"architecture": "olmo2"}))
+    w = random_weights(args, seed)
+    rng = np.random.default_rng(seed + 1)
+    d, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        for name, n in (("self_attn.q_norm", q), ("self_attn.k_norm", kv), ("post_feedforward_layernorm", d)):
+            w[p + name + ".weight"] = (1 + 0.1 * rng.standard_normal(n)).astype(F32)
+    if post_norms_only:
+        net = olmo2.build(args, w)
+    else:
+        rope = standard_rope(args, w)
+        blocks = [decoder_block([norm_layer(args, w, f"model.layers.{i}.input_layernorm.weight"),
+                                 attention_layer(args, w, i, rope, whole_qk_norm=True)],
+                                [norm_layer(args, w, f"model.layers.{i}.post_attention_layernorm.weight"),
+                                 mlp_layer(args, w, i)]) for i in range(args.num_layers)]
+        net = assemble_causal_lm(args, w, blocks)
+    for block in net.cells[1:-2]:
+        attn, mlp = (next(la for la in block.children[k].children if not isinstance(la, LLMRMSNorm))
+                     for k in (0, 2))
+        attn.cfg.dtype = attn.weights.morph_parts({n: MIXED[n] for n in ("wq", "wk", "wv", "wo")})
+        mlp.cfg.dtype = mlp.weights.morph_parts({n: MIXED[n] for n in ("gate", "up", "down")})
+    net.cells[-1].cfg.dtype = net.cells[-1].weights.morph_to(MIXED["head"])
+    return net
+
+
+@pytest.mark.parametrize("post_norms_only", [True, False], ids=["olmo2", "whole-qk-norm-in-pre-norm-blocks"])
+def test_olmo2_stays_on_the_grid(post_norms_only, spy, monkeypatch):
+    """olmo2's blocks (norms after each half only) are no layout of the step, and Q/K norms over
+    all heads, which the step would take head by head, are refused in a layout it knows too."""
+    allowed, grid, answers = twin_runs(monkeypatch, spy, lambda: olmo2_decoder(0, post_norms_only),
+                                       lambda net: greedy(net, PROMPT, 3)[0])
+    assert answers == [False] * 4
+    assert_same_bits(allowed, grid)
 
 
 def test_float16_caches_keep_the_step_on_the_grid(spy, monkeypatch):
