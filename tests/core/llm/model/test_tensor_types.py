@@ -25,7 +25,6 @@ from tests.oracles import llamacpp
 
 from .test_architectures import TINY, write_gguf
 from .test_fused_decode import TWO_THREADS, assert_same_bits, greedy, grid_only, threads
-from .test_fused_decode import spy as spy  # the fixture
 
 KERNEL_TYPE = "Q6_K"  # the FFN's down matrices (rows of 512) keep a type with kernels, as in Q5_K_M
 
