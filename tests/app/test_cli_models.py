@@ -178,9 +178,9 @@ def test_models_info_of_an_architecture_it_cannot_run_reads_the_common_sizes_typ
     import gguf
 
     def write(block_count, vtype):
-        path = tmp_path / "phi.gguf"
-        writer = gguf.GGUFWriter(str(path), "phi3")
-        writer.add_key_value("phi3.block_count", block_count, vtype)
+        path = tmp_path / "deepseek2.gguf"
+        writer = gguf.GGUFWriter(str(path), "deepseek2")
+        writer.add_key_value("deepseek2.block_count", block_count, vtype)
         writer.add_embedding_length(96)
         writer.add_head_count(4)
         writer.add_token_list(["a", "b", "c"])
@@ -194,8 +194,8 @@ def test_models_info_of_an_architecture_it_cannot_run_reads_the_common_sizes_typ
     assert main(["models", "info", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["architecture"], info["blocks"], info["hidden_size"], info["heads"], info["kv_heads"],
-            info["head_dim"], info["context_length"], info["vocab_size"]) == ("phi3", 2, 96, 4, 4, 24, 0, 3)
+            info["head_dim"], info["context_length"], info["vocab_size"]) == ("deepseek2", 2, 96, 4, 4, 24, 0, 3)
     path = write("2", gguf.GGUFValueType.STRING)
     assert main(["models", "info", str(path)]) == 2
-    at = 24 + 8 + len("general.architecture") + 4 + 8 + len("phi3")  # the header, the first pair
-    assert capsys.readouterr().err.endswith(f": phi3.block_count at byte {at}: expected int, got str\n")
+    at = 24 + 8 + len("general.architecture") + 4 + 8 + len("deepseek2")  # the header, the first pair
+    assert capsys.readouterr().err.endswith(f": deepseek2.block_count at byte {at}: expected int, got str\n")
