@@ -193,8 +193,8 @@ def test_models_info_of_an_architecture_it_cannot_run_reads_the_common_sizes_typ
     path = write(2, gguf.GGUFValueType.UINT32)
     assert main(["models", "info", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert (info["architecture"], info["blocks"], info["hidden_size"], info["heads"], info["kv_heads"],
-            info["head_dim"], info["context_length"], info["vocab_size"]) == ("deepseek2", 2, 96, 4, 4, 24, 0, 3)
+    sizes = ("blocks", "hidden_size", "heads", "kv_heads", "head_dim", "context_length", "vocab_size")
+    assert (info["architecture"], *(info[k] for k in sizes)) == ("deepseek2", 2, 96, 4, 4, 24, 0, 3)
     path = write("2", gguf.GGUFValueType.STRING)
     assert main(["models", "info", str(path)]) == 2
     at = 24 + 8 + len("general.architecture") + 4 + 8 + len("deepseek2")  # the header, the first pair

@@ -41,26 +41,22 @@ def test_a_tied_head_is_one_copy_in_memory_until_morphed_apart():
 
 
 @pytest.mark.parametrize("alias", list(registry.BUILTINS))
-def test_a_language_model_counts_each_tensor_of_its_file_once(alias):
+def test_a_language_model_counts_each_tensor_of_its_file_once_and_holds_its_bytes(alias):
+    """Each tensor counted once against gguf-py's own reading; every layer in its real encoding
+    and bytes, the totals the file's (issue 14 §1)."""
     path = registry.fetch(alias)
-    in_file = sum(int(t.n_elements) for t in GGUFReader(path).tensors)  # gguf-py's own reading
-    with load_model(alias) as model:
-        net = model.net
-        assert net.parameter_count() == in_file
-        assert net.summary()["parameters"] == in_file
-    assert model_info.describe(path).parameters == in_file
-
-
-@pytest.mark.parametrize("alias", list(registry.BUILTINS))
-def test_a_language_model_holds_its_files_tensor_bytes_in_their_encodings(alias):
-    """Issue 14 §1: every layer shows its real encoding and bytes; the totals are the file's."""
-    reader = GGUFReader(registry.fetch(alias))
+    reader = GGUFReader(path)
+    in_file = sum(int(t.n_elements) for t in reader.tensors)
     by_type: dict[str, int] = {}
     for t in reader.tensors:
         by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
     with load_model(alias) as model:
-        assert model.net.memory_by_dtype() == by_type
-        assert model.net.memory_bytes() == sum(by_type.values())
+        net = model.net
+        assert net.parameter_count() == in_file
+        assert net.summary()["parameters"] == in_file
+        assert net.memory_by_dtype() == by_type
+        assert net.memory_bytes() == sum(by_type.values())
+    assert model_info.describe(path).parameters == in_file
 
 
 def test_summary_counts_cells_and_layers_apart():

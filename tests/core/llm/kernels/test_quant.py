@@ -11,6 +11,8 @@ float64 oracle. Real errors (a wrong nibble, scale or offset) are orders of magn
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import pytest
@@ -281,6 +283,7 @@ def test_bad_inputs_raise_shape_error():
 # The built-in models' own tensors (read with gguf-py here; the project's reader is tested apart).
 
 
+@functools.cache  # gguf-py reads gemma3's header in ~20 s; the int8 tests use the same tensors
 def model_tensors(alias: str) -> dict:
     return {t.name: t for t in GGUFReader(registry.fetch(alias)).tensors}
 
