@@ -756,10 +756,8 @@ class _IQ4_NL(BlockFormat):
 
 def mxfp4_scales(blocks: np.ndarray) -> np.ndarray:
     """MXFP4 blocks ``[rows, nb, 17]`` -> each block's E8M0 exponent e as the float32 2^(e - 128)
-    (halved, as :data:`MXFP4_VALUES` are doubled), exactly as ggml_e8m0_to_fp32_half makes it."""
-    e = blocks[:, :, 0].astype(np.uint32)
-    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
-    return bits.astype(np.uint32).view(F32)
+    (halved, as :data:`MXFP4_VALUES` are doubled): gguf-py's ``e8m0_to_fp32_half``, ggml's own."""
+    return gguf_quants.MXFP4.e8m0_to_fp32_half(blocks[:, :, 0])
 
 
 class _MXFP4(BlockFormat):
