@@ -76,3 +76,8 @@ class ModelNotFoundError(LoomConfigError):
 
 class LoomCancelled(LoomError):
     """Long work that has no partial result (a merge, a DNA sketch) was stopped by its ``cancel``."""
+
+
+class InspectError(LoomConfigError):
+    """An inspection asked of a model or a sequence it cannot apply to (an embedding model, a
+    layer or head the model does not have, prompts of unequal length to patch between)."""

@@ -498,7 +498,7 @@ class FusedDecoder:
         self.dims = np.array([head.shape[1], s.n_heads, s.n_kv_heads, s.head_dim, ffn, len(blocks)], np.int64)
         self.eps = F32(blocks[0][0].eps)
         self.qk_eps = F32(s.norm_eps)
-        self.scale = F32(attns[0]._scale())
+        self.scale = F32(attns[0].score_scale)
         self.resid = F32(attns[0].spec.output_scale)  # granite's residual multiplier
         self.softcap = F32(s.softcap or 0)  # attend_chunk's: 0 uncapped
         self.head = net.cells[-1]
@@ -527,7 +527,7 @@ class FusedDecoder:
             a = attn.spec
             norms = {la.eps for la in block if isinstance(la, LLMRMSNorm)}
             return (len(norms), *norms, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps, a.rope.interleaved,
-                    attn._scale(), a.softcap, a.output_scale, mlp.output_scale, mlp.cfg.act_id)
+                    attn.score_scale, a.softcap, a.output_scale, mlp.output_scale, mlp.cfg.act_id)
 
         first = shape(blocks[0])
         for block in blocks:

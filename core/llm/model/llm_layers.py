@@ -558,24 +558,16 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
     def forward(self, x, ctx, skip=None):
         if self.device_copy is not None:
             return self._forward_on_device(x, ctx), None
-        s, w = self.spec, self.weights.current(self.cfg.dtype)
+        s = self.spec
         x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
         B, T, _ = x3.shape
-        st = self.weights
-        q, k, v = linears(x3, (w["wq"], w["wk"], w["wv"]))
-        q = plus_bias(q, st, w, "bq").reshape(B, T, s.n_heads, s.head_dim)
-        k = plus_bias(k, st, w, "bk").reshape(B, T, s.n_kv_heads, s.head_dim)
-        v = plus_bias(v, st, w, "bv").reshape(B, T, s.n_kv_heads, s.head_dim)
-        if "q_norm" in w:
-            q, k = (norm_heads(rms_norm, q, w["q_norm"], s.norm_eps),
-                    norm_heads(rms_norm, k, w["k_norm"], s.norm_eps))
         # the decode path's caches; any other run (a Loom-style forward) is a fresh sequence
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
-        q, k = s.rope(starts, T, q, k)
+        q, k, v = self.queries_keys_values(x3, ctx, starts)
         if caches and all(c.on_host_float32 for c in caches):  # one call for every sequence
             out = append_and_attend(q, np.ascontiguousarray(k), np.ascontiguousarray(v), caches, starts,
-                                    s.window, self._scale(), s.softcap)
+                                    s.window, self.score_scale, s.softcap)
         else:
             out = np.empty((B, T, s.n_heads * s.head_dim), dtype=np.float32)
             for b in range(B):
@@ -584,8 +576,42 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                     caches[b].update_and_fetch(kb, vb)
                     kb, vb = caches[b].keys, caches[b].values
                 out[b] = self._attend(q[b], kb, vb, starts[b])
-        y = scaled(plus_bias(linear(out, w["wo"]), st, w, "bo"), s.output_scale)
+        y = self.output(out, ctx)
         return y.reshape(*x.shape[:-1], y.shape[-1]), None
+
+    def queries_keys_values(self, x3, ctx, starts: tuple[int, ...]) -> tuple:
+        """Queries ``[B, T, heads, hd]``, keys and values ``[B, T, kv_heads, hd]`` of ``x3[B, T, d]``
+        (numpy, or the device's arrays once placed), sequence ``b`` at positions ``starts[b]..``:
+        projections and biases, the Q/K norms, RoPE."""
+        s, dc = self.spec, self.device_copy
+        B, T, _ = x3.shape
+        shapes = ((B, T, s.n_heads, s.head_dim), (B, T, s.n_kv_heads, s.head_dim))
+        if dc is None:
+            w, st = self.weights.current(self.cfg.dtype), self.weights
+            q, k, v = (plus_bias(y, st, w, bias) for y, bias in
+                       zip(linears(x3, (w["wq"], w["wk"], w["wv"])), ("bq", "bk", "bv"), strict=True))
+            q, k, v = q.reshape(shapes[0]), k.reshape(shapes[1]), v.reshape(shapes[1])
+            norm = rms_norm
+        else:
+            w, xp = dc.arrays(self, ctx), dc.uploads.xp
+            q, k, v = (xp.reshape(dc.linear_bias(x3, w, f"w{n}", f"b{n}"), shape)
+                       for n, shape in zip("qkv", (shapes[0], shapes[1], shapes[1]), strict=True))
+            norm = rms_norm_xp
+        if "q_norm" in w:
+            q, k = norm_heads(norm, q, w["q_norm"], s.norm_eps), norm_heads(norm, k, w["k_norm"], s.norm_eps)
+        q, k = s.rope(starts, T, q, k) if dc is None else s.rope.on_device(starts, T, xp, q, k)
+        return q, k, v
+
+    def output(self, out, ctx):
+        """The heads' outputs ``out[..., heads * hd]`` projected by Wo, plus its bias, times the
+        layer's ``output_scale``: what the layer returns."""
+        dc = self.device_copy
+        if dc is None:
+            w = self.weights.current(self.cfg.dtype)
+            y = plus_bias(linear(out, w["wo"]), self.weights, w, "bo")
+        else:
+            y = dc.linear_bias(out, dc.arrays(self, ctx), "wo", "bo")
+        return scaled(y, self.spec.output_scale)
 
     def _attend(self, q, keys, values, start: int) -> np.ndarray:
         """Queries ``q[T, H, hd]`` at positions ``start..start+T-1`` over ``keys/values[Hkv, S, hd]``
@@ -594,9 +620,11 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         # the layer's own q, keys and values fit together: attend's checks are skipped (~30 calls
         # a token); a KVCache's keys are a transposed view of a head_dim-major buffer: no copy
         return attend_checked(q, np.ascontiguousarray(keys.transpose(0, 2, 1)), np.ascontiguousarray(values),
-                              start, self.spec.window, self._scale(), self.spec.softcap)
+                              start, self.spec.window, self.score_scale, self.spec.softcap)
 
-    def _scale(self) -> float:
+    @property
+    def score_scale(self) -> float:
+        """What query-key products are multiplied by (``head_dim ** -0.5`` unless the model says)."""
         s = self.spec
         return s.scale if s.scale is not None else s.head_dim ** -0.5
 
@@ -604,18 +632,13 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
         """:meth:`forward` on the device: projections through the backend's kernels, Q/K norms,
         RoPE (angles uploaded once per step), the caches' device buffers, ``LLMKernels.attend``."""
         s, dc = self.spec, self.device_copy
-        w, xp = dc.arrays(self, ctx), dc.uploads.xp
+        dc.arrays(self, ctx)  # refuses a network running on another backend, before any array work
+        xp = dc.uploads.xp
         x3 = xp.reshape(x, (-1, *x.shape[-2:]) if x.ndim >= 2 else (1, 1, -1))
         B, T, _ = x3.shape
-        q = xp.reshape(dc.linear_bias(x3, w, "wq", "bq"), (B, T, s.n_heads, s.head_dim))
-        k = xp.reshape(dc.linear_bias(x3, w, "wk", "bk"), (B, T, s.n_kv_heads, s.head_dim))
-        v = xp.reshape(dc.linear_bias(x3, w, "wv", "bv"), (B, T, s.n_kv_heads, s.head_dim))
-        if "q_norm" in w:
-            q, k = (norm_heads(rms_norm_xp, q, w["q_norm"], s.norm_eps),
-                    norm_heads(rms_norm_xp, k, w["k_norm"], s.norm_eps))
         caches = ctx.layer_caches(self.index, B) if isinstance(ctx, CachedRun) else None
         starts = tuple(c.offset for c in caches) if caches else (0,) * B
-        q, k = s.rope.on_device(starts, T, xp, q, k)
+        q, k, v = self.queries_keys_values(x3, ctx, starts)
         rows = []
         for b in range(B):
             kb, vb = xp.permute_dims(k[b, ...], (1, 0, 2)), xp.permute_dims(v[b, ...], (1, 0, 2))
@@ -623,8 +646,9 @@ class LLMAttention(InferenceOnly, MultiHeadAttention):
                 kb, vb = caches[b].update_and_fetch(kb, vb)
                 if caches[b].dtype == "float32":  # the whole buffers, as on the host: attend reads
                     kb, vb = caches[b].keys, caches[b].values  # what it needs, and no view is copied
-            rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self._scale(), s.softcap))
-        y = scaled(dc.linear_bias(xp.stack(rows), w, "wo", "bo"), s.output_scale)
+            rows.append(dc.kernels.attend(q[b, ...], kb, vb, starts[b], s.window, self.score_scale,
+                                          s.softcap))
+        y = self.output(xp.stack(rows), ctx)
         return xp.reshape(y, (*x.shape[:-1], y.shape[-1]))
 
 
