@@ -64,7 +64,7 @@ def logit_lens(net, ids, *, target: int | None = None, k: int = 5, chunk: int = 
         for at in range(0, T, chunk):
             if stop():
                 raise LoomCancelled("the logit lens was cancelled")
-            logits = to_host(tracer.logits(resid[:, at:at + chunk, :]))[0]
+            logits = to_host(tracer.logits(resid[:, at:min(at + chunk, T), :]))[0]
             rows = slice(at, at + logits.shape[0])
             probs = softmax(logits)
             top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
