@@ -18,7 +18,7 @@ import numpy as np
 from ..backend import array_module, to_host
 from ..cancel import Cancel, as_cancel_check
 from ..errors import InspectError, LoomCancelled
-from .lens import softmax
+from .lens import log_sum_exp
 from .trace import Tracer, one_sequence
 
 KINDS = ("head", "attention", "mlp", "block")
@@ -116,8 +116,8 @@ def ablate(net, ids, ablations: Sequence[Ablation], *, target: int | None = None
     vocab = tracer.embedding.cfg.vocab_size
     if not 0 <= target < vocab:
         raise InspectError(f"target token {target} is outside the vocabulary 0..{vocab - 1}")
-    before, after = (float(np.log(softmax(runs[n][0].astype(np.float64))[target]))
-                     for n in ("before", "after"))
+    before, after = (float(logits[target] - log_sum_exp(logits)[0])
+                     for logits in (runs[n][0].astype(np.float64) for n in ("before", "after")))
     return AblationResult(ablations, [int(t) for t in x[0]], target, before, after,
                           runs["before"][1], runs["after"][1])
 

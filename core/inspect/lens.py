@@ -2,9 +2,9 @@
 
 Row ``j`` of a :class:`LogitLens` is the residual entering block ``j`` (row 0: the embeddings; the
 last row: the final residual, the model's own prediction) through the final norm and the output
-head, softmaxed over the vocabulary. Rows are unembedded a chunk of positions at a time and only
-the top ``k`` and the target's probability and rank are kept, so a long prompt never holds a
-``layers x T x vocab`` array.
+head, softmaxed over the vocabulary. Rows are unembedded a chunk at a time and only the top ``k``
+and the target's probability and rank are kept, so a long prompt never holds a ``layers x T x
+vocab`` array.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import array_module, to_host
 from ..cancel import Cancel, as_cancel_check
 from ..errors import InspectError, LoomCancelled
 from .trace import Tracer, one_sequence
 
-Progress = Callable[[int, int], None]  # (rows of the lens done, rows in all)
+Progress = Callable[[int, int], None]  # (rows of the lens done, rows in all: layers + 1 times T)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class LogitLens:
         return ["embed", *(f"block {i}" for i in range(self.top_ids.shape[0] - 1))]
 
 
-def logit_lens(net, ids, *, target: int | None = None, k: int = 5, chunk: int = 64,
+def logit_lens(net, ids, *, target: int | None = None, k: int = 5, chunk: int = 128,
                progress: Progress | None = None, cancel: Cancel = None) -> LogitLens:
     """The logit lens of ``net`` over one sequence ``ids``; ``target`` defaults to the model's own
     top prediction after the last position."""
@@ -59,26 +59,32 @@ def logit_lens(net, ids, *, target: int | None = None, k: int = 5, chunk: int = 
     shape = (L + 1, T)
     top_ids, top_probs = np.empty((*shape, k), np.int64), np.empty((*shape, k), np.float32)
     target_probs, target_ranks = np.empty(shape, np.float32), np.empty(shape, np.int64)
-    for j in range(L + 1):
-        resid = trace["resid_pre", j]
-        for at in range(0, T, chunk):
-            if stop():
-                raise LoomCancelled("the logit lens was cancelled")
-            logits = to_host(tracer.logits(resid[:, at:min(at + chunk, T), :]))[0]
-            rows = slice(at, at + logits.shape[0])
-            probs = softmax(logits)
-            top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
-            order = np.argsort(-np.take_along_axis(logits, top, -1), axis=-1, kind="stable")
-            top_ids[j, rows] = np.take_along_axis(top, order, -1)
-            top_probs[j, rows] = np.take_along_axis(probs, top_ids[j, rows], -1)
-            target_probs[j, rows] = probs[:, target]
-            target_ranks[j, rows] = (logits > logits[:, target:target + 1]).sum(-1)
+    # every row's residual in one stack, unembedded ``chunk`` rows at a time: a quantized head is
+    # dequantized once per call, so few large calls beat one per row
+    xp = array_module(trace.final)
+    stack = xp.concat([trace["resid_pre", j][0, ...] for j in range(L + 1)], axis=0)
+    flat = [a.reshape(-1, *a.shape[2:]) for a in (top_ids, top_probs, target_probs, target_ranks)]
+    total = stack.shape[0]
+    for at in range(0, total, chunk):
+        if stop():
+            raise LoomCancelled("the logit lens was cancelled")
+        rows = slice(at, min(at + chunk, total))
+        logits = to_host(tracer.logits(stack[rows, ...]))
+        lse = log_sum_exp(logits)
+        top = np.argpartition(logits, -k, axis=-1)[:, -k:]
+        top_logits = np.take_along_axis(logits, top, -1)
+        order = np.argsort(-top_logits, axis=-1, kind="stable")
+        flat[0][rows] = np.take_along_axis(top, order, -1)
+        flat[1][rows] = np.exp(np.take_along_axis(top_logits, order, -1) - lse)
+        flat[2][rows] = np.exp(logits[:, target] - lse[:, 0])
+        flat[3][rows] = (logits > logits[:, target:target + 1]).sum(-1)
         if progress is not None:
-            progress(j + 1, L + 1)
+            progress(rows.stop, total)
     return LogitLens([int(t) for t in x[0]], target, top_ids, top_probs, target_probs, target_ranks)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities over the last axis, in float32 with the maximum subtracted first."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+def log_sum_exp(logits: np.ndarray) -> np.ndarray:
+    """``log(sum(exp(logits)))`` over the last axis (kept as an axis of 1), the maximum taken
+    out first: a token's probability is ``exp(logit - log_sum_exp)``."""
+    m = logits.max(axis=-1, keepdims=True)
+    return m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))

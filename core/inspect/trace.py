@@ -103,7 +103,8 @@ class Tracer:
         x = token_rows(ids)
         vocab = self.embedding.cfg.vocab_size
         if x.size and (x.min() < 0 or x.max() >= vocab):
-            raise InspectError(f"token ids must lie in the vocabulary 0..{vocab - 1}; got {int(x.min())}..{int(x.max())}")
+            raise InspectError(f"token ids must lie in the vocabulary 0..{vocab - 1}; "
+                               f"got {int(x.min())}..{int(x.max())}")
         if x.shape[1] > self.net.args.context_length:
             raise InspectError(f"{x.shape[1]} tokens exceed the model's context length "
                                f"{self.net.args.context_length}")
