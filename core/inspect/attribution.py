@@ -24,7 +24,7 @@ from ..backend import to_host
 from ..cancel import Cancel
 from ..errors import InspectError
 from ..llm.model.llm_layers import LLMRMSNorm
-from .trace import Block, Tracer, one_sequence
+from .trace import Block, Progress, Tracer, one_sequence
 
 
 @dataclass
@@ -55,16 +55,16 @@ class Attribution:
 
 
 def attribute(net, ids, token: int | None = None, position: int = -1, *,
-              cancel: Cancel = None) -> Attribution:
+              progress: Progress | None = None, cancel: Cancel = None) -> Attribution:
     """The direct logit attribution of ``token`` (default: the model's top prediction there) at
-    ``position`` (default the last) of one sequence ``ids``."""
+    ``position`` (default the last) of one sequence ``ids``; ``progress(blocks done, blocks)``."""
     tracer = Tracer(net)
     x = one_sequence(tracer, ids)
     T = x.shape[1]
     if not -T <= position < T:
         raise InspectError(f"position {position} is outside the sequence of {T} tokens")
     position %= T
-    trace = tracer.run(x, keep=("resid_pre", "z", "attn_raw", "mlp_out"), cancel=cancel)
+    trace = tracer.run(x, keep=("resid_pre", "z", "attn_raw", "mlp_out"), cancel=cancel, progress=progress)
     final = to_host(trace.final)[0, position]
     if token is None:
         token = int(np.argmax(to_host(tracer.logits(trace.final[:, position:position + 1, :]))[0, 0]))

@@ -14,7 +14,7 @@ from ..backend import to_host
 from ..cancel import Cancel
 from ..errors import InspectError
 from .attention_weights import attention_weights
-from .trace import Tracer, one_sequence
+from .trace import Progress, Tracer, one_sequence
 
 
 class AttentionPatterns:
@@ -69,12 +69,13 @@ class AttentionPatterns:
         return out
 
 
-def attention_patterns(net, ids, *, cancel: Cancel = None) -> AttentionPatterns:
+def attention_patterns(net, ids, *, progress: Progress | None = None,
+                       cancel: Cancel = None) -> AttentionPatterns:
     """The attention weights of every layer and head of ``net`` over token ids ``ids`` (one
-    sequence)."""
+    sequence); ``progress(blocks done, blocks)``."""
     tracer = Tracer(net)
     x = one_sequence(tracer, ids)
-    trace = tracer.run(x, keep=("q", "k"), cancel=cancel)
+    trace = tracer.run(x, keep=("q", "k"), cancel=cancel, progress=progress)
     layers = range(tracer.n_layers)
     return AttentionPatterns(tracer, [int(t) for t in x[0]], [trace["q", i] for i in layers],
                              [trace["k", i] for i in layers])

@@ -44,6 +44,7 @@ from .attention_weights import attention_weights, mix_values
 SITES = ("resid_pre", "z", "attn_out", "mlp_out", "attn_raw", "q", "k")
 
 Edit = Callable[[str, int, object], object]  # (site, layer, value) -> the value to go on with
+Progress = Callable[[int, int], None]  # (done, in all)
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,11 +112,13 @@ class Tracer:
         return x
 
     def run(self, ids=None, *, resid=None, start: int = 0, edit: Edit | None = None,
-            keep: Collection[str] = (), skip: Collection[int] = (), cancel: Cancel = None) -> Trace:
+            keep: Collection[str] = (), skip: Collection[int] = (), cancel: Cancel = None,
+            progress: Progress | None = None) -> Trace:
         """Token ids ``[B, T]`` through the blocks, or ``resid`` (``[B, T, d]``, the residual
         entering block ``start``) through blocks ``start..``; blocks in ``skip`` (and any whose
         container Loom's ``is_disabled`` switches off) pass the residual on unchanged.
-        :class:`LoomCancelled` between blocks once ``cancel`` asks."""
+        :class:`LoomCancelled` between blocks once ``cancel`` asks; ``progress(blocks done,
+        blocks)`` after each."""
         stop = as_cancel_check(cancel)
         ctx = CachedRun(self.net, None)
         trace = Trace()
@@ -137,6 +140,8 @@ class Tracer:
                 continue
             x = x + site("attn_out", i, self._attention_half(i, block, x, ctx, site))
             x = x + site("mlp_out", i, _run(block.mlp_half, x, ctx))
+            if progress is not None:
+                progress(i + 1, self.n_layers)
         trace.final = site("resid_pre", self.n_layers, x)
         return trace
 

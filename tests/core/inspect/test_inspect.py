@@ -279,7 +279,12 @@ def test_long_work_reports_progress_and_stops_when_cancelled(nets):
 
     with pytest.raises(LoomCancelled):
         patch(net, IDS, CORRUPTED, progress=cancel_after_first, cancel=stop)
+    seen.clear()
+    attention_patterns(net, IDS, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
     with pytest.raises(LoomCancelled):
         logit_lens(net, IDS, cancel=lambda: True)
+    with pytest.raises(LoomCancelled):
+        attribute(net, IDS, progress=cancel_after_first, cancel=stop)
     with pytest.raises(LoomCancelled):
         ablate(net, IDS, [Ablation("mlp", 0)], progress=cancel_after_first, cancel=stop)
