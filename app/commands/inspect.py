@@ -294,6 +294,7 @@ class _Ablation:
             f"({r.delta:+.4f})"
         )
         before, after = inspector.token_texts(r.greedy_before), inspector.token_texts(r.greedy_after)
+        before, after = ([t.replace("\n", "\\n") for t in texts] for texts in (before, after))
         print("before: " + "".join(before))
         print("after:  " + "".join(f"[{t}]" if c else t for t, c in zip(after, r.changed, strict=True)))
         print("(tokens in [brackets] changed)", file=sys.stderr)
