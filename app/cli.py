@@ -63,8 +63,8 @@ def add_gui_options(p) -> None:
     """The options that open the workbench in a given state (in ``loomlab --help`` too)."""
     p.add_argument("--screenshot", metavar="PATH",
                    help="render the window to this PNG and exit (uses a throwaway workspace and settings)")
-    p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, telemetry, morph, "
-                                   "run, dna, evolution, server")
+    p.add_argument("--panel", help="bring this panel to the front: models, chat, topology, inspect, "
+                                   "telemetry, morph, run, dna, evolution, server")
     p.add_argument("--model", help="load this model (built-in alias, .gguf file or HF folder)")
     p.add_argument("--network", help="open this Loom network (.json or .loom)")
     p.add_argument("--prompt", help="send this message to the loaded model and wait for the reply "

@@ -156,6 +156,21 @@ def drive(window: MainWindow, options: GuiOptions) -> None:
         chat.send(options.prompt)
         _wait(window, lambda: bool(replies), "waiting for the reply")
         print(replies[0].content, flush=True)
+    if options.panel == "inspect" and window.model is not None:
+        _inspect(window, options)
+
+
+def _inspect(window: MainWindow, options: GuiOptions) -> None:
+    """The Inspect panel shows its first view: of the chat's reply (``--prompt``), else of its own
+    prompt."""
+    inspect = window.panels["inspect"]
+    _wait(window, lambda: inspect.inspector is not None, "handing the model to the Inspect panel")
+    if options.prompt is not None:
+        inspect.pull_conversation()
+        inspect.use_turn(-1)
+    view = inspect.current_view()
+    shown = lambda: inspect.result(view) is not None  # noqa: E731
+    _wait(window, lambda: shown() or (not inspect.is_busy() and bool(inspect.tokens)), "inspecting")
 
 
 def _wait(window: MainWindow, done: Callable[[], bool], what: str) -> None:

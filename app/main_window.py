@@ -33,6 +33,7 @@ from loomlab.views.backend_choice import BackendChoice, BackendMenu, BackendStat
 from loomlab.views.chat_panel import ChatPanel
 from loomlab.views.dna_panel import DNAPanel
 from loomlab.views.evolution_panel import EvolutionPanel
+from loomlab.views.inspect_panel import InspectPanel
 from loomlab.views.models_panel import ModelsPanel
 from loomlab.views.morph_panel import MorphPanel
 from loomlab.views.run_panel import RunPanel
@@ -54,7 +55,7 @@ MODEL_FILTER = "GGUF models (*.gguf);;All files (*)"
 MAX_RECENT = 8
 STEP_PAUSE_MS = 40  # between panels taking a new model (see _chain)
 RELEASE_PAUSE_MS = 300  # after an unload, before giving its memory back (see _release_if_idle)
-PANELS = ("models", "chat", "topology", "telemetry", "morph", "run", "dna", "evolution", "server")
+PANELS = ("models", "chat", "topology", "inspect", "telemetry", "morph", "run", "dna", "evolution", "server")
 #: The panels tabbed along the bottom, the first in front.
 BOTTOM_ROW = ("server", "telemetry", "morph", "run", "dna", "evolution")
 MODELS_SHARE, BOTTOM_SHARE = 0.25, 0.3  # of the window's width and height, in the default layout
@@ -62,7 +63,7 @@ DEFAULT_SIZE = (1400, 900)  # a first start's window, where the screen has room 
 FOCUS_SHARE = 0.6  # the bottom row's share of the height when one of its panels is asked for
 LAYOUT_VERSION = 1  # of the saved dock layout: one saved for another default layout is not restored
 #: Panels that show a layer and select it when another of them does.
-LINKED = ("topology", "telemetry", "morph")
+LINKED = ("topology", "telemetry", "morph", "inspect")
 SHORTCUTS = (("Ctrl+O", "Open a network"), ("Ctrl+Shift+O", "Open a model"),
              ("Ctrl+Shift+S", "Save the network as"), ("Ctrl+Return", "Send a chat message"),
              ("Ctrl+Q", "Quit"))
@@ -93,6 +94,7 @@ class MainWindow(QMainWindow):
             "models": ModelsPanel(self.runner, model_folders),
             "chat": ChatPanel(self.runner, self.workspace),
             "topology": TopologyPanel(),
+            "inspect": InspectPanel(self.runner),
             "telemetry": TelemetryPanel(),
             "morph": MorphPanel(self.runner),
             "run": RunPanel(self.runner),
@@ -110,7 +112,7 @@ class MainWindow(QMainWindow):
         self._bottom_share = BOTTOM_SHARE
         self.docks = self._build_docks()
         # a dock behind another's tab stays "visible" to Qt: these panels learn it from the dock
-        for name in ("morph", "topology", "telemetry", "dna", "evolution"):
+        for name in ("morph", "topology", "inspect", "telemetry", "dna", "evolution"):
             self.docks[name].visibilityChanged.connect(self.panels[name].set_shown)
         self._build_menus()
         self._build_status_bar()
@@ -120,11 +122,11 @@ class MainWindow(QMainWindow):
 
     # ----- construction --------------------------------------------------------------------
     def _build_docks(self) -> dict[str, QDockWidget]:
-        """The default layout, built around the chat: Models on the left, Chat (Topology behind
-        its tab) taking most of the height, and the other panels tabbed in one short row along
+        """The default layout, built around the chat: Models on the left, Chat (Topology and
+        Inspect behind its tab) taking most of the height, and the other panels tabbed in one short row along
         the bottom with Server in front, so that a chat and its server are seen together.
         Tabbed, the bottom row is as tall as its tallest panel's minimum, not their sum."""
-        titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D",
+        titles = {"models": "Models", "chat": "Chat", "topology": "Topology 3D", "inspect": "Inspect",
                   "telemetry": "Telemetry", "morph": "Morph", "run": "Run", "dna": "DNA",
                   "evolution": "Evolution", "server": "Server"}
         area = Qt.DockWidgetArea
@@ -137,6 +139,7 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area.LeftDockWidgetArea, docks["models"])
         self.addDockWidget(area.RightDockWidgetArea, docks["chat"])
         self.tabifyDockWidget(docks["chat"], docks["topology"])
+        self.tabifyDockWidget(docks["chat"], docks["inspect"])
         for name in BOTTOM_ROW:
             self.addDockWidget(area.BottomDockWidgetArea, docks[name])
         for name in BOTTOM_ROW[1:]:
@@ -283,6 +286,11 @@ class MainWindow(QMainWindow):
         self.panels["run"].trained.connect(lambda _losses: self.panels["morph"].refresh())
         self.panels["run"].trained.connect(lambda _losses: self.panels["topology"].refresh())
         self.panels["morph"].morphed.connect(lambda _reports: self.panels["topology"].refresh())
+        # the Inspect panel inspects the model as morphed, and offers the chat's turns
+        inspect = self.panels["inspect"]
+        self.panels["morph"].morphed.connect(lambda _reports: inspect.refresh())
+        inspect.set_conversation_source(chat.session.model_messages)
+        chat.reply_finished.connect(lambda _message: inspect.pull_conversation())
         dna, evolution = self.panels["dna"], self.panels["evolution"]
         dna.logic_shifts_changed.connect(self.panels["topology"].show_logic_shifts)
         dna.child_ready.connect(self._open_child)
@@ -345,6 +353,7 @@ class MainWindow(QMainWindow):
         self._chain(lambda: self.model is model, [
             lambda: self.panels["chat"].set_model(model), lambda: self.panels["morph"].set_model(model),
             lambda: self.panels["evolution"].set_model(model), lambda: self.panels["server"].set_model(model),
+            lambda: self.panels["inspect"].set_model(model),
             lambda: self._show_network(model.net, label)])
 
     def _start_server(self, host: str, port: int, api_key: str | None, max_batch: int, on_log):
@@ -396,6 +405,7 @@ class MainWindow(QMainWindow):
         """The model was unloaded: no panel keeps its grid (a Loom network opened since stays), and
         the memory it used goes back to the system once its last job has ended."""
         self.panels["chat"].clear_model()
+        self.panels["inspect"].clear_model()
         self.panels["evolution"].set_model(None)
         self.panels["server"].set_model(None)
         self._offer_model(None)

@@ -37,7 +37,7 @@ def make_window(qtbot, tmp_path, size: tuple[int, int] | None = None):
     return win
 
 
-TAB_GROUPS = [("Chat", "Topology 3D"), ("Server", "Telemetry", "Morph", "Run", "DNA", "Evolution")]
+TAB_GROUPS = [("Chat", "Topology 3D", "Inspect"), ("Server", "Telemetry", "Morph", "Run", "DNA", "Evolution")]
 
 
 def tab_bars(win: MainWindow) -> list[tuple[str, ...]]:
@@ -92,8 +92,8 @@ def menu_actions(win: MainWindow) -> dict[str, list[str]]:
 def test_menus_and_docks(window):
     menus = menu_actions(window)
     assert menus["File"] == ["Open model...", "Open network...", "Save network as...", "Open recent", "Quit"]
-    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Telemetry", "Morph", "Run", "DNA", "Evolution",
-                             "Server", "Backend", "Theme"]
+    assert menus["View"] == ["Models", "Chat", "Topology 3D", "Inspect", "Telemetry", "Morph", "Run", "DNA",
+                             "Evolution", "Server", "Backend", "Theme"]
     assert menus["Help"] == ["About Loom Lab", "Keyboard shortcuts"]
     assert set(window.docks) == set(PANELS)
     assert all(dock.widget() is window.panels[name] for name, dock in window.docks.items())
@@ -556,6 +556,47 @@ def test_gui_stays_responsive_while_a_model_morphs_to_a_block_format_and_back(qt
     assert reverted["bytes_now"] == reverted["bytes_original"] == net.memory_bytes()
     assert (reverted["kl_mean"], reverted["top1_agreement"]) == (0.0, 1.0)
     assert_responsive(ticks, idle_start, morph_start, morph_end, "morphing")
+
+
+def test_gui_stays_responsive_while_a_patching_grid_computes(qtbot, tmp_path):
+    """Issue 35: the Inspect panel's patching grid (smollm2-135m, a 5-token prompt, every layer and
+    position) runs in its job; the 10 ms timer keeps firing with the chat's bound (see above). A
+    bar of its attribution then selects that block's attention layer in the linked panels."""
+    from loomlab.app.gui import warm_up
+
+    warm_up()
+    win = make_window(qtbot, tmp_path)
+    inspect = win.panels["inspect"]
+    ticks, timer = start_ticking()
+    try:
+        win.open_model("smollm2-135m")
+        qtbot.waitUntil(lambda: win.panels["telemetry"].network is not None and not win.handing_over,
+                        timeout=120000)
+        win.docks["inspect"].raise_()  # behind the Chat tab it computes nothing
+        qtbot.waitUntil(lambda: inspect.result("attention") is not None and not inspect.is_busy(),
+                        timeout=60000)
+        inspect.show_view("patching")
+        inspect.patching_view.corrupted_edit.setText("The capital of Italy is")
+        at_rest(qtbot, ticks)
+        idle_start = time.perf_counter()
+        qtbot.wait(1000)
+        patch_start = time.perf_counter()
+        inspect.compute("patching")
+        qtbot.waitUntil(lambda: inspect.result("patching") is not None, timeout=120000)
+        patch_end = time.perf_counter()
+        grid = inspect.result("patching")
+        inspect.show_view("attribution")
+        qtbot.waitUntil(lambda: inspect.result("attribution") is not None, timeout=60000)
+        kind, layer, _, _ = inspect.attribution_view.rows[0]
+        inspect.attribution_view.choose(0)
+        key = inspect.layer_key(kind, layer)
+        selected = (win.panels["topology"].selected_key, win.panels["telemetry"].selected_key)
+    finally:
+        timer.stop()
+        win.close()
+    assert grid.restored.shape == (30, 5)
+    assert key is not None and selected == (key, key)
+    assert_responsive(ticks, idle_start, patch_start, patch_end, "patching")
 
 
 def test_a_first_runs_kernel_count_shows_in_the_status_bar_and_closing_stops_it(window, qtbot):
