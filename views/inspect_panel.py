@@ -567,11 +567,7 @@ class InspectPanel(QWidget):
         self._pending = None
         job, self._job = self._job, None
         if job is not None:
-            try:
-                job.cancel()
-                job.wait()
-            except RuntimeError:  # the runner already finished and deleted it
-                pass
+            job.stop()
 
     def closeEvent(self, event) -> None:
         self.shutdown()

@@ -862,11 +862,7 @@ class TopologyPanel(QWidget):
         self.view.release()
         job, self._hist_job = self._hist_job, None
         if job is not None:
-            try:
-                job.cancel()
-                job.wait()
-            except RuntimeError:  # the runner already finished and deleted it
-                pass
+            job.stop()
 
     def closeEvent(self, event) -> None:
         self.shutdown()

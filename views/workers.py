@@ -72,6 +72,14 @@ class Job(QThread):
     def cancel(self) -> None:
         self._cancel.set()
 
+    def stop(self) -> None:
+        """Cancel and wait until the thread has finished (a panel shutting down)."""
+        try:
+            self.cancel()
+            self.wait()
+        except RuntimeError:  # the runner already finished and deleted it
+            pass
+
 
 class JobRunner(QObject):
     """Starts jobs and keeps them until they end; :meth:`shutdown` cancels and joins them all."""
