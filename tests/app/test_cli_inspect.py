@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from loomlab.app.cli import main
-from loomlab.core.inspect import Ablation, Inspector
+from loomlab.core.inspect import Ablation, Inspector, Tracer
 from loomlab.core.llm.generate.textmodel import load_model
+from loomlab.core.llm.kernels.quant_int8 import int8_activations
 
 MODEL = "smollm2-135m"
 PROMPT = "The capital of France is"
@@ -70,12 +71,30 @@ def test_patterns_ablation_and_patching(inspector, capsys):
     assert got["ablations"] == ["head L28H3 zero", "mlp L29 zero"]
     assert (got["greedy_before"], got["greedy_after"]) == (result.greedy_before, result.greedy_after)
     assert got["logprob_after"] == pytest.approx(result.logprob_after, abs=1e-5)
-    grid = inspector.patching(inspector.prompt_ids(CLEAN), inspector.prompt_ids(CORRUPTED), site="z")
     code, out, _ = run(["inspect", MODEL, "--prompt", CLEAN, "--corrupted", CORRUPTED, "--what", "patching",
                         "--site", "z", "--json"], capsys)
     got = json.loads(out)
-    assert code == 0 and (got["answer"], got["wrong"]) == (grid.answer, grid.wrong)
-    np.testing.assert_allclose(got["restored"], grid.restored, atol=1e-5)
+    assert code == 0 and np.array(got["restored"]).shape == (30, 9)
+    # two cells against whole runs of the corrupted prompt with that head's values copied in
+    clean, corrupted = inspector.prompt_ids(CLEAN), inspector.prompt_ids(CORRUPTED)
+    with inspector.model.busy(), int8_activations(False):
+        tracer = Tracer(inspector.model.net)
+        logits = tracer.logits(tracer.run(np.array([clean])).final)[0, -1]
+        assert got["answer"] == int(np.argmax(logits))
+        z = tracer.run(np.array([clean]), keep=("z",))
+        for layer, head in ((0, 0), (22, 4)):
+            def edit(site, i, value, layer=layer, head=head):
+                if (site, i) != ("z", layer):
+                    return value
+                value = value.copy()
+                value[:, :, head] = z["z", layer][:, :, head]
+                return value
+
+            final = tracer.run(np.array([corrupted]), edit=edit).final
+            answer, wrong = tracer.token_logits(final[:, -1], [got["answer"], got["wrong"]])[0]
+            assert got["diffs"][layer][head] == pytest.approx(answer - wrong, abs=1e-4)
+    restored = (np.array(got["diffs"]) - got["corrupted_diff"]) / (got["clean_diff"] - got["corrupted_diff"])
+    np.testing.assert_allclose(got["restored"], restored, atol=1e-5)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
