@@ -48,7 +48,6 @@ from loomlab.core.inspect import Inspector
 from loomlab.core.inspect.trace import Tracer
 from loomlab.core.io.atomic import write_atomic
 from loomlab.core.layer_names import LayerKey
-from loomlab.core.llm.model.llm_layers import LLMRMSNorm
 
 from . import inspect_export as export
 from .inspect_jobs import WORK, Inputs, Shown
@@ -612,8 +611,7 @@ class InspectPanel(QWidget):
         show them too) and which block each grid cell holds (block i is cell i + 1)."""
         key = lambda layer: (*layer.coords, layer.path)  # noqa: E731
         self._keys = {"attention": [key(b.attention) for b in tracer.blocks],
-                      "mlp": [key(next(la for la in b.mlp_half if not isinstance(la, LLMRMSNorm)))
-                              for b in tracer.blocks],
+                      "mlp": [key(b.mlp) for b in tracer.blocks],
                       "embed": [key(tracer.embedding)]}
         self._block_of_cell = {tuple(b.attention.coords): i for i, b in enumerate(tracer.blocks)}
 

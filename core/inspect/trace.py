@@ -12,6 +12,8 @@ site             shape                   what
 ``mlp_out``      ``[B, T, d]``           what the MLP (or mixture of experts) half adds
 ``attn_raw``     ``[B, T, d]``           the attention layer's output, before any post-norm
 ``q`` / ``k``    ``[B, T, heads, hd]``   queries and keys after the Q/K norms and RoPE
+``attn_in``      ``[B, T, d]``           the attention layer's input (after the pre-norm)
+``mlp_in``       ``[B, T, d]``           the MLP (or experts') layer's input (after the pre-norm)
 ===============  ======================  ===================================================
 
 A :class:`Tracer` runs the model's own layers (norms, MLPs, experts; the attention layer's own
@@ -41,7 +43,7 @@ from ..llm.model.llm_layers import LLMAttention, LLMEmbedding, LLMHead, LLMRMSNo
 from ..llm.model.model_network import token_rows
 from .attention_weights import attention_weights, mix_values
 
-SITES = ("resid_pre", "z", "attn_out", "mlp_out", "attn_raw", "q", "k")
+SITES = ("resid_pre", "z", "attn_out", "mlp_out", "attn_raw", "q", "k", "attn_in", "mlp_in")
 
 Edit = Callable[[str, int, object], object]  # (site, layer, value) -> the value to go on with
 Progress = Callable[[int, int], None]  # (done, in all)
@@ -56,6 +58,12 @@ class Block:
     attention_half: tuple[Layer, ...]
     attention: LLMAttention
     mlp_half: tuple[Layer, ...]
+
+    @property
+    def mlp(self) -> Layer:
+        """The MLP half's own layer (a gated MLP, or the mixture of experts): its first that is not
+        a norm."""
+        return next(layer for layer in self.mlp_half if not isinstance(layer, LLMRMSNorm))
 
     @property
     def post_norms(self) -> tuple[Layer, ...]:
@@ -139,7 +147,7 @@ class Tracer:
             if i in skip or block.container.cfg.is_disabled:
                 continue
             x = x + site("attn_out", i, self._attention_half(i, block, x, ctx, site))
-            x = x + site("mlp_out", i, _run(block.mlp_half, x, ctx))
+            x = x + site("mlp_out", i, self._mlp_half(i, block, x, ctx, site))
             if progress is not None:
                 progress(i + 1, self.n_layers)
         trace.final = site("resid_pre", self.n_layers, x)
@@ -152,11 +160,21 @@ class Tracer:
             if layer is not block.attention:
                 x = layer.forward(x, ctx)[0]
                 continue
+            x = site("attn_in", i, x)
             B, T = x.shape[0], x.shape[1]
             q, k, v = layer.queries_keys_values(x, ctx, (0,) * B)
             q, k = site("q", i, q), site("k", i, k)
             z = site("z", i, mix_values(attention_weights(layer, q, k), v))
             x = site("attn_raw", i, layer.output(array_module(z).reshape(z, (B, T, -1)), ctx))
+        return x
+
+    def _mlp_half(self, i: int, block: Block, x, ctx, site):
+        for layer in block.mlp_half:
+            if layer.cfg.is_disabled:
+                continue
+            if layer is block.mlp:
+                x = site("mlp_in", i, x)
+            x = layer.forward(x, ctx)[0]
         return x
 
     # ----- the end of the stream ----------------------------------------------------------
@@ -199,13 +217,6 @@ def one_sequence(tracer: Tracer, ids) -> np.ndarray:
     x = tracer.check_ids(ids)
     if x.shape[0] != 1:
         raise InspectError(f"an inspection is of one sequence; got {x.shape[0]}")
-    return x
-
-
-def _run(layers: Sequence[Layer], x, ctx):
-    for layer in layers:
-        if not layer.cfg.is_disabled:
-            x = layer.forward(x, ctx)[0]
     return x
 
 
