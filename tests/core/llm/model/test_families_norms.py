@@ -68,7 +68,7 @@ def test_logits_and_greedy_tokens_are_transformers(model):
     attention = [la for la in net.all_layers() if isinstance(la, LLMAttention)]
     if family == "gemma2":
         assert [la.spec.window for la in attention] == [4, None, 4]  # sliding on layers 0, 2
-        assert {(la.spec.softcap, la._scale()) for la in attention} == {(1.0, 0.25)}
+        assert {(la.spec.softcap, la.score_scale) for la in attention} == {(1.0, 0.25)}
         assert net.cells[-1].softcap == 2.0
         assert net.cells[-1].weights.blocks["weight"] is net.cells[0].weights.blocks["table"]  # tied
     else:
