@@ -25,7 +25,7 @@ BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LANGUAGE_MODELS = ("smollm2-135m", "gemma3-270m")
 # commands that load a language model (or its files) whatever their arguments
 MODEL_COMMANDS = {"models", "chat", "generate", "tokenize", "bench", "quant-report", "quantize", "serve",
-                  "merge", "inspect"}
+                  "merge", "inspect", "imatrix"}
 # words a reader would have to replace: a pasted command must not hold one
 PLACEHOLDERS = {"MODEL", "FILE", "PATH", "NAME", "KEY", "PATTERN", "DIR", "NET", "CONFIG", "TEXT", "RUN",
                 "OUT", "IN", "N", "VENV", "..."}

@@ -111,7 +111,7 @@ def probe_chunks(model, text: str, ctx: int = DEFAULT_CTX) -> ProbeChunks:
     if ids.size < need:
         raise LoomConfigError(f"the probe text has {ids.size} tokens; a drift measurement needs at least "
                               f"{need} ({MIN_PROBE_TOKENS} and two chunks of {ctx})")
-    bos = _bos_id(model.tokenizer)
+    bos = bos_id(model.tokenizer)
     first = ctx // 2
     chunks, targets = [], []
     for start in range(0, (ids.size // ctx) * ctx, ctx):
@@ -123,7 +123,7 @@ def probe_chunks(model, text: str, ctx: int = DEFAULT_CTX) -> ProbeChunks:
     return ProbeChunks(int(ids.size), ctx, tuple(chunks), tuple(targets))
 
 
-def _bos_id(tokenizer) -> int | None:
+def bos_id(tokenizer) -> int | None:
     """The BOS id when the tokenizer adds one to a sequence (llama.cpp's ``add_bos``), else None."""
     bos = getattr(tokenizer, "bos_id", None)
     if bos is None:
