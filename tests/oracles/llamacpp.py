@@ -1,19 +1,21 @@
-"""llama.cpp's reference quantizers (``quantize_row_*_ref`` in ``ggml/src/ggml-quants.c``),
-compiled from llama.cpp's own C and called through ctypes: the oracle for
-``loomlab.core.llm.kernels.quantize``.
+"""llama.cpp's quantizers (``quantize_row_*_ref`` in ``ggml/src/ggml-quants.c``, and with an
+importance matrix ``quantize_<type>``), compiled from llama.cpp's own C and called through ctypes:
+the oracle for ``loomlab.core.llm.kernels.quantize``.
 
 The C comes from PyPI: the sdist of ``llama-cpp-python`` (pinned in :data:`VERSION`) vendors
 llama.cpp. :func:`load` downloads it once with pip, compiles ``ggml-quants.c`` alone with gcc into
-a small shared library (a few stubs stand in for the rest of ggml, which the reference
-quantizers never call) and caches it under ``~/.cache/loomlab/oracles/`` keyed by that version;
-later runs load the cached library. The C is compiled as written: ``-O2`` with
-``-ffp-contract=off`` (no fused multiply-adds, as C's float semantics say; llama.cpp's own builds
-may fuse them where the target has FMA) and ``-DNDEBUG`` as in a release build.
+a small shared library (a few stubs stand in for the rest of ggml: the block sizes of the
+types we quantize, and aborts for anything else) and caches it under
+``~/.cache/loomlab/oracles/`` keyed by that version and by the stubs and flags; later runs load
+the cached library. The C is compiled as written: ``-O2`` with ``-ffp-contract=off`` (no fused
+multiply-adds, as C's float semantics say; llama.cpp's own builds may fuse them where the target
+has FMA) and ``-DNDEBUG`` as in a release build.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shutil
 import subprocess
@@ -30,16 +32,43 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-DNDEBUG", "-fPIC", "-shared", "-std=gnu11"]
 
-# ggml-quants.c refers to these for its imatrix paths and asserts; the reference quantizers do not.
-STUBS = r"""
+#: the types whose quantize_<type> (with importance weights) the stubs below can size
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _stubs() -> str:
+    """The C for what ggml-quants.c needs from the rest of ggml: ggml_abort, and the row, block
+    and type sizes and names that ``quantize_<type>`` asks for (gguf-py's GGML_QUANT_SIZES, for
+    :data:`TYPES`; any other type aborts)."""
+    cases = "".join(f'    case GGML_TYPE_{t}: *name = "{_c_name(t)}"; *blck = {GGML_QUANT_SIZES[GT[t]][0]}; '
+                    f"*size = {GGML_QUANT_SIZES[GT[t]][1]}; return;\n" for t in TYPES)
+    return f"""
 #include <stdlib.h>
 #include "ggml.h"
-void ggml_abort(const char * file, int line, const char * fmt, ...) {
+void ggml_abort(const char * file, int line, const char * fmt, ...) {{
     (void) file; (void) line; (void) fmt; abort();
-}
-size_t ggml_row_size(enum ggml_type type, int64_t ne) { (void) type; (void) ne; abort(); }
-const char * ggml_type_name(enum ggml_type type) { (void) type; abort(); }
-size_t ggml_type_size(enum ggml_type type) { (void) type; abort(); }
+}}
+static void type_traits(enum ggml_type type, const char ** name, int64_t * blck, size_t * size) {{
+    switch (type) {{
+{cases}    default: abort();
+    }}
+}}
+size_t ggml_row_size(enum ggml_type type, int64_t ne) {{
+    const char * name; int64_t blck; size_t size;
+    type_traits(type, &name, &blck, &size);
+    if (ne % blck) abort();
+    return size * (size_t) (ne / blck);
+}}
+const char * ggml_type_name(enum ggml_type type) {{
+    const char * name; int64_t blck; size_t size;
+    type_traits(type, &name, &blck, &size);
+    return name;
+}}
+size_t ggml_type_size(enum ggml_type type) {{
+    const char * name; int64_t blck; size_t size;
+    type_traits(type, &name, &blck, &size);
+    return size;
+}}
 """
 
 
@@ -58,11 +87,16 @@ def load() -> ctypes.CDLL:
     """The compiled reference quantizers, built on first use (about 30 s: mostly pip)."""
     global _lib
     if _lib is None:
-        path = cache_dir() / "ggml_quants_ref.so"
+        path = cache_dir() / f"ggml_quants-{_build_key()}.so"
         if not path.exists():
             _build(path)
         _lib = ctypes.CDLL(str(path))
     return _lib
+
+
+def _build_key() -> str:
+    """What the library is built from besides the sdist: a new stub or flag builds a new one."""
+    return hashlib.sha256((_stubs() + " ".join(CFLAGS)).encode()).hexdigest()[:12]
 
 
 def _row_function(name: str):
@@ -83,6 +117,25 @@ def quantize(matrix: np.ndarray, fmt: str) -> np.ndarray:
     out = np.zeros((W.shape[0], W.shape[1] // elems * nbytes), np.uint8)
     _row_function(f"quantize_row_{_c_name(fmt)}_ref")(W.ctypes.data, out.ctypes.data, W.size)
     return out
+
+
+def quantize_weighted(fmt: str, matrix: np.ndarray, importance: np.ndarray | None) -> bytes:
+    """``matrix`` float32 [rows, cols] encoded by llama.cpp's ``quantize_<fmt>(src, dst, nrow,
+    n_per_row, quant_weights)``, the entry point llama-quantize calls, with ``importance`` (float32
+    [cols], the imatrix entry) as quant_weights, or NULL for None: the rows' blocks, as bytes."""
+    W = np.ascontiguousarray(matrix, dtype=np.float32)
+    elems, nbytes = GGML_QUANT_SIZES[GT[fmt]]
+    assert fmt in TYPES and W.ndim == 2 and W.shape[1] % elems == 0, (W.shape, fmt)
+    qw = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
+    assert qw is None or qw.shape == (W.shape[1],), (qw.shape, W.shape)
+    out = np.zeros(W.shape[0] * (W.shape[1] // elems) * nbytes, np.uint8)
+    fn = getattr(load(), f"quantize_{_c_name(fmt)}")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+    weights = None if qw is None else qw.ctypes.data  # None: a NULL pointer
+    written = fn(W.ctypes.data, out.ctypes.data, W.shape[0], W.shape[1], weights)
+    assert written == out.size, (written, out.size)
+    return out.tobytes()
 
 
 def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
@@ -115,7 +168,7 @@ def _build(target: Path) -> None:
         if len(sdists) != 1:
             raise OracleBuildError(f"pip download left {[p.name for p in work.iterdir()]}, not one sdist")
         ggml = _unpack(sdists[0], work / "src")
-        (work / "stubs.c").write_text(STUBS)
+        (work / "stubs.c").write_text(_stubs())
         built = work / "lib.so"
         _run([compiler, *CFLAGS, "-I", str(ggml / "include"), "-I", str(ggml / "src"),
               str(ggml / "src" / "ggml-quants.c"), str(work / "stubs.c"), "-lm", "-o", str(built)],

@@ -13,6 +13,13 @@ operations and without fused multiply-adds, float16 scales through ggml's own ``
 byte-identical to gguf-py's ``quants.quantize`` for the five formats it implements and to
 llama.cpp's C for all ten (``tests/core/llm/kernels/test_quantize.py`` compiles the C as its oracle).
 
+With an importance vector (``quantize(W, fmt, importance=w)``: llama.cpp's imatrix, one weight
+per column, e.g. the mean square of that column's input) the encoders follow llama.cpp's
+``quantize_<type>(src, dst, nrow, n_per_row, quant_weights)`` instead, its ``*_impl`` paths:
+each block's scales fitted by weighted least squares with ``make_qkx3_quants``, ``make_qp_quants``
+and ``make_qx_quants``, byte-identical to that C too (``test_quantize_imatrix.py``). Q8_0 has no
+such path: llama.cpp ignores the weights, and so does ``quantize``.
+
 The kernels run over rows in parallel on numba's threads and release the GIL: SmolLM2-135M's
 134 M weights take seconds (``tests/bench/bench_quantize.py``).
 """
@@ -33,29 +40,43 @@ QUANTIZE_FORMATS: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4
                                      "Q2_K")
 _CODE = {name: i for i, name in enumerate(QUANTIZE_FORMATS)}
 _GROUP_MAX_EPS = F32(1e-15)
+# The fits divide as C does, to inf or NaN, where numba's default would raise: make_qkx2_quants
+# can move its min up to its max and then divide by max - min (an importance of zero on a block's
+# only nonzero weight does it), and llama.cpp's C goes on with the infinite scale.
+_C_DIVISION = dict(error_model="numpy")
 
 
 
-def quantize(matrix: np.ndarray, fmt: str) -> np.ndarray:
+def quantize(matrix: np.ndarray, fmt: str, importance: np.ndarray | None = None) -> np.ndarray:
     """``matrix`` (float ``[rows, cols]``, converted to float32) encoded in format ``fmt``.
+
+    Args:
+        importance: None for llama.cpp's reference quantizer (``quantize_row_<type>_ref``), or
+            the importance of each column (float ``[cols]``, finite, >= 0: llama.cpp's imatrix
+            entry for this matrix) for its importance-weighted one. Zeros are allowed, as in
+            llama.cpp, where a block whose weights are all zero may decode to all zeros.
 
     Returns:
         uint8 ``[rows, cols // block_elems * block_bytes]``: each row's blocks in GGUF's layout.
 
     Raises:
-        LoomConfigError: ``fmt`` is not one of :data:`QUANTIZE_FORMATS`, or ``matrix`` is not a
-            floating-point array or holds values that are not finite in float32.
-        LoomShapeError: ``matrix`` is not 2-D and non-empty, or its rows are not whole blocks.
+        LoomConfigError: ``fmt`` is not one of :data:`QUANTIZE_FORMATS`, ``matrix`` or
+            ``importance`` is not a floating-point array, or holds values that are not finite in
+            float32, or ``importance`` holds a negative weight.
+        LoomShapeError: ``matrix`` is not 2-D and non-empty, or its rows are not whole blocks, or
+            ``importance`` is not one weight per column.
     """
     W, spec = _checked(matrix, fmt)
+    qw = _checked_importance(importance, W.shape[1])
     out = np.empty((W.shape[0], W.shape[1] // spec.block_elems * spec.block_bytes), np.uint8)
-    _quantize_rows(W, _CODE[fmt], spec.block_elems, spec.block_bytes, out)
+    _quantize_rows(W, _CODE[fmt], spec.block_elems, spec.block_bytes, qw, out)
     return out
 
 
-def quantize_matrix(matrix: np.ndarray, fmt: str, *, name: str = "tensor") -> QuantMatrix:
-    """A :class:`QuantMatrix` holding ``quantize(matrix, fmt)``."""
-    blocks = quantize(matrix, fmt)
+def quantize_matrix(matrix: np.ndarray, fmt: str, *, name: str = "tensor",
+                    importance: np.ndarray | None = None) -> QuantMatrix:
+    """A :class:`QuantMatrix` holding ``quantize(matrix, fmt, importance)``."""
+    blocks = quantize(matrix, fmt, importance)
     return QuantMatrix(blocks, int(GT[fmt]), (blocks.shape[0], int(np.shape(matrix)[1])), name=name)
 
 
@@ -82,6 +103,27 @@ def _checked(matrix, fmt):
         raise LoomConfigError(f"the matrix to quantize holds values that are not finite (as float32) "
                               f"in {bad.size} rows, first row {bad[0]}")
     return W, spec
+
+
+def _checked_importance(importance, cols):
+    """``importance`` as contiguous float32 ``[cols]``; None as an empty array (the kernels' sign
+    for llama.cpp's reference path)."""
+    if importance is None:
+        return np.zeros(0, F32)
+    if not isinstance(importance, np.ndarray) or not np.issubdtype(importance.dtype, np.floating):
+        what = importance.dtype if isinstance(importance, np.ndarray) else type(importance).__name__
+        raise LoomConfigError(f"the importance must be a numpy array of floats; got {what}")
+    if importance.shape != (cols,):
+        raise LoomShapeError(f"the importance must hold one weight per column of the matrix, shape "
+                             f"({cols},); got shape {importance.shape}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range: reported just below
+        qw = np.ascontiguousarray(importance, dtype=F32)
+    for bad, what in ((~np.isfinite(qw), "not finite (as float32)"), (qw < 0, "negative")):
+        if bad.any():
+            at = np.flatnonzero(bad)
+            raise LoomConfigError(f"the importance holds {at.size} weights that are {what}, first at "
+                                  f"column {at[0]} ({importance[at[0]]}); they must be finite and >= 0")
+    return qw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,10 +213,33 @@ def _put16(o, at, h):
     o[at + 1] = h >> 8
 
 
+
+@njit(inline="always")
+def _sum_squares(x, n):
+    """x[0]**2 + ... + x[n-1]**2 in float32, left to right (the C's ``sum_x2``)."""
+    total = F32(0)
+    for i in range(n):
+        total += x[i] * x[i]
+    return total
+
+
+@njit(inline="always")
+def _importance_weights(qw, x, n, sigma2, out):
+    """llama.cpp's weights for an imatrix fit, ``qw[i] * sqrtf(sigma2 + x[i]**2)``, into out[:n];
+    returns their sum (the C's ``sw[j]``)."""
+    total = F32(0)
+    for i in range(n):
+        out[i] = qw[i] * np.sqrt(sigma2 + x[i] * x[i])
+        total += out[i]
+    return total
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocks of 32: Q8_0 (roundf), Q4_0 / Q5_0 (scale from the signed absolute maximum, 2**(b-1)
 # levels each side) and Q4_1 / Q5_1 (scale and minimum, 2**b - 1 steps). ``L`` gets the quants;
-# _pack_32 writes them as nibbles at ``qs`` and, for 5 bits, the fifth bits at ``qh``.
+# _pack_32 writes them as nibbles at ``qs`` and, for 5 bits, the fifth bits at ``qh``. With
+# importance ``qw`` (non-empty) the scales are llama.cpp's quantize_row_q*_impl fits instead, each
+# weight's importance times sqrt(sigma2 + x**2), sigma2 the mean square of the whole row.
 
 
 @njit
@@ -190,8 +255,12 @@ def _q8_0_block(x, o):
 
 
 @njit
-def _symmetric_block(x, o, half, L):
+def _symmetric_block(x, o, half, L, qw, sigma2, weights):
     """Q4_0 (half 8) / Q5_0 (half 16): the f16 scale, and the quants in L."""
+    if qw.size:  # make_qx_quants's weighted least-squares scale, its sign included
+        _importance_weights(qw, x, 32, sigma2, weights)
+        _put16(o, 0, _fp16(_make_qx_quants(32, half, x, L, weights)))
+        return
     amax = F32(0)
     vmax = F32(0)
     for j in range(32):
@@ -207,8 +276,14 @@ def _symmetric_block(x, o, half, L):
 
 
 @njit
-def _affine_block(x, o, levels, L):
+def _affine_block(x, o, levels, L, qw, sigma2, weights, Laux):
     """Q4_1 (levels 15) / Q5_1 (levels 31): the f16 scale and f16 minimum, and the quants in L."""
+    if qw.size:
+        _importance_weights(qw, x, 32, sigma2, weights)
+        d, neg_min = _make_qkx2_quants(32, levels, x, weights, L, Laux, F32(-0.9), F32(0.05), 36, False)
+        _put16(o, 0, _fp16(d))
+        _put16(o, 2, _fp16(-neg_min))
+        return
     vmin = F32(np.finfo(np.float32).max)
     vmax = -vmin
     for j in range(32):
@@ -238,8 +313,9 @@ def _pack_32(o, qs, qh, L):
 
 
 # ---------------------------------------------------------------------------------------------
-# K-quants: make_qkx2_quants (as Q2_K, Q4_K and Q5_K call it), make_qx_quants (rmse_type 1, no
-# importance weights, as Q6_K calls it) and make_q3_quants (do_rmse, as Q3_K calls it).
+# K-quants: make_qkx2_quants (as Q2_K, Q4_K and Q5_K call it; with importance, make_qkx3_quants),
+# make_qx_quants (rmse_type 1, as Q6_K and the imatrix Q3_K call it), make_q3_quants (do_rmse, as
+# the reference Q3_K calls it) and make_qp_quants (the imatrix fits of the scales themselves).
 
 
 @njit(inline="always")
@@ -247,9 +323,10 @@ def _error(diff, use_mad):
     return abs(diff) if use_mad else diff * diff
 
 
-@njit
+@njit(**_C_DIVISION)
 def _make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
-    """Returns (scale, -min); L[:n] gets the quants."""
+    """Returns (scale, -min); L[:n] gets the quants. Also make_qkx3_quants given weights: its C
+    differs only in ``max <= min`` for ``max == min``, the same once min is clamped to <= 0."""
     vmin = x[0]
     vmax = x[0]
     sum_w = weights[0]
@@ -322,8 +399,26 @@ def _signed_max(n, x):
 
 
 @njit
-def _make_qx_quants(n, nmax, x, L):
-    """rmse_type 1 (weights x**2), no qw: returns the scale; L[:n] gets quants + nmax."""
+def _largest(n, x):
+    """The largest of 0 and x[:n]: the reference K-quants' ``if (scale > max_scale) ...``."""
+    top = F32(0)
+    for i in range(n):
+        if x[i] > top:
+            top = x[i]
+    return top
+
+
+@njit(inline="always")
+def _squares(x, n, out):
+    """out[:n] = x[:n]**2: make_qx_quants's weights when it is given none (rmse_type 1)."""
+    for i in range(n):
+        out[i] = x[i] * x[i]
+
+
+@njit(**_C_DIVISION)
+def _make_qx_quants(n, nmax, x, L, w):
+    """rmse_type 1 with weights w[:n]: returns the scale; L[:n] gets quants + nmax (zeros where
+    x[:n] is all zero)."""
     vmax, amax = _signed_max(n, x)
     if amax < _GROUP_MAX_EPS:
         L[:n] = 0
@@ -334,10 +429,9 @@ def _make_qx_quants(n, nmax, x, L):
     for i in range(n):
         lv = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
         L[i] = lv + nmax
-        w = x[i] * x[i]
         lf = F32(lv)
-        sumlx += w * x[i] * lf
-        suml2 += w * lf * lf
+        sumlx += w[i] * x[i] * lf
+        suml2 += w[i] * lf * lf
     scale = sumlx / suml2 if suml2 != 0 else F32(0)
     best = scale * sumlx
     for step in range(-9, 10):
@@ -348,9 +442,8 @@ def _make_qx_quants(n, nmax, x, L):
         suml2 = F32(0)
         for i in range(n):
             lf = F32(max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i]))))
-            w = x[i] * x[i]
-            sumlx += w * x[i] * lf
-            suml2 += w * lf * lf
+            sumlx += w[i] * x[i] * lf
+            suml2 += w[i] * lf * lf
         if suml2 > 0 and sumlx * sumlx > best * suml2:
             for i in range(n):
                 L[i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
@@ -359,41 +452,109 @@ def _make_qx_quants(n, nmax, x, L):
     return scale
 
 
+@njit(**_C_DIVISION)
+def _make_qp_quants(n, nmax, x, L, qw):
+    """The scale of x[:n] (a super-block's group scales or minimums, >= 0) on levels 0..nmax,
+    fitted with weights qw[:n]; L[:n] gets the levels. The C keeps them in uint8_t, so a level of a
+    negative x wraps there: ``& 0xFF`` does the same here, and the sums use the unwrapped level."""
+    vmax = F32(0)
+    for i in range(n):
+        vmax = vmax if vmax > x[i] else x[i]  # the C's MAX(max, x[i])
+    if vmax < _GROUP_MAX_EPS:
+        L[:n] = 0
+        return F32(0)
+    iscale = F32(nmax) / vmax
+    for i in range(n):
+        L[i] = _nearest_int(iscale * x[i]) & 0xFF
+    scale = F32(1) / iscale
+    best_mse = F32(0)
+    for i in range(n):
+        diff = x[i] - scale * F32(L[i])
+        best_mse += qw[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_step = (F32(0.1) * F32(step) + F32(nmax)) / vmax
+        scale_step = F32(1) / iscale_step
+        mse = F32(0)
+        for i in range(n):
+            diff = x[i] - scale_step * F32(min(nmax, _nearest_int(iscale_step * x[i])))
+            mse += qw[i] * diff * diff
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_step
+    sumlx = F32(0)
+    suml2 = F32(0)
+    for i in range(n):
+        lv = min(nmax, _nearest_int(iscale * x[i]))
+        L[i] = lv & 0xFF
+        sumlx += qw[i] * x[i] * F32(lv)
+        suml2 += qw[i] * F32(lv) * F32(lv)
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = qw[i]
+            slx = sumlx - w * x[i] * F32(L[i])
+            sl2 = suml2 - w * F32(L[i]) * F32(L[i])
+            if slx > 0 and sl2 > 0:
+                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if changed == 0:
+            break
+    return sumlx / suml2 if suml2 > F32(0) else F32(0)
+
+
 @njit
-def _q45_k_block(x, o, L, Laux, weights, scales, mins, nmax):
+def _q45_k_block(x, o, L, Laux, weights, scales, mins, nmax, qw, sw, Ls, Lm):
     """Q4_K (nmax 15): 144 bytes, f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 of
     nibbles. Q5_K (nmax 31): 176 bytes, the same with 32 bytes of fifth bits before the nibbles."""
     five = nmax == 31
-    max_scale = F32(0)
-    max_min = F32(0)
+    weighted = qw.size > 0  # quantize_row_q4_K_impl / q5_K_impl
+    sigma2 = F32(2) * _sum_squares(x, 256) / F32(256) if weighted else F32(0)
     for j in range(8):
         xs = x[32 * j:32 * j + 32]
-        sum_x2 = F32(0)
-        for i in range(32):
-            sum_x2 += xs[i] * xs[i]
-        av_x = np.sqrt(sum_x2 / F32(32))
-        for i in range(32):
-            weights[i] = av_x + abs(xs[i])
-        scales[j], mins[j] = _make_qkx2_quants(32, nmax, xs, weights, L[32 * j:], Laux,
-                                               F32(-0.5) if five else F32(-1), F32(0.1), 15 if five else 20,
-                                               False)
-        if scales[j] > max_scale:
-            max_scale = scales[j]
-        if mins[j] > max_min:
-            max_min = mins[j]
-    inv_scale = F32(63) / max_scale if max_scale > 0 else F32(0)
-    inv_min = F32(63) / max_min if max_min > 0 else F32(0)
-    for j in range(8):
-        ls = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
-        if j < 4:
-            o[4 + j] = ls
-            o[4 + j + 4] = lm
+        if weighted:
+            sw[j] = _importance_weights(qw[32 * j:], xs, 32, sigma2, weights)
         else:
-            o[4 + j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
-            o[4 + j - 4] |= (ls >> 4) << 6
-            o[4 + j] |= (lm >> 4) << 6
-    d16, dmin16 = _fp16(max_scale / F32(63)), _fp16(max_min / F32(63))
+            av_x = np.sqrt(_sum_squares(xs, 32) / F32(32))
+            for i in range(32):
+                weights[i] = av_x + abs(xs[i])
+        scales[j], mins[j] = _make_qkx2_quants(32, nmax, xs, weights, L[32 * j:], Laux,
+                                               F32(-0.9) if weighted else F32(-0.5) if five else F32(-1),
+                                               F32(0.05) if weighted else F32(0.1),
+                                               36 if weighted else 15 if five else 20, False)
+    if weighted:
+        d = _make_qp_quants(8, 63, scales, Ls, sw)
+        dmin = _make_qp_quants(8, 63, mins, Lm, sw)
+        if five:  # Q5_K's C clamps the levels to 63, Q4_K's does not (they exceed it only wrapped)
+            for j in range(8):
+                Ls[j] = min(63, Ls[j])
+                Lm[j] = min(63, Lm[j])
+    else:
+        max_scale, max_min = _largest(8, scales), _largest(8, mins)
+        inv_scale = F32(63) / max_scale if max_scale > 0 else F32(0)
+        inv_min = F32(63) / max_min if max_min > 0 else F32(0)
+        for j in range(8):
+            Ls[j] = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
+            Lm[j] = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
+        d = max_scale / F32(63)
+        dmin = max_min / F32(63)
+    for j in range(8):
+        if j < 4:
+            o[4 + j] = Ls[j]
+            o[4 + j + 4] = Lm[j]
+        else:
+            o[4 + j + 4] = (Ls[j] & 0xF) | ((Lm[j] & 0xF) << 4)
+            o[4 + j - 4] |= ((Ls[j] >> 4) << 6) & 0xFF
+            o[4 + j] |= ((Lm[j] >> 4) << 6) & 0xFF
+    d16, dmin16 = _fp16(d), _fp16(dmin)
     _put16(o, 0, d16)
     _put16(o, 2, dmin16)
     for j in range(8):  # get_scale_min_k4
@@ -420,19 +581,43 @@ def _q45_k_block(x, o, L, Laux, weights, scales, mins, nmax):
 
 
 @njit
-def _q2_k_block(x, o, L, Laux, weights, scales, mins):
+def _q2_k_block(x, o, L, Laux, weights, scales, mins, qw, sw, Ls, Lm):
     """84 bytes: 16 bytes of 4-bit scale and min pairs, 64 of 2-bit quants, f16 d, f16 dmin."""
-    max_scale = F32(0)
-    max_min = F32(0)
+    weighted = qw.size > 0  # quantize_row_q2_K_impl: sigma2 without Q3_K-Q5_K's factor 2, squared errors
+    sigma2 = _sum_squares(x, 256) / F32(256) if weighted else F32(0)
     for j in range(16):
+        xs = x[16 * j:16 * j + 16]
+        if weighted:
+            sw[j] = _importance_weights(qw[16 * j:], xs, 16, sigma2, weights)
+        else:
+            for i in range(16):
+                weights[i] = abs(xs[i])
+        scales[j], mins[j] = _make_qkx2_quants(16, 3, xs, weights, L[16 * j:], Laux,
+                                               F32(-0.9) if weighted else F32(-0.5),
+                                               F32(0.05) if weighted else F32(0.1),
+                                               36 if weighted else 15, not weighted)
+    if weighted:
+        _put16(o, 80, _fp16(_make_qp_quants(16, 15, scales, Ls, sw)))
+        _put16(o, 82, _fp16(_make_qp_quants(16, 15, mins, Lm, sw)))
+        for j in range(16):
+            o[j] = (Ls[j] | (Lm[j] << 4)) & 0xFF
+    else:
+        _q2_k_scales(o, scales, mins)
+    d16, dmin16 = _byte(o, 80) | (_byte(o, 81) << 8), _byte(o, 82) | (_byte(o, 83) << 8)
+    for j in range(16):
+        d = _fp32(d16) * F32(_byte(o, j) & 0xF)
+        if d == 0:
+            continue
+        dm = _fp32(dmin16) * F32(_byte(o, j) >> 4)
         for i in range(16):
-            weights[i] = abs(x[16 * j + i])
-        scales[j], mins[j] = _make_qkx2_quants(16, 3, x[16 * j:16 * j + 16], weights, L[16 * j:], Laux,
-                                               F32(-0.5), F32(0.1), 15, True)
-        if scales[j] > max_scale:
-            max_scale = scales[j]
-        if mins[j] > max_min:
-            max_min = mins[j]
+            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / d)))
+    _pack_2_bit(o, 16, L)
+
+
+@njit
+def _q2_k_scales(o, scales, mins):
+    """quantize_row_q2_K_ref's 4-bit scales and mins of the groups' fits, d and dmin."""
+    max_scale, max_min = _largest(16, scales), _largest(16, mins)
     o[0:16] = 0
     if max_scale > 0:
         iscale = F32(15) / max_scale
@@ -448,15 +633,6 @@ def _q2_k_block(x, o, L, Laux, weights, scales, mins):
         _put16(o, 82, _fp16(max_min / F32(15)))
     else:
         _put16(o, 82, _fp16(F32(0)))
-    d16, dmin16 = _byte(o, 80) | (_byte(o, 81) << 8), _byte(o, 82) | (_byte(o, 83) << 8)
-    for j in range(16):
-        d = _fp32(d16) * F32(_byte(o, j) & 0xF)
-        if d == 0:
-            continue
-        dm = _fp32(dmin16) * F32(_byte(o, j) >> 4)
-        for i in range(16):
-            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / d)))
-    _pack_2_bit(o, 16, L)
 
 
 @njit(inline="always")
@@ -474,7 +650,7 @@ def _pack_2_bit(o, at, L):
             o[at + j // 4 + i] = L[j + i] | (L[j + i + 32] << 2) | (L[j + i + 64] << 4) | (L[j + i + 96] << 6)
 
 
-@njit
+@njit(**_C_DIVISION)
 def _make_q3_quants(n, nmax, x, L):
     """do_rmse true: returns the scale; L[:n] gets quants + nmax."""
     vmax, amax = _signed_max(n, x)
@@ -513,30 +689,46 @@ def _make_q3_quants(n, nmax, x, L):
     return sumlx / suml2 if suml2 > F32(0) else F32(0)
 
 
-@njit
-def _q3_k_block(x, o, L, scales):
-    """110 bytes: 32 bytes of third bits, 64 of 2-bit quants, 12 of packed 6-bit scales, f16 d."""
-    max_scale = F32(0)
-    amax = F32(0)
-    for j in range(16):
-        scales[j] = _make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:])
-        if abs(scales[j]) > amax:
-            amax = abs(scales[j])
-            max_scale = scales[j]
-    o[96:108] = 0
-    if max_scale != 0:
-        iscale = F32(-32) / max_scale
-        for j in range(16):
-            lv = _int8(_nearest_int(iscale * scales[j]))
-            lv = max(-32, min(31, lv)) + 32
-            if j < 8:
-                o[96 + j] = lv & 0xF
-            else:
-                o[96 + j - 8] |= (lv & 0xF) << 4
-            o[96 + 8 + j % 4] |= (lv >> 4) << (2 * (j // 4))
-        _put16(o, 108, _fp16(F32(1) / iscale))
+@njit(inline="always")
+def _put_q3_scale(o, j, lv):
+    """Q3_K's 6-bit scale ``lv`` (0-63) of group j: low nibble in bytes 96-103, high bits 104-107."""
+    if j < 8:
+        o[96 + j] = lv & 0xF
     else:
-        _put16(o, 108, _fp16(F32(0)))
+        o[96 + j - 8] |= (lv & 0xF) << 4
+    o[96 + 8 + j % 4] |= (lv >> 4) << (2 * (j // 4))
+
+
+@njit
+def _q3_k_block(x, o, L, scales, qw, weights, sw, Ls):
+    """110 bytes: 32 bytes of third bits, 64 of 2-bit quants, 12 of packed 6-bit scales, f16 d."""
+    o[96:108] = 0
+    if qw.size:  # quantize_row_q3_K_impl: make_qx_quants for the groups and for their scales
+        sigma2 = F32(2) * _sum_squares(x, 256) / F32(256)
+        for j in range(16):
+            xs = x[16 * j:16 * j + 16]
+            sw[j] = _importance_weights(qw[16 * j:], xs, 16, sigma2, weights)
+            scales[j] = _make_qx_quants(16, 4, xs, L[16 * j:], weights)
+        d = _make_qx_quants(16, 32, scales, Ls, sw)
+        for j in range(16):
+            _put_q3_scale(o, j, Ls[j])
+        _put16(o, 108, _fp16(d))
+    else:
+        max_scale = F32(0)
+        amax = F32(0)
+        for j in range(16):
+            scales[j] = _make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:])
+            if abs(scales[j]) > amax:
+                amax = abs(scales[j])
+                max_scale = scales[j]
+        if max_scale != 0:
+            iscale = F32(-32) / max_scale
+            for j in range(16):
+                lv = _int8(_nearest_int(iscale * scales[j]))
+                _put_q3_scale(o, j, max(-32, min(31, lv)) + 32)
+            _put16(o, 108, _fp16(F32(1) / iscale))
+        else:
+            _put16(o, 108, _fp16(F32(0)))
     d16 = _byte(o, 108) | (_byte(o, 109) << 8)
     for j in range(16):
         sc = (_byte(o, 96 + j) & 0xF) if j < 8 else (_byte(o, 96 + j - 8) >> 4)
@@ -555,12 +747,18 @@ def _q3_k_block(x, o, L, scales):
 
 
 @njit
-def _q6_k_block(x, o, L, scales):
-    """210 bytes: 128 of low nibbles, 64 of 2-bit high parts, 16 int8 scales, f16 d."""
+def _q6_k_block(x, o, L, scales, qw, weights):
+    """210 bytes: 128 of low nibbles, 64 of 2-bit high parts, 16 int8 scales, f16 d. With importance,
+    quantize_row_q6_K_impl: the weights are the importance alone (no sigma2 term, unlike the others)."""
     max_scale = F32(0)
     max_abs_scale = F32(0)
     for ib in range(16):
-        scale = _make_qx_quants(16, 32, x[16 * ib:16 * ib + 16], L[16 * ib:])
+        xs = x[16 * ib:16 * ib + 16]
+        if qw.size:
+            weights[:16] = qw[16 * ib:16 * ib + 16]
+        else:
+            _squares(xs, 16, weights)
+        scale = _make_qx_quants(16, 32, xs, L[16 * ib:], weights)
         scales[ib] = scale
         if abs(scale) > max_abs_scale:
             max_abs_scale = abs(scale)
@@ -592,39 +790,41 @@ def _q6_k_block(x, o, L, scales):
 
 
 @njit(**KERNEL_OPTIONS)
-def _quantize_rows(W, code, belems, bbytes, out):
-    """Row r of W into row r of out, block by block; ``code`` indexes QUANTIZE_FORMATS."""
-    rows, nb = W.shape[0], W.shape[1] // belems
+def _quantize_rows(W, code, belems, bbytes, qw, out):
+    """Row r of W into row r of out, block by block; ``code`` indexes QUANTIZE_FORMATS. ``qw``: the
+    importance of each column, or empty for the reference quantizers (each block gets its slice)."""
+    rows, cols = W.shape
+    nb = cols // belems
     for r in prange(rows):
         L = np.zeros(256, np.int64)
         Laux = np.zeros(32, np.int64)
         weights = np.zeros(32, F32)
         scales = np.zeros(16, F32)
         mins = np.zeros(16, F32)
+        sw = np.zeros(16, F32)
+        Ls = np.zeros(16, np.int64)
+        Lm = np.zeros(16, np.int64)
+        # the imatrix Q4_0-Q5_1 weigh by the mean square of the whole row, not of the block
+        sigma2 = _sum_squares(W[r], cols) / F32(cols) if qw.size and 1 <= code <= 4 else F32(0)
         for b in range(nb):
             x = W[r, b * belems:(b + 1) * belems]
             o = out[r, b * bbytes:(b + 1) * bbytes]
-            if code == 0:
+            q = qw[b * belems:(b + 1) * belems]  # empty without importance
+            # the formats' numbers are chosen at run time, not passed as literals: numba compiles
+            # a helper once per literal it is given, which lengthens the cold compile for no speed
+            if code == 0:  # Q8_0: llama.cpp's quantize_q8_0 ignores the importance too
                 _q8_0_block(x, o)
-            elif code == 1:  # Q4_0: d, nibbles
-                _symmetric_block(x, o, 8, L)
-                _pack_32(o, 2, -1, L)
-            elif code == 2:  # Q4_1: d, m, nibbles
-                _affine_block(x, o, 15, L)
-                _pack_32(o, 4, -1, L)
-            elif code == 3:  # Q5_0: d, fifth bits, nibbles
-                _symmetric_block(x, o, 16, L)
-                _pack_32(o, 6, 2, L)
-            elif code == 4:  # Q5_1: d, m, fifth bits, nibbles
-                _affine_block(x, o, 31, L)
-                _pack_32(o, 8, 4, L)
-            elif code == 5:
-                _q45_k_block(x, o, L, Laux, weights, scales, mins, 15)
+            elif code == 1 or code == 3:  # Q4_0: d, nibbles; Q5_0: d, fifth bits, nibbles
+                _symmetric_block(x, o, 8 if code == 1 else 16, L, q, sigma2, weights)
+                _pack_32(o, 2 if code == 1 else 6, -1 if code == 1 else 2, L)
+            elif code == 2 or code == 4:  # Q4_1: d, m, nibbles; Q5_1: d, m, fifth bits, nibbles
+                _affine_block(x, o, 15 if code == 2 else 31, L, q, sigma2, weights, Laux)
+                _pack_32(o, 4 if code == 2 else 8, -1 if code == 2 else 4, L)
+            elif code == 5 or code == 7:
+                _q45_k_block(x, o, L, Laux, weights, scales, mins, 15 if code == 5 else 31, q, sw, Ls, Lm)
             elif code == 6:
-                _q6_k_block(x, o, L, scales)
-            elif code == 7:
-                _q45_k_block(x, o, L, Laux, weights, scales, mins, 31)
+                _q6_k_block(x, o, L, scales, q, weights)
             elif code == 8:
-                _q3_k_block(x, o, L, scales)
+                _q3_k_block(x, o, L, scales, q, weights, sw, Ls)
             else:
-                _q2_k_block(x, o, L, Laux, weights, scales, mins)
+                _q2_k_block(x, o, L, Laux, weights, scales, mins, q, sw, Ls, Lm)
