@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from ..cli import CliError, add_backend_option, print_table, progress, progress_bar
@@ -21,6 +22,10 @@ RECIPE_HELP = ("one format for every matrix (Q4_K, Q8_0 ... GGUF's block formats
                "preset:Q4_0 ...); or a JSON file: {layer or tensor name, pattern "
                "(blk.*.attn_v) or index: format} (\"*\" for the rest, a format or a preset) or a "
                "list with one format per weighted layer")
+
+
+IMATRIX_HELP = ("an importance matrix (`loomlab imatrix`, or llama-imatrix's .gguf / .dat): block "
+                "formats are quantized weighted by it, as llama-quantize --imatrix does")
 
 
 def register(sub) -> None:
@@ -39,6 +44,7 @@ def register(sub) -> None:
                         "sensitive)")
     p.add_argument("--top", type=int, default=0,
                    help="with --per-layer: print only the N most sensitive layers")
+    p.add_argument("--imatrix", metavar="FILE", help=IMATRIX_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backend_option(p)
     p.set_defaults(handler=cmd_quant_report)
@@ -48,6 +54,7 @@ def register(sub) -> None:
     q.add_argument("model", help="a built-in alias (smollm2-135m, gemma3-270m) or a .gguf file")
     q.add_argument("output", help="the GGUF file to write (replaced only once it is complete)")
     q.add_argument("--recipe", required=True, help=RECIPE_HELP)
+    q.add_argument("--imatrix", metavar="FILE", help=IMATRIX_HELP)
     q.add_argument("--json", action="store_true", help="print what was written as one JSON object")
     q.set_defaults(handler=cmd_quantize)
 
@@ -55,13 +62,16 @@ def register(sub) -> None:
 def cmd_quant_report(args) -> int:
     from loomlab.core.llm.generate.textmodel import load_model
     from loomlab.core.llm.quality.drift import DEFAULT_CTX, measure_drift
+    from loomlab.core.llm.quality.recipe import morph_planned
 
     if args.top < 0:
         raise CliError(f"--top must be >= 0, got {args.top}")
     probe = _read_probe(args.probe) if args.probe is not None else None
+    importance = _importance(args.imatrix)
+    morph = morph_planned if importance is None else partial(morph_planned, importance=importance)
     with load_model(args.model, progress=progress_bar, backend=args.backend, first_run="wait") as model:
         report = measure_drift(model, args.recipe, probe, ctx=DEFAULT_CTX if args.ctx is None else args.ctx,
-                              per_layer=args.per_layer, progress=progress)
+                              per_layer=args.per_layer, morph=morph, progress=progress)
     if args.json:
         print(json.dumps({**report.as_dict(), "backend": model.backend.name}, indent=2))
     else:
@@ -76,13 +86,15 @@ def cmd_quantize(args) -> int:
     from loomlab.core.llm.quality.recipe import apply_recipe, fallback_summary, plan_recipe
 
     destination(args.output)  # a device, FIFO or folder is refused before the model loads
+    importance = _importance(args.imatrix)
     with load_model(args.model, progress=progress_bar, first_run="wait") as model:
         # a bad recipe, or one GGUF cannot store (int8 ...), stops here, before any morphing
         plan = plan_recipe(model.net, args.recipe)
         check_recipe_plan(plan)
         if plan.fallbacks:
             print(fallback_summary(plan.fallbacks), file=sys.stderr)
-        apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"))
+        apply_recipe(model.net, plan, progress=lambda done, total, name: progress(done, total, "morph"),
+                     importance=importance)
         result = export_gguf(model, args.output, progress=progress_bar, ftype=plan.file_type)
     summary = {"path": str(result.path), "bytes": result.nbytes, "tensors": result.tensors,
                "changed_tensors": result.changed, "file_type": result.file_type,
@@ -95,6 +107,17 @@ def cmd_quantize(args) -> int:
         print(f"{result.path}: {format_bytes(result.nbytes)}, {result.tensors} tensors "
               f"({result.changed} in new encodings), file type {result.file_type}")
     return 0
+
+
+def _importance(path: str | None):
+    """``--imatrix``'s file as what recipes take: a GGUF tensor name -> its importance vector, None
+    for a tensor the file has no entry for (quantized unweighted, as llama-quantize does)."""
+    if path is None:
+        return None
+    from loomlab.core.llm.quality.imatrix import read_imatrix
+
+    im = read_imatrix(path)
+    return lambda name: im.importance(name) if name in im.in_sum2 else None
 
 
 def _read_probe(path: str) -> str:

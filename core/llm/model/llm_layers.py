@@ -353,14 +353,17 @@ class MatrixStore(WeightStore):
         self.encoded = None
         return super().morph_to(target)
 
-    def morph_parts(self, formats: Mapping[str, str]) -> str:
+    def morph_parts(self, formats: Mapping[str, str],
+                    importance: Mapping[str, np.ndarray | None] | None = None) -> str:
         """Encode each matrix named in ``formats`` (part -> one of :data:`PART_FORMATS`) in its own
         format (a layer of Q4_K and Q6_K matrices, as llama.cpp's mixes make them); the matrices not
         named keep their block encoding (the file's, when the layer is in a Loom dtype now). A
-        format equal to the file's matrix gives back the file's own. Returns the layer's dtype."""
+        format equal to the file's matrix gives back the file's own. ``importance`` (part -> its
+        imatrix vector) weighs the quantization as llama-quantize's ``--imatrix`` does. Returns
+        the layer's dtype."""
         encoded = dict(self.encoded if self.encoded is not None else self.blocks)
         for part, fmt in formats.items():
-            encoded[part] = encode(self.blocks[part], fmt)
+            encoded[part] = encode(self.blocks[part], fmt, (importance or {}).get(part))
         same = all(encoded[name] is m for name, m in self.blocks.items())
         return self._use_encoded(None if same else encoded)
 

@@ -92,6 +92,8 @@ RECIPE_FILE_LIMIT = 1 << 20  # bytes: a recipe names a format per tensor at most
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 # precedence levels of a recipe's keys, most specific first
 TENSOR, LAYER, PATTERN, DEFAULT = range(4)
+# a GGUF tensor name -> its importance vector (an imatrix entry), or None to quantize it unweighted
+Importance = Callable[[str], np.ndarray | None]
 
 
 # ----- the model's weighted layers -----------------------------------------------------------------
@@ -599,12 +601,16 @@ def _nbytes(m, fmt: str) -> int:
 
 
 # ----- applying and saving -------------------------------------------------------------------------
-def morph_planned(layer: Layer, cell: int, plan: LayerPlan) -> MorphReport:
-    """Morph one layer as its plan says (checked first): a Loom dtype, or a format per matrix."""
+def morph_planned(layer: Layer, cell: int, plan: LayerPlan,
+                  importance: Importance | None = None) -> MorphReport:
+    """Morph one layer as its plan says (checked first): a Loom dtype, or a format per matrix,
+    each weighted by ``importance(its GGUF tensor name)`` where that gives a vector (an
+    importance matrix, llama-quantize's ``--imatrix``)."""
     if plan.dtype is not None:
         return morph_sublayer(layer, cell, plan.dtype)
     _check_parts(layer, cell, plan)
-    layer.cfg.dtype = layer.weights.morph_parts(plan.parts)
+    weights = None if importance is None else {part: importance(plan.tensors[part]) for part in plan.parts}
+    layer.cfg.dtype = layer.weights.morph_parts(plan.parts, weights)
     return layer_report(layer, cell)
 
 
@@ -614,11 +620,12 @@ def _check_parts(layer: Layer, cell: int, plan: LayerPlan) -> None:
         raise LoomConfigError(f"layer {plan.name} at cell {cell} cannot morph to {plan.format}: {problem}")
 
 
-def apply_recipe(net, recipe, progress: Callable[[int, int, str], None] | None = None) -> list[MorphReport]:
+def apply_recipe(net, recipe, progress: Callable[[int, int, str], None] | None = None,
+                 importance: Importance | None = None) -> list[MorphReport]:
     """Morph ``net``'s weighted layers as ``recipe`` (a :class:`RecipePlan` made for this net, or
     anything :func:`plan_recipe` reads) says; every layer is checked before any is changed.
     ``progress(layers done, layers to morph, layer name)`` after each (encoding a model's
-    matrices takes seconds)."""
+    matrices takes seconds); ``importance`` weighs block formats (see :func:`morph_planned`)."""
     plan = recipe if isinstance(recipe, RecipePlan) else plan_recipe(net, recipe)
     layers = weighted_layers(net)
     for lp in plan.changed:
@@ -632,7 +639,7 @@ def apply_recipe(net, recipe, progress: Callable[[int, int, str], None] | None =
             _check_parts(la.layer, la.cell, lp)
     reports = []
     for done, lp in enumerate(plan.changed, 1):
-        reports.append(morph_planned(layers[lp.position].layer, layers[lp.position].cell, lp))
+        reports.append(morph_planned(layers[lp.position].layer, layers[lp.position].cell, lp, importance))
         if progress is not None:
             progress(done, len(plan.changed), lp.name)
     return reports
