@@ -13,7 +13,7 @@ from loomlab.app.cli import main
 from loomlab.core.inspect import Tracer
 from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.llm.kernels.quant_int8 import int8_activations
-from loomlab.core.llm.quality.drift import _bos_id, default_probe
+from loomlab.core.llm.quality.drift import bos_id, default_probe
 from loomlab.core.llm.quality.imatrix import imatrix_chunks, read_imatrix
 
 MODEL = "smollm2-135m"
@@ -25,7 +25,7 @@ def expected():
     """blk.0's Q/K/V and blk.29's gate/up input statistics over the chunks the command cuts."""
     with load_model(MODEL) as model, model.busy(), int8_activations(False):
         ids = model.tokenizer.encode(default_probe(), add_special_tokens=True)
-        chunks = imatrix_chunks(ids, CTX, _bos_id(model.tokenizer), CHUNKS)
+        chunks = imatrix_chunks(ids, CTX, bos_id(model.tokenizer), CHUNKS)
         tracer, last = Tracer(model.net), model.net.args.num_layers - 1
         sums = {"attn_in": 0.0, "mlp_in": 0.0}
         for chunk in chunks:
