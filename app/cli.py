@@ -199,6 +199,17 @@ def _backend_name(text: str) -> str:
     return text
 
 
+def token_ids(text: str) -> list[int]:
+    """``--ids 1,2,3`` as token ids; :class:`CliError` for anything but integers, or none."""
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise CliError(f"--ids must be integers separated by commas, got {text!r}") from None
+    if not ids:
+        raise CliError("--ids is empty")
+    return ids
+
+
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Print rows under a header, columns padded to their widest cell."""
     table = [header, *rows]

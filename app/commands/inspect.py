@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli import CliError, add_backend_option, print_table, progress, progress_bar
+from ..cli import CliError, add_backend_option, print_table, progress, progress_bar, token_ids
 
 WHATS = ("patterns", "lens", "attribution", "ablation", "patching")
 
@@ -89,7 +89,7 @@ def cmd_inspect(args) -> int:
         raise CliError("--what patching needs --corrupted TEXT")
     with load_model(args.model, progress=progress_bar, backend=args.backend) as model:
         inspector = Inspector(model)
-        ids = inspector.prompt_ids(args.prompt if args.prompt is not None else _ids(args.ids))
+        ids = inspector.prompt_ids(args.prompt if args.prompt is not None else token_ids(args.ids))
         target = inspector.token_id(args.target) if args.target is not None else args.target_id
         texts = inspector.token_texts(ids)
         result = _run(inspector, args, ids, target, ablations)
@@ -132,13 +132,6 @@ def _run(inspector, args, ids, target, ablations):
             ids, corrupted, site=args.site, answer=target, progress=lambda d, t: progress(d, t, "layers")
         )
     )
-
-
-def _ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise CliError(f"--ids must be comma-separated integers, got {text!r}") from None
 
 
 def _ablation(spec: str, mode: str):

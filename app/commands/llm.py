@@ -10,7 +10,14 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from ..cli import CliError, add_activations_option, add_backend_option, add_speculative_option, progress_bar
+from ..cli import (
+    CliError,
+    add_activations_option,
+    add_backend_option,
+    add_speculative_option,
+    progress_bar,
+    token_ids,
+)
 
 #: Exit status of a command whose constrained output was cut by --max-tokens: it does not match.
 EXIT_CUT = 1
@@ -165,7 +172,7 @@ def _metrics_dict(m) -> dict:
 def cmd_generate(args) -> int:
     response_format = _response_format(args)
     sampling = {**_sampling(args), "response_format": response_format}
-    prompt = args.prompt if args.prompt is not None else _ids(args.ids)
+    prompt = args.prompt if args.prompt is not None else token_ids(args.ids)
     with _load(args) as model:
         records = _emit(model.generate(prompt, **sampling), args.json)
         if not args.json:
@@ -374,11 +381,3 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise CliError(f"--ids must be integers separated by commas, got {text!r}") from None
-    if not ids:
-        raise CliError("--ids is empty")
-    return ids
