@@ -55,7 +55,8 @@ def register(sub) -> None:
                     help="stop once a member reaches FITNESS (default: the config's [run] until)")
     ev.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN from its last checkpoint")
     ev.add_argument("--recipe-out", metavar="FILE",
-                    help="quant-recipe: where to save the best recipe (default: quant-recipe-run-RUN.json)")
+                    help="quant-recipe, gguf-recipe: where to save the best recipe "
+                         "(default: TASK-run-RUN.json)")
     ev.add_argument("--scheduler", help="evaluate on Dask: 'local' (a local cluster) or tcp://host:port")
     ev.add_argument("--workspace", help="the workspace database (default: the workbench's)")
     ev.add_argument("--list", action="store_true", help="list the workspace's runs and exit")
@@ -180,7 +181,7 @@ def cmd_evolve(args) -> int:
         line += f"; resume with: {_resume_command(args, result.run_id, left, scheduler, until)}"
     print(line)
     if run.genome.member_kind == "recipe" and run.best is not None:
-        _save_best_recipe(run, args.recipe_out or f"quant-recipe-run-{result.run_id}.json")
+        _save_best_recipe(run, args.recipe_out or f"{run.task.name}-run-{result.run_id}.json")
     return 0
 
 
@@ -193,6 +194,24 @@ def _save_best_recipe(run, path: str) -> None:
     print(f"best recipe: {run.task.summary(run.best)}")
     print(f"saved as {path}; measure it with: "
           f"{shlex.join(['loomlab', 'quant-report', run.task.params['model'], '--recipe', path])}")
+    if hasattr(run.task, "comparison"):
+        _print_comparison(run.task.comparison())
+
+
+def _print_comparison(rows) -> None:
+    """A gguf-recipe run against llama.cpp's presets, all on the held-out text: each preset, and
+    the evolved recipe with the lowest training KL within its bytes."""
+    from loomlab.core.units import format_bytes
+
+    def cells(score):
+        if score is None:
+            return ["-"] * 4
+        s = score.stats
+        return [format_bytes(score.bytes), f"{s.kl_mean:.4f}", f"{s.kl_p99:.3f}", f"{100 * s.same_top:.1f}"]
+
+    print("held-out text: each preset, and the evolved recipe with the lowest training KL within its bytes")
+    print_table(("preset", "bytes", "KL mean", "KL p99", "same top %", "evolved bytes", "KL mean", "KL p99",
+                 "same top %"), [(r.preset, *cells(r.preset_score), *cells(r.evolved_score)) for r in rows])
 
 
 def _reached(run, until: float | None) -> bool:

@@ -119,15 +119,17 @@ class Tracer:
                                f"{self.net.args.context_length}")
         return x
 
-    def run(self, ids=None, *, resid=None, start: int = 0, edit: Edit | None = None,
-            keep: Collection[str] = (), skip: Collection[int] = (), cancel: Cancel = None,
-            progress: Progress | None = None) -> Trace:
+    def run(self, ids=None, *, resid=None, start: int = 0, stop: int | None = None,
+            edit: Edit | None = None, keep: Collection[str] = (), skip: Collection[int] = (),
+            cancel: Cancel = None, progress: Progress | None = None) -> Trace:
         """Token ids ``[B, T]`` through the blocks, or ``resid`` (``[B, T, d]``, the residual
-        entering block ``start``) through blocks ``start..``; blocks in ``skip`` (and any whose
-        container Loom's ``is_disabled`` switches off) pass the residual on unchanged.
+        entering block ``start``) through blocks ``start..``, up to block ``stop`` (excluded; None:
+        the last), ``trace.final`` being the residual after them; blocks in ``skip`` (and any
+        whose container Loom's ``is_disabled`` switches off) pass the residual on unchanged.
         :class:`LoomCancelled` between blocks once ``cancel`` asks; ``progress(blocks done,
         blocks)`` after each."""
-        stop = as_cancel_check(cancel)
+        cancelled = as_cancel_check(cancel)
+        end = self.n_layers if stop is None else stop
         ctx = CachedRun(self.net, None)
         trace = Trace()
 
@@ -139,8 +141,8 @@ class Tracer:
             return value
 
         x = self.embedding.forward(self.check_ids(ids), ctx)[0] if resid is None else resid
-        for i in range(0 if resid is None else start, self.n_layers):
-            if stop():
+        for i in range(0 if resid is None else start, end):
+            if cancelled():
                 raise LoomCancelled("the inspection was cancelled")
             x = site("resid_pre", i, x)
             block = self.blocks[i]
@@ -150,7 +152,7 @@ class Tracer:
             x = x + site("mlp_out", i, self._mlp_half(i, block, x, ctx, site))
             if progress is not None:
                 progress(i + 1, self.n_layers)
-        trace.final = site("resid_pre", self.n_layers, x)
+        trace.final = site("resid_pre", end, x) if end == self.n_layers else x
         return trace
 
     def _attention_half(self, i: int, block: Block, x, ctx, site):

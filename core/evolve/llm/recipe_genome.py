@@ -102,7 +102,7 @@ class RecipeSpace:
         self.dtypes: tuple[str, ...] = check_dtypes(dtypes)
         self.lam = check_non_negative("lam", lam)
         self.probe_tokens = check_count("probe_tokens", probe_tokens, 1)
-        self._cache = _WeightCache(check_count("cache_bytes", cache_bytes, 0))
+        self._cache = ArrayCache(check_count("cache_bytes", cache_bytes, 0))
         cells = weighted_cells(net)
         self.names: tuple[str, ...] = tuple(layer_label(net, (*net.coord(i), la.path)) for i, la in cells)
         for name, (_, layer) in zip(self.names, cells, strict=True):
@@ -302,8 +302,9 @@ class RecipeSpace:
         self._cache.clear()
 
 
-class _WeightCache:
-    """Flat float32 weights by key, least recently used dropped first beyond ``limit`` bytes."""
+class ArrayCache:
+    """Arrays by key (flat float32 weights, residual streams), least recently used dropped first
+    beyond ``limit`` bytes."""
 
     def __init__(self, limit: int):
         self.limit = limit

@@ -278,7 +278,8 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (XorTask, SineTask, Spi
 # Tasks whose module loads the language-model runtime, imported by name when asked for: the one
 # edge from this floor up to the llm floor, out of import-linter's sight (see the package's
 # docstring), so that a run of a network task never loads that runtime.
-LAZY_TASKS = {"quant-recipe": ("loomlab.core.evolve.llm.recipe_task", "RecipeTask")}
+LAZY_TASKS = {"quant-recipe": ("loomlab.core.evolve.llm.recipe_task", "RecipeTask"),
+              "gguf-recipe": ("loomlab.core.evolve.llm.format_task", "GGUFRecipeTask")}
 
 
 def get_task(name: str, **params: Any) -> Task:
