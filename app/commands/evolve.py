@@ -195,13 +195,21 @@ def _save_best_recipe(run, path: str) -> None:
     print(f"saved as {path}; measure it with: "
           f"{shlex.join(['loomlab', 'quant-report', run.task.params['model'], '--recipe', path])}")
     if hasattr(run.task, "comparison"):
-        _print_comparison(run.task.comparison())
+        _print_comparison(run.task, Path(path))
 
 
-def _print_comparison(rows) -> None:
+def _print_comparison(task, best: Path) -> None:
     """A gguf-recipe run against llama.cpp's presets, all on the held-out text: each preset, and
-    the evolved recipe with the lowest training KL within its bytes."""
+    the evolved recipe with the lowest training KL within its bytes, saved beside the best recipe
+    as ``BEST-within-PRESET.json``."""
+    from loomlab.core.llm.quality.recipe import save_recipe
     from loomlab.core.units import format_bytes
+
+    rows, saved = task.comparison(), {}
+    for r in rows:
+        if r.evolved is not None:
+            saved[r.preset] = best.with_name(f"{best.stem}-within-{r.preset}.json")
+            save_recipe(saved[r.preset], task.morphs(r.evolved))
 
     def cells(score):
         if score is None:
@@ -211,7 +219,8 @@ def _print_comparison(rows) -> None:
 
     print("held-out text: each preset, and the evolved recipe with the lowest training KL within its bytes")
     print_table(("preset", "bytes", "KL mean", "KL p99", "same top %", "evolved bytes", "KL mean", "KL p99",
-                 "same top %"), [(r.preset, *cells(r.preset_score), *cells(r.evolved_score)) for r in rows])
+                 "same top %", "saved as"), [(r.preset, *cells(r.preset_score), *cells(r.evolved_score),
+                                              str(saved.get(r.preset, "-"))) for r in rows])
 
 
 def _reached(run, until: float | None) -> bool:

@@ -224,3 +224,48 @@ seed = 2
     assert out[-2].startswith(f"best recipe: {layers}, ") and out[-2].endswith(" KiB")
     assert out[-1] == (f"saved as quant-recipe-run-1.json; measure it with: loomlab quant-report "
                        f"{model.as_posix()} --recipe quant-recipe-run-1.json")
+
+
+def test_a_gguf_recipe_run_saves_its_best_and_compares_it_with_the_presets(tmp_path, capsys, monkeypatch):
+    from loomlab.core.evolve.llm.format_space import FormatSpace
+    from loomlab.core.llm.generate.textmodel import load_model
+    from loomlab.core.llm.quality.drift import measure_drift
+
+    model = byte_level_model(tmp_path / "tiny")
+    (tmp_path / "train.txt").write_text("The mill on the river ground wheat for three hundred years. " * 10)
+    (tmp_path / "heldout.txt").write_text("A keeper climbed the stairs each evening to light the lamp. " * 10)
+    (tmp_path / "gr.toml").write_text(f"""
+[run]
+task = "gguf-recipe"
+population = 6
+generations = 2
+[task]
+model = "{model.as_posix()}"
+train = "train.txt"
+heldout = "heldout.txt"
+ctx = 64
+budget = "pareto"
+[neat]
+seed = 3
+""")
+    monkeypatch.chdir(tmp_path)
+    assert main(["evolve", "gr.toml", "--workspace", "ws.sqlite3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    with Workspace(tmp_path / "ws.sqlite3") as ws:
+        best = recipe_from_bytes(bytes.fromhex(EvolutionRuns(ws).latest_checkpoint(1).state["best"]))
+    with load_model(model) as loaded:
+        heldout = (tmp_path / "heldout.txt").read_text()
+        space = FormatSpace(loaded, (tmp_path / "train.txt").read_text(), heldout, ctx=64)
+        assert json.loads((tmp_path / "gguf-recipe-run-1.json").read_text()) == space.mapping(best)
+        table = out[out.index(next(line for line in out if line.startswith("held-out text:"))) + 2:]
+        assert [row.split()[0] for row in table] == list(space.presets)
+        assert any(row.split()[-1] != "-" for row in table)
+        for row in table:  # the oracle: quant-report of each preset on the held-out text
+            want = measure_drift(loaded, space.mapping(space.presets[row.split()[0]]), heldout, ctx=64).stats
+            assert row.split()[3] == f"{want.kl_mean:.4f}" and row.split()[5] == f"{100 * want.same_top:.1f}"
+            saved = row.split()[-1]
+            if saved != "-":  # the evolved recipe within the preset's bytes, saved: quant-report reads it
+                assert space.recipe_bytes(space.genes_of(saved)) <= space.recipe_bytes(
+                    space.presets[row.split()[0]])
+                evolved = measure_drift(loaded, saved, heldout, ctx=64).stats
+                assert row.split()[8] == f"{evolved.kl_mean:.4f}"
