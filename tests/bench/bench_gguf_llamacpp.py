@@ -1,7 +1,9 @@
-"""Exported GGUF files in llama.cpp: SmolLM2 as loaded, morphed to Q8_0 and to a mixed recipe,
-each exported with ``export_gguf`` and decoded greedily on the golden prompts by both engines.
+"""Exported GGUF files in llama.cpp: SmolLM2 as loaded, morphed to Q8_0 and to a mixed recipe
+(or ``--model``, its file morphed to each ``--recipe`` JSON, an evolved recipe say), each exported
+with ``export_gguf`` and decoded greedily on the golden prompts by both engines.
 
     python tests/bench/bench_gguf_llamacpp.py [--tokens 32] [--keep DIR]
+        [--model smollm2-f16.gguf --recipe evolved.json ...]
         [--llama-python ~/.cache/loomlab/bench-llamacpp/bin/python]
 
 llama-cpp-python is not a dependency of Loom Lab: build it into an environment of its own
@@ -26,6 +28,7 @@ from pathlib import Path
 from loomlab.core.llm.generate.textmodel import load_model
 from loomlab.core.llm.quality.drift import weighted_layers
 from loomlab.core.llm.quality.gguf_export import export_gguf
+from loomlab.core.llm.quality.recipe import apply_recipe
 from loomlab.core.morph import morph_sublayer
 from loomlab.core.procinfo import machine
 
@@ -112,17 +115,24 @@ def main() -> None:
     # in batched prompt evaluation, whatever the file, its own included; one token at a time it runs
     ap.add_argument("--llama-batch", type=int, default=1, help="llama.cpp's n_batch (default 1)")
     ap.add_argument("--keep", type=Path, help="write the exported files here (default: a temporary folder)")
+    ap.add_argument("--model", default=MODEL, help=f"the model the recipes morph (default {MODEL})")
+    ap.add_argument("--recipe", type=Path, action="append",
+                    help="a JSON recipe to export and compare (repeatable; default: the three built in)")
     args = ap.parse_args()
+    recipes = {p.name: p for p in args.recipe} if args.recipe else RECIPES
     golden = json.loads(GOLDEN.read_text())["generate"]
     prompts = [g["prompt_ids"] for g in golden]
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         results = {}
-        for label, recipe in RECIPES.items():
-            path = folder / f"smollm2-{label.split()[0].lower()}.gguf"
-            with load_model(MODEL) as model:
-                for w in weighted_layers(model.net):
+        for label, recipe in recipes.items():
+            stem = Path(label).stem if args.recipe else f"smollm2-{label.split()[0].lower()}"
+            path = folder / f"{stem}.gguf"
+            with load_model(args.model) as model:
+                if isinstance(recipe, Path):
+                    apply_recipe(model.net, recipe)
+                for w in weighted_layers(model.net) if callable(recipe) else ():
                     if recipe(w.name) is not None:
                         morph_sublayer(w.layer, w.cell, recipe(w.name))
                 report = export_gguf(model, path)
@@ -136,7 +146,7 @@ def main() -> None:
             results[label] = {"file_mb": round(report.nbytes / 1e6, 1), "file_type": report.file_type,
                               "tensors_changed": report.changed, "prompts": rows,
                               "all_agree": all(r["agree"] for r in rows)}
-    print(json.dumps({"machine": machine(), "model": MODEL, "tokens": args.tokens,
+    print(json.dumps({"machine": machine(), "model": args.model, "tokens": args.tokens,
                       "llama_python": args.llama_python, "llama_batch": args.llama_batch, "recipes": results},
                      indent=2, ensure_ascii=False))
 
