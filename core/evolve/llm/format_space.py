@@ -18,14 +18,22 @@ is cheap after the first time for three reasons:
   two children of one parent) runs from the first block where it differs (``state_bytes`` bounds
   the cache, least recently used first);
 * the head runs on the scored rows only, and a recipe scored once is never scored again.
+
+The chunks of a text run on as many threads as there are CPUs, each with one BLAS and one numba
+thread: the exact path's prefill multiplies with single-threaded BLAS (as generation does, see
+``TextModel.busy``), so one chunk at a time kept one core busy.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GT
@@ -48,6 +56,7 @@ DEFAULT_FORMATS = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "Q4_1", "Q5_0", "Q5_K", "Q5_1
 SOURCE_TYPES = ("F32", "F16", "BF16")  # what llama-quantize quantizes from
 DEFAULT_STATE_BYTES = 1 << 30  # residual streams kept between recipes (SmolLM2: 0.6 MB a chunk a block)
 TRAIN, HELDOUT = "train", "held-out"
+CHUNK_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def bits_per_weight(fmt: str) -> float:
@@ -119,11 +128,11 @@ class FormatSpace:
         self._encoded: dict[tuple[str, str], object] = {}
         self._stores: dict[tuple[int, tuple[str, ...]], MatrixStore] = {}
         self._states = ArrayCache(check_count("state_bytes", state_bytes, 0))
+        self._states_lock = threading.Lock()  # the chunks' threads share the cache
         self._scores: dict[tuple[str, Genes], FormatScore] = {}
         with model.busy(activations="float32"):
             self.texts = {TRAIN: probe_chunks(model, train, ctx), HELDOUT: probe_chunks(model, heldout, ctx)}
-            self._reference = {name: [self._rows(chunks, i, None) for i in range(len(chunks.chunks))]
-                               for name, chunks in self.texts.items()}
+            self._reference = {name: self._all_rows(chunks, None) for name, chunks in self.texts.items()}
         self.presets = self._plan_presets()
 
     # ----- the matrices ------------------------------------------------------------------------
@@ -240,8 +249,9 @@ class FormatSpace:
         chunks = self.texts[text]
         acc = DriftAccumulator()
         with self.model.busy(activations="float32"), self._applied(genes):
-            for i, reference in enumerate(self._reference[text]):
-                acc.add(reference, self._rows(chunks, i, (text, genes), stop), chunks.targets[i])
+            rows = self._all_rows(chunks, (text, genes), stop)
+        for i, reference in enumerate(self._reference[text]):
+            acc.add(reference, rows[i], chunks.targets[i])
         stats = acc.result()
         out = FormatScore(stats.kl_mean, self.recipe_bytes(genes), stats)
         self._scores[text, genes] = out
@@ -267,6 +277,20 @@ class FormatSpace:
         """Every score measured so far, by (text, genes)."""
         return dict(self._scores)
 
+    def _all_rows(self, chunks: ProbeChunks, key: tuple[str, Genes] | None,
+                  stop: Callable[[], bool] = lambda: False) -> list[np.ndarray]:
+        """:meth:`_rows` of every chunk, on up to :data:`CHUNK_THREADS` threads."""
+        n = len(chunks.chunks)
+        if CHUNK_THREADS < 2 or n < 2:
+            return [self._rows(chunks, i, key, stop) for i in range(n)]
+
+        def one(i: int) -> np.ndarray:
+            numba.set_num_threads(1)  # this thread's kernels; the others' chunks use the other cores
+            return self._rows(chunks, i, key, stop)
+
+        with ThreadPoolExecutor(max_workers=min(CHUNK_THREADS, n), thread_name_prefix="recipe-chunk") as pool:
+            return list(pool.map(one, range(n)))
+
     def _rows(self, chunks: ProbeChunks, i: int, key: tuple[str, Genes] | None,
               stop: Callable[[], bool] = lambda: False) -> np.ndarray:
         """The scored rows' logits of chunk ``i`` for the weights now in the model; ``key`` (text,
@@ -276,7 +300,8 @@ class FormatSpace:
         if key is not None:
             text, genes = key
             for b in range(self.tracer.n_layers, -1, -1):  # the longest prefix already run
-                x = self._states.get((text, i, genes[:self._ends[b]]))
+                with self._states_lock:
+                    x = self._states.get((text, i, genes[:self._ends[b]]))
                 if x is not None:
                     start = b
                     break
@@ -294,7 +319,8 @@ class FormatSpace:
     def _keep(self, key, i: int, b: int, x) -> None:
         if key is not None:
             text, genes = key
-            self._states.put((text, i, genes[:self._ends[b]]), x)
+            with self._states_lock:
+                self._states.put((text, i, genes[:self._ends[b]]), x)
 
     @contextmanager
     def _applied(self, genes: Genes) -> Iterator[None]:

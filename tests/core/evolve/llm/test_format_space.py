@@ -303,3 +303,14 @@ def test_formats_draws_are_one_float_per_matrix():
     assert rng.float64() == mirror.float64()
     assert sum(a != b for a, b in zip(child, space.presets["Q4_0"], strict=True)) == moves
     assert list(itertools.chain(*[t.formats for t in space.tensors])) == ["Q4_0", "Q8_0"] * len(space)
+
+
+def test_the_example_config_is_a_gguf_recipe_run():
+    import tomllib
+
+    from loomlab.core.evolve.search.run_config import plan_from_dict
+
+    example = Path(__file__).parents[4] / "examples" / "gguf-recipe.toml"
+    plan = plan_from_dict(tomllib.loads(example.read_text()))
+    assert plan.task.name == "gguf-recipe" and plan.task.params["budget"] == "pareto"
+    assert plan.task.params["model"] == "smollm2-f16.gguf" and plan.generations == 20
