@@ -298,6 +298,7 @@ class MainWindow(QMainWindow):
         # the best network so far is shown, and named in the status bar, as an opened one is
         evolution.best_changed.connect(lambda net: self._show_network(net, "evolution's best"))
         evolution.recipe_chosen.connect(self._choose_recipe)
+        evolution.model_morphed.connect(self._model_morphed)
 
     def _choose_backend(self, backend: str | None) -> None:
         """The backend models and networks load on: ``backend``, else the saved choice. One this
@@ -335,6 +336,12 @@ class MainWindow(QMainWindow):
         self.panels["morph"].choose_recipe(recipe)
         self.docks["morph"].show()
         self.docks["morph"].raise_()
+
+    def _model_morphed(self, _reports: list) -> None:
+        """The Evolution panel morphed the loaded model to an evolved recipe (Apply, Export GGUF):
+        the panels showing its layers read them again, as after the Morph panel's Apply."""
+        for name in ("morph", "topology", "inspect"):
+            self.panels[name].refresh()
 
     def _select_layer(self, key, source: str) -> None:
         for name in LINKED:

@@ -6,24 +6,37 @@ from the command line with the same settings and seed give the same history. The
 validated as it is typed: an invalid value shows why and disables Start.
 
 A run is an :class:`~loomlab.core.evolve.search.run.Evolution` in a child process
-(:mod:`loomlab.core.evolve.search.run_process`; a quant-recipe run, which morphs the loaded model, on a
-job's thread instead). Its :class:`~loomlab.core.evolve.search.live.LiveReporter` sends live events, which
-the job hands a :class:`~loomlab.core.evolve.search.live.LiveBuffer` (every generation's statistics, the
-latest population table, the latest best member); a QTimer on the GUI thread drains the buffer a
-few times a second and redraws once per tick, however many generations went by. Pause stops
+(:mod:`loomlab.core.evolve.search.run_process`; a quant-recipe or gguf-recipe run, which morphs the
+loaded model, on a job's thread instead). Its
+:class:`~loomlab.core.evolve.search.live.LiveReporter` sends live events, which the job hands a
+:class:`~loomlab.core.evolve.search.live.LiveBuffer` (every generation's statistics, the latest
+population table, the latest best member); a QTimer on the GUI thread drains the buffer a few
+times a second and redraws once per tick, however many generations went by. Pause stops
 the run after the current generation's checkpoint; Stop stops it at once (the generation being
 evaluated is dropped, the last checkpoint stays); either can be resumed from the list of the
 workspace's runs, continuing the same history.
 
-Signals: :attr:`EvolutionPanel.best_changed` (the best network so far, for the Topology view)
-and :attr:`EvolutionPanel.recipe_chosen` (``{layer: dtype}`` of a quant-recipe member, for the
-Morph panel).
+A recipe run shows its members' weight size against KL beside the population table: for
+quant-recipe the KL on the probe it is bred on; for gguf-recipe the KL on the held-out text (the
+members re-scored on it: the fittest, or a Pareto run's front), with llama.cpp's presets as
+labelled reference points, and the chosen member's format for every matrix as a strip (block x
+tensor kind, :mod:`.format_strip`). A point or a table row chooses a member (default: the
+fittest). Its Apply sends a quant-recipe member's dtypes to the Morph panel; for gguf-recipe it
+morphs the loaded model to the member's formats in a job, and "Export GGUF…" does the same and
+writes the model as a GGUF file (cancellable); "Save recipe…" writes the JSON recipe ``loomlab
+quantize --recipe`` reads.
+
+Signals: :attr:`EvolutionPanel.best_changed` (the best network so far, for the Topology view),
+:attr:`EvolutionPanel.recipe_chosen` (``{layer: dtype}`` of a quant-recipe member, for the Morph
+panel) and :attr:`EvolutionPanel.model_morphed` (the loaded model was morphed to a gguf-recipe
+member: the panels showing it read it again).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +53,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QTableWidgetItem,
     QVBoxLayout,
@@ -48,6 +62,7 @@ from PySide6.QtWidgets import (
 
 from loomlab.core.errors import LoomConfigError, LoomError
 from loomlab.core.evolve.genetics.neat import NEATConfig
+from loomlab.core.evolve.llm.format_space import pareto_front
 from loomlab.core.evolve.search.live import (
     KEEP_GENE,
     Event,
@@ -55,6 +70,7 @@ from loomlab.core.evolve.search.live import (
     LiveReporter,
     MemberRow,
     Progress,
+    References,
     RunStarted,
     run_live,
 )
@@ -65,18 +81,25 @@ from loomlab.core.evolve.search.run_process import run_in_child
 from loomlab.core.evolve.search.tasks import TASKS
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
+from loomlab.core.llm.quality import recipe as recipes
+from loomlab.core.llm.quality.drift import DEFAULT_CTX
 from loomlab.core.network import VolumetricNetwork
 from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
+from .format_strip import FormatStrip
 from .morph_panel import AS_LOADED
 from .scrolling import scrolling
 from .sort_items import row_table
 from .workers import Job, JobRunner
 
-RECIPE_TASK = "quant-recipe"
-TASK_NAMES = (*TASKS, RECIPE_TASK)
+RECIPE_TASK = "quant-recipe"  # a Loom dtype per weighted layer
+GGUF_TASK = "gguf-recipe"  # a GGUF format per matrix, against llama.cpp's presets
+RECIPE_TASKS = (RECIPE_TASK, GGUF_TASK)  # run beside the loaded model, shown as a size-vs-KL scatter
+TASK_NAMES = (*TASKS, *RECIPE_TASKS)
+PARETO = "pareto"
+BUDGETS = (PARETO, *recipes.PRESETS)  # a gguf-recipe run's budget: the Pareto front, or a preset's bytes
 #: the NEAT settings the form shows, with their labels (the rest keep the task's defaults)
 NEAT_FIELDS = {
     "weight_perturb_rate": "Weight perturb rate", "weight_perturb_scale": "Weight perturb scale",
@@ -93,21 +116,28 @@ RUN_BOX_MAX_WIDTH = 380  # the form's column; the plots take the rest
 MAX_RATE_HZ = 30.0
 DEFAULT_RATE_HZ = 4.0  # redraws a second while a run goes: a generation of XOR takes ~20 ms
 NO_MODEL = "Load a language model first: the quant-recipe task evolves its per-layer dtypes."
+NO_MODEL_GGUF = ("Load a language model first: the gguf-recipe task evolves a GGUF format for each of "
+                 "its matrices.")
+KL_LABEL, HELDOUT_LABEL = "KL (nats)", "held-out KL (nats)"
+RECIPE_TITLE = "Recipes: weight size vs KL (Pareto front in red)"
+GGUF_TITLE = "Recipes: weight size vs held-out KL (Pareto front in red, llama.cpp presets in blue)"
+REFERENCE_COLOUR = "#1f77b4"
+REFERENCE_FONT_SCALE = 0.85  # the presets' labels: small, several presets can lie close together
+RECIPE_VIEWS_SHARES = (3, 2)  # the scatter and the format strip side by side
+GGUF_LOWER_SHARE = 2  # a gguf-recipe run: the scatter and table this many times the fitness plot's height
+GGUF_RECIPE_SHARE = 2  # and the scatter and strip this many times the table's width
 FITNESS_PENS = {"best": "#2ca02c", "mean": "#1f77b4", "worst": "#d62728"}
 SPECIES_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
                    "#ff9da7", "#9c755f", "#bab0ac")
 
 
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats in both coordinates (both minimised: bytes and
-    KL), in increasing first coordinate; of equal points, the first."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
-    front, best_y = [], float("inf")
-    for i in order:
-        if points[i][1] < best_y:
-            front.append(i)
-            best_y = points[i][1]
-    return front
+def reference_labels(points: Sequence[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
+    """One label per distinct reference point: presets that plan to the same recipe (on narrow
+    rows several fall back to the same formats) share a point, named together (``Q4_0 / Q4_1``)."""
+    names: dict[tuple[int, float], list[str]] = {}
+    for name, size, kl in points:
+        names.setdefault((size, kl), []).append(name)
+    return [(" / ".join(n), size, kl) for (size, kl), n in names.items()]
 
 
 def species_stack(history: Sequence[GenerationStats]) -> tuple[list[int], np.ndarray]:
@@ -129,6 +159,7 @@ class EvolutionPanel(QWidget):
 
     best_changed = Signal(object)  # the best VolumetricNetwork of the run so far
     recipe_chosen = Signal(dict)  # {layer name: dtype} of the chosen quant-recipe member
+    model_morphed = Signal(list)  # the MorphReports of an Apply (or Export) of a gguf-recipe member
     run_ended = Signal(object)  # the RunResult of a run that finished, solved or stopped
 
     def __init__(self, runner: JobRunner, workspace: Workspace | None = None, parent: QWidget | None = None,
@@ -140,6 +171,8 @@ class EvolutionPanel(QWidget):
         self._workspace: Workspace | None = None
         self._model = None
         self._job: Job | None = None
+        self._recipe_job: Job | None = None  # an Apply or an Export of a gguf-recipe member
+        self._refusal: str | None = None  # why the run's task refused the loaded model (set by its job)
         self._pause: threading.Event | None = None
         self._buffer = LiveBuffer()
         self._closed = False
@@ -153,7 +186,9 @@ class EvolutionPanel(QWidget):
         self.best_fitness = float("-inf")
         self.layer_names: tuple[str, ...] = ()
         self.front: list[int] = []  # indices into rows of the recipe scatter's Pareto front
+        self.references: list[tuple[str, int, float]] = []  # (preset, bytes, held-out KL) of a gguf run
         self.selected_row: int | None = None
+        self._gguf_layout = False  # the plots' shares are a gguf-recipe run's
         self.timer = QTimer(self)  # drains the buffer while a run goes
         self.timer.setInterval(round(1000 / rate_hz))
         self.timer.timeout.connect(self._tick)
@@ -183,6 +218,21 @@ class EvolutionPanel(QWidget):
             self.scheduler_box.addItem(text, key)
         self.address_edit = QLineEdit()
         self.address_edit.setPlaceholderText("tcp://host:8786")
+        # a gguf-recipe run's own settings (its task parameters)
+        self.budget_box = QComboBox()
+        for budget in BUDGETS:
+            self.budget_box.addItem(budget, budget)
+        self.budget_box.setToolTip("pareto: breed the whole front of size against KL; a preset: the lowest "
+                                   "KL within that preset's bytes")
+        self.train_edit, self.heldout_edit = QLineEdit(), QLineEdit()
+        self.train_edit.setPlaceholderText("the shipped English text")
+        self.train_edit.setToolTip("The text file recipes are bred on (KL against the loaded model)")
+        self.heldout_edit.setPlaceholderText("the shipped probe text")
+        self.heldout_edit.setToolTip("The text file members are re-scored on, never seen by the search: "
+                                     "the scatter's KL")
+        self.ctx_edit = QLineEdit(str(DEFAULT_CTX))
+        self.ctx_edit.setToolTip("Tokens per chunk of both texts (each needs at least max(512, 2 x ctx) "
+                                 "tokens)")
         self.message = QLabel("")
         self.message.setWordWrap(True)
         # bold in the palette's own text colour: a fixed red fails contrast on one of the themes
@@ -204,6 +254,23 @@ class EvolutionPanel(QWidget):
         form.addRow("", threshold_row)
         form.addRow("Scheduler", self.scheduler_box)
         form.addRow("Address", self.address_edit)
+        form.addRow("Budget", self.budget_box)
+        self.text_rows = {}  # the row widget holding each text field and its Browse button
+        for label, edit, title in (("Training text", self.train_edit, "The training text"),
+                                   ("Held-out text", self.heldout_edit, "The held-out text")):
+            browse = QPushButton("…")
+            browse.setToolTip(f"Choose {title.lower()} file")
+            browse.setFixedWidth(browse.fontMetrics().horizontalAdvance("…") + 24)
+            browse.clicked.connect(lambda _=False, e=edit, t=title: self._ask_text(e, t))
+            row = QWidget()
+            row_layout = QHBoxLayout(row)
+            row_layout.setContentsMargins(0, 0, 0, 0)
+            row_layout.addWidget(edit, 1)
+            row_layout.addWidget(browse)
+            self.text_rows[edit] = row
+            form.addRow(label, row)
+        form.addRow("Context", self.ctx_edit)
+        self.form = form
 
         self.start_button = QPushButton("Start")
         self.start_button.clicked.connect(self.start)
@@ -267,15 +334,43 @@ class EvolutionPanel(QWidget):
         self.front_line = pg.PlotDataItem([], [], pen=pg.mkPen("#d62728", width=1.5), symbol="o",
                                           symbolBrush="#d62728", symbolSize=8)
         self.chosen_point = pg.ScatterPlotItem(size=14, brush=None, pen=pg.mkPen("#f0a030", width=2))
-        for item in (self.recipe_points, self.front_line, self.chosen_point):
+        self.reference_points = pg.ScatterPlotItem(size=10, symbol="d", brush=pg.mkBrush(REFERENCE_COLOUR),
+                                                   pen=None)
+        self.reference_labels: list[pg.TextItem] = []  # one per distinct reference point
+        self._drawn_references: list[tuple[str, int, float]] = []
+        for item in (self.reference_points, self.recipe_points, self.front_line, self.chosen_point):
             self.recipe_plot.addItem(item)
+        self.strip = FormatStrip()
+        self.strip.setToolTip("The chosen member's format for each matrix (hover a cell for its tensor)")
         self.apply_button = QPushButton("Apply recipe")
-        self.apply_button.setToolTip("Send the chosen member's dtypes to the Morph panel")
         self.apply_button.clicked.connect(self.apply_recipe)
-        self.recipe_box = QGroupBox("Recipes: weight size vs KL (Pareto front in red)")
+        self.save_recipe_button = QPushButton("Save recipe…")
+        self.save_recipe_button.setToolTip("Save the chosen member as a JSON recipe (loomlab quantize MODEL "
+                                           "OUT --recipe FILE reads it)")
+        self.save_recipe_button.clicked.connect(self._ask_save_recipe)
+        self.export_gguf_button = QPushButton("Export GGUF…")
+        self.export_gguf_button.setToolTip("Morph the loaded model to the chosen member and write it as a "
+                                           "GGUF file")
+        self.export_gguf_button.clicked.connect(self._ask_export_gguf)
+        self.recipe_cancel_button = QPushButton("Cancel")
+        self.recipe_cancel_button.clicked.connect(self.cancel_recipe_job)
+        self.recipe_progress = QProgressBar()
+        self.recipe_progress.setTextVisible(False)
+        self.recipe_box = QGroupBox(RECIPE_TITLE)
+        self.recipe_views = QSplitter(Qt.Orientation.Horizontal)
+        self.recipe_views.addWidget(self.recipe_plot)
+        self.recipe_views.addWidget(self.strip)
+        self.recipe_views.setChildrenCollapsible(False)
+        self.recipe_views.setSizes([100 * share for share in RECIPE_VIEWS_SHARES])
+        recipe_buttons = QHBoxLayout()
+        for b in (self.apply_button, self.save_recipe_button, self.export_gguf_button):
+            recipe_buttons.addWidget(b)
+        recipe_buttons.addWidget(self.recipe_progress, 1)
+        recipe_buttons.addWidget(self.recipe_cancel_button)
         recipe_layout = QVBoxLayout(self.recipe_box)
-        recipe_layout.addWidget(self.recipe_plot, 1)
-        recipe_layout.addWidget(self.apply_button)
+        recipe_layout.addWidget(self.recipe_views, 1)
+        recipe_layout.addLayout(recipe_buttons)
+        self.recipe_box.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.recipe_box.hide()
 
         # fitness across the top; below it the species (or, for recipes, the bytes-vs-KL scatter)
@@ -285,18 +380,22 @@ class EvolutionPanel(QWidget):
         lower.addWidget(self.recipe_box)
         lower.addWidget(self.table)
         lower.setSizes([1000, 1000, 1000])  # equal shares (a hidden one's goes to the others)
+        self.lower = lower
         plots = QSplitter(Qt.Orientation.Vertical)
         plots.addWidget(self.fitness_plot)
         plots.addWidget(lower)
+        self.plots = plots
         run_box.setMaximumWidth(RUN_BOX_MAX_WIDTH)
         layout = QHBoxLayout(self)
         layout.addWidget(scrolling(run_box))
         layout.addWidget(plots, 1)
 
         for edit in (self.population_edit, self.generations_edit, self.seed_edit, self.threshold_edit,
-                     self.address_edit, *self.rate_edits.values()):
+                     self.address_edit, self.train_edit, self.heldout_edit, self.ctx_edit,
+                     *self.rate_edits.values()):
             edit.textChanged.connect(self._validate)
         self.task_box.currentIndexChanged.connect(self._validate)
+        self.budget_box.currentIndexChanged.connect(self._validate)
         self.scheduler_box.currentIndexChanged.connect(self._validate)
         self.speciation_check.toggled.connect(self._validate)
         self.runs_box.currentIndexChanged.connect(self._sync_controls)
@@ -313,7 +412,7 @@ class EvolutionPanel(QWidget):
         self._validate()
 
     def set_model(self, model) -> None:
-        """The loaded language model the quant-recipe task evolves (None: none is loaded)."""
+        """The loaded language model the recipe tasks evolve (None: none is loaded)."""
         self._model = model
         self._validate()
 
@@ -351,13 +450,27 @@ class EvolutionPanel(QWidget):
         if seed:
             neat["seed"] = _integer("seed", seed)
         doc: dict[str, Any] = {"run": run, "neat": neat}
-        if task == RECIPE_TASK:
+        if task in RECIPE_TASKS:
             if self._model is None:
-                raise LoomConfigError(NO_MODEL)
+                raise LoomConfigError(NO_MODEL if task == RECIPE_TASK else NO_MODEL_GGUF)
             doc["task"] = {"model": model_source(self._model)}
-        if self.speciation_check.isChecked() and task != RECIPE_TASK:
+            if task == GGUF_TASK:
+                doc["task"].update(self._gguf_params())
+        if self.speciation_check.isChecked() and task not in RECIPE_TASKS:
             doc["speciation"] = {"compatibility_threshold": _number("threshold", self.threshold_edit.text())}
         return doc
+
+    def _gguf_params(self) -> dict[str, Any]:
+        """The gguf-recipe task's parameters the form sets (the text files must exist)."""
+        params: dict[str, Any] = {"budget": self.budget_box.currentData(),
+                                  "ctx": _integer("context", self.ctx_edit.text())}
+        for key, field, edit in (("train", "training text", self.train_edit),
+                                 ("heldout", "held-out text", self.heldout_edit)):
+            path = edit.text().strip()
+            if path and not Path(path).is_file():
+                raise LoomConfigError(f"{field}: {path} is not a file")
+            params[key] = path
+        return params
 
     def run_plan(self) -> RunPlan:
         """The run the form describes, validated (raises :class:`LoomConfigError`)."""
@@ -366,13 +479,22 @@ class EvolutionPanel(QWidget):
     def set_form(self, *, task: str | None = None, population: int | None = None,
                  generations: int | None = None, seed: int | str | None = None,
                  speciation: bool | None = None, threshold: float | None = None,
-                 scheduler: str | None = None, **rates: float) -> None:
+                 scheduler: str | None = None, budget: str | None = None, train: str | None = None,
+                 heldout: str | None = None, ctx: int | None = None, **rates: float) -> None:
         """Fill form fields (what a person would type); ``scheduler`` is "inprocess", "local" or an
-        address; ``rates`` are NEAT fields of :data:`NEAT_FIELDS`."""
+        address; ``budget``, ``train``, ``heldout`` and ``ctx`` are the gguf-recipe task's (a
+        budget of :data:`BUDGETS`, text file paths, tokens per chunk); ``rates`` are NEAT fields of
+        :data:`NEAT_FIELDS`."""
         if task is not None:
             self.task_box.setCurrentIndex(self.task_box.findData(task))
+        if budget is not None:
+            index = self.budget_box.findData(budget)
+            if index < 0:
+                raise KeyError(f"no budget {budget!r} on the form; it has {', '.join(BUDGETS)}")
+            self.budget_box.setCurrentIndex(index)
         for edit, value in ((self.population_edit, population), (self.generations_edit, generations),
-                            (self.seed_edit, seed), (self.threshold_edit, threshold)):
+                            (self.seed_edit, seed), (self.threshold_edit, threshold),
+                            (self.train_edit, train), (self.heldout_edit, heldout), (self.ctx_edit, ctx)):
             if value is not None:
                 edit.setText(str(value))
         if speciation is not None:
@@ -388,7 +510,8 @@ class EvolutionPanel(QWidget):
             self.rate_edits[name].setText(str(value))
 
     def is_busy(self) -> bool:
-        return self._job is not None
+        """A run, or an Apply or Export of a recipe, is going."""
+        return self._job is not None or self._recipe_job is not None
 
     @property
     def buffer(self) -> LiveBuffer:
@@ -403,17 +526,23 @@ class EvolutionPanel(QWidget):
         """Start the run the form describes, in a job (checkpointed into the workspace, if any).
 
         A network task runs in a child process (:mod:`loomlab.core.evolve.search.run_process`: its
-        pure-Python loop would hold this process's GIL and stall the window); the quant-recipe task
-        runs on the job's thread, beside the loaded model it morphs (its work is in numpy and
-        numba, which let the GIL go)."""
+        pure-Python loop would hold this process's GIL and stall the window); the recipe tasks run
+        on the job's thread, beside the loaded model they morph (their work is in numpy and numba,
+        which let the GIL go). A model the task refuses (gguf-recipe: a quantized one) is named in
+        the form's message line."""
         self._validate()
         if not self._can_start() or self._plan is None:
             return
         plan, workspace, model = self._plan, self._workspace, self._model
         generations = plan.generations or 0
-        if plan.task.name == RECIPE_TASK:
+        self._refusal = None
+        if plan.task.name in RECIPE_TASKS:
             def build(evaluator, reporters):
-                plan.task.use_model(model)
+                try:
+                    plan.task.use_model(model)
+                except LoomConfigError as e:
+                    self._refusal = str(e)  # read on the GUI thread once the job has failed
+                    raise
                 return plan.evolution(evaluator=evaluator, reporters=reporters, store=workspace)
 
             def work(job: Job, sink, pause) -> RunResult:
@@ -470,14 +599,117 @@ class EvolutionPanel(QWidget):
         save_network(self.best, path)
 
     def apply_recipe(self) -> None:
-        """Emit :attr:`recipe_chosen` for the chosen recipe member (default: the fittest); its
-        "keep" genes as the Morph panel's :data:`~.morph_panel.AS_LOADED`."""
+        """Apply the chosen recipe member (default: the fittest). A quant-recipe member: emit
+        :attr:`recipe_chosen`, its "keep" genes as the Morph panel's
+        :data:`~.morph_panel.AS_LOADED`. A gguf-recipe member: morph the loaded model to its
+        formats in a job (:meth:`apply_gguf`)."""
         row = self.chosen_recipe_row()
-        if row is not None:
-            genes = (AS_LOADED if gene == KEEP_GENE else gene for gene in row.recipe)
-            self.recipe_chosen.emit(dict(zip(self.layer_names, genes, strict=True)))
+        if row is None:
+            return
+        if self.task_name == GGUF_TASK:
+            self.apply_gguf()
+            return
+        genes = (AS_LOADED if gene == KEEP_GENE else gene for gene in row.recipe)
+        self.recipe_chosen.emit(dict(zip(self.layer_names, genes, strict=True)))
+
+    def chosen_mapping(self) -> dict[str, str] | None:
+        """``{GGUF tensor: format}`` of the chosen gguf-recipe member (the JSON recipe ``loomlab
+        quantize --recipe`` reads), or None."""
+        row = self.chosen_recipe_row()
+        if row is None or self.task_name != GGUF_TASK or len(self.layer_names) != len(row.recipe):
+            return None
+        return dict(zip(self.layer_names, row.recipe, strict=True))
+
+    def apply_gguf(self) -> None:
+        """Morph the loaded model to the chosen gguf-recipe member in a job (the layers it already
+        matches are left alone); :attr:`model_morphed` follows."""
+        self._recipe_work("apply recipe")
+
+    def export_gguf(self, path: str) -> None:
+        """Morph the loaded model to the chosen gguf-recipe member (if it is not so already) and
+        write it to ``path`` as GGUF, in a job (Cancel stops between tensors; a failure or cancel
+        leaves no file). A model that cannot be exported (not loaded from a GGUF file) is named in
+        the status line and nothing is morphed."""
+        from loomlab.core.llm.quality.gguf_export import export_refusal
+
+        refusal = "" if self._model is None else export_refusal(self._model)  # names and dtypes only
+        if refusal:
+            self.status.setText(f"not exported: {refusal}")
+            return
+        self._recipe_work("export GGUF", path)
+
+    def save_recipe(self, path: str) -> None:
+        """Write the chosen gguf-recipe member to ``path`` as a JSON recipe, atomically."""
+        mapping = self.chosen_mapping()
+        if mapping is None:
+            return
+        try:
+            recipes.save_recipe(path, mapping)
+        except (LoomError, OSError) as e:
+            self.status.setText(f"cannot save the recipe to {path}: {e}")
+            return
+        self.status.setText(f"saved a recipe of {len(mapping)} tensors to {path}")
+
+    def cancel_recipe_job(self) -> None:
+        """Stop an Export between tensors (an Apply under way finishes its layers first)."""
+        if self._recipe_job is not None:
+            self._recipe_job.cancel()
+
+    def _recipe_work(self, name: str, path: str | None = None) -> None:
+        mapping, model = self.chosen_mapping(), self._model
+        if mapping is None or model is None or not self._can_start():
+            if model is None:
+                self.status.setText("no model is loaded: load the model the recipe was evolved for")
+            return
+        morphed: list = []  # the layers' reports; None first while a morph is under way
+        progress = self._recipe_progress
+
+        def work(job: Job):
+            with model.busy():
+                plan = recipes.plan_recipe(model.net, mapping)
+                if plan.changed:
+                    morphed.append(None)
+                    morphed.extend(recipes.apply_recipe(model.net, plan, progress=lambda done, total, layer:
+                                                        job.report(f"{name}: {layer}", done, total)))
+                if path is None:
+                    return len(plan.changed)
+                from loomlab.core.llm.quality.gguf_export import export_gguf
+
+                return export_gguf(model, path, progress=lambda stage, done, total: job.report(
+                    f"{name}: {stage}", done, total), cancel=job.is_cancelled)
+
+        def ended(message: str) -> None:
+            if self._closed:
+                return
+            self._recipe_job = None
+            self.status.setText(message)
+            self._sync_controls()
+            if morphed:  # the model changed, even if the export then failed or was stopped
+                self.model_morphed.emit([r for r in morphed if r is not None])
+
+        def succeeded(result) -> None:
+            if path is None:
+                ended(f"applied the recipe: {result} layers morphed" if result else
+                      "the model already has the recipe's formats")
+            else:
+                ended(f"saved {result.path} ({format_bytes(result.nbytes)}, {result.changed} of "
+                      f"{result.tensors} tensors in new encodings)")
+
+        self._recipe_job = self._runner.start(work, name=name, on_progress=progress, on_success=succeeded,
+                                              on_failure=lambda m: ended(f"{name} failed: {m}"),
+                                              on_cancel=lambda: ended(f"{name} cancelled"))
+        self.status.setText(f"{name}…")
+        self._sync_controls()
+
+    def _recipe_progress(self, stage: str, done: int, total: int) -> None:
+        if self._closed:
+            return
+        self.recipe_progress.setRange(0, max(total, 0))
+        self.recipe_progress.setValue(done)
+        self.status.setText(f"{stage} ({done}/{total})" if total else stage)
 
     def chosen_recipe_row(self) -> MemberRow | None:
+        """The recipe member chosen in the table or the scatter (default: the fittest), or None."""
         if not self.rows or self.rows[0].recipe is None:
             return None
         i = self.selected_row if self.selected_row is not None and self.selected_row < len(self.rows) else 0
@@ -553,6 +785,9 @@ class EvolutionPanel(QWidget):
         if self._job is not None:
             self._job.wait()
             self._job = None
+        if self._recipe_job is not None:
+            self._recipe_job.stop()
+            self._recipe_job = None
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         self.shutdown()
@@ -587,6 +822,9 @@ class EvolutionPanel(QWidget):
         self._job, self._pause = None, None
         self.timer.stop()
         self._tick()
+        self._validate()  # a plan of its own for the next run: the finished run's task holds its caches
+        if outcome == "failed" and self._refusal:
+            self.message.setText(self._refusal)  # the loaded model: the form's problem, not the run's
         if result is not None:
             name = "run" if result.run_id is None else f"run {result.run_id}"
             message = (f"{name} {result.status} at generation {result.generation} · best fitness "
@@ -610,6 +848,8 @@ class EvolutionPanel(QWidget):
         for e in events:
             if isinstance(e, RunStarted):
                 self._apply_start(e)
+            elif isinstance(e, References):
+                self.references = list(e.points)
             else:
                 self.history.append(e)
         if snapshot is not None:
@@ -622,19 +862,32 @@ class EvolutionPanel(QWidget):
     def _clear_view(self) -> None:
         self.history, self.run_id, self.task_name = [], None, ""
         self.best, self.best_fitness, self.layer_names = None, float("-inf"), ()
+        self.references = []
         self._set_rows([])
         self._redraw()
 
     def _apply_start(self, e: RunStarted) -> None:
         self.run_id, self.task_name, self.layer_names = e.run_id, e.task, e.layer_names
         self.history = list(e.history)
+        self.references = []
         self.best, self.best_fitness = None, float("-inf")
         if e.best is not None:
             self._set_best(e.best, e.best_fitness)
-        self.recipe_box.setVisible(e.task == RECIPE_TASK)
-        size_column = RECIPE_SIZE_COLUMN if e.task == RECIPE_TASK else COLUMNS[-1]
+        recipe, gguf = e.task in RECIPE_TASKS, e.task == GGUF_TASK
+        self.recipe_box.setVisible(recipe)
+        self.recipe_box.setTitle(GGUF_TITLE if gguf else RECIPE_TITLE)
+        self.recipe_plot.setLabel("left", HELDOUT_LABEL if gguf else KL_LABEL)
+        for w in (self.strip, self.save_recipe_button, self.export_gguf_button):
+            w.setVisible(gguf)
+        self.apply_button.setToolTip("Morph the loaded model to the chosen member's formats" if gguf else
+                                     "Send the chosen member's dtypes to the Morph panel")
+        size_column = RECIPE_SIZE_COLUMN if recipe else COLUMNS[-1]
         self.table.horizontalHeaderItem(len(COLUMNS) - 1).setText(size_column)
-        self.species_plot.setVisible(e.task != RECIPE_TASK)
+        self.species_plot.setVisible(not recipe)
+        if gguf != self._gguf_layout:  # the scatter and the strip take most of the room; else equal shares
+            self._gguf_layout = gguf
+            self.plots.setSizes([1000, GGUF_LOWER_SHARE * 1000 if gguf else 1000])
+            self.lower.setSizes([1000, GGUF_RECIPE_SHARE * 1000 if gguf else 1000, 1000])
 
     def _set_best(self, best: Any, fitness: float) -> None:
         self.best, self.best_fitness = best, fitness
@@ -671,26 +924,65 @@ class EvolutionPanel(QWidget):
             top.setData(x, values, pen=pg.mkPen(colour))
             fill.setBrush(pg.mkBrush(colour))
 
+    def _scatter_kl(self, row: MemberRow) -> float | None:
+        """A member's KL on the scatter: on the held-out text for gguf-recipe, else the run's."""
+        return row.heldout_kl if self.task_name == GGUF_TASK else row.kl
+
     def _draw_recipes(self) -> None:
-        points = [(r.parameters / MIB, r.kl) for r in self.rows if r.recipe is not None and r.kl is not None]
-        if len(points) != len(self.rows) or not points:
+        """The scatter of members, their Pareto front and (gguf-recipe) the presets. A quant-recipe
+        run's members are drawn when every one has its KL; a gguf-recipe run's, those re-scored on
+        the held-out text."""
+        shown = [i for i, r in enumerate(self.rows)
+                 if r.recipe is not None and self._scatter_kl(r) is not None]
+        if self.task_name != GGUF_TASK and len(shown) != len(self.rows):
+            shown = []
+        points = [(self.rows[i].parameters, self._scatter_kl(self.rows[i])) for i in shown]
+        if not points:
             self.front = []
             self.recipe_points.setData([], [])
             self.front_line.setData([], [])
-            self._draw_chosen()
-            return
-        xy = np.array(points, np.float64)
-        self.recipe_points.setData(x=xy[:, 0], y=xy[:, 1], data=list(range(len(points))))
-        self.front = pareto_front(points)
-        self.front_line.setData(xy[self.front, 0], xy[self.front, 1])
+        else:
+            xy = np.array([(size / MIB, kl) for size, kl in points], np.float64)
+            self.recipe_points.setData(x=xy[:, 0], y=xy[:, 1], data=shown)
+            front = pareto_front(points)
+            self.front = [shown[i] for i in front]
+            self.front_line.setData(xy[front, 0], xy[front, 1])
+        self._draw_references()
         self._draw_chosen()
+
+    def _draw_references(self) -> None:
+        """The presets as points, each distinct one labelled."""
+        labels = reference_labels(self.references) if self.task_name == GGUF_TASK else []
+        if labels == self._drawn_references:
+            return
+        self._drawn_references = labels
+        for item in self.reference_labels:
+            self.recipe_plot.removeItem(item)
+        self.reference_labels = []
+        self.reference_points.setData(x=[size / MIB for _, size, _ in labels], y=[kl for _, _, kl in labels])
+        colour = pg.mkColor(pg.getConfigOption("foreground"))  # on the plot's canvas, not the window's
+        font = self.font()
+        font.setPointSizeF(font.pointSizeF() * REFERENCE_FONT_SCALE)
+        xs = [size for _, size, _ in labels] + [r.parameters for r in self.rows if r.recipe is not None]
+        middle = (min(xs) + max(xs)) / 2 if labels else 0
+        for name, size, kl in labels:  # written away from the plot's nearer side edge
+            item = pg.TextItem(name, color=colour, anchor=(1 if size > middle else 0, 1))
+            item.setFont(font)
+            item.setPos(size / MIB, kl)
+            self.recipe_plot.addItem(item)
+            self.reference_labels.append(item)
 
     def _draw_chosen(self) -> None:
         row = self.chosen_recipe_row()
-        if row is None or row.kl is None:
+        kl = None if row is None else self._scatter_kl(row)
+        if kl is None:
             self.chosen_point.setData([], [])
         else:
-            self.chosen_point.setData([row.parameters / MIB], [row.kl])
+            self.chosen_point.setData([row.parameters / MIB], [kl])
+        if self.task_name == GGUF_TASK and row is not None and len(row.recipe) == len(self.layer_names):
+            self.strip.set_recipe(self.layer_names, row.recipe)
+        else:
+            self.strip.clear()
         self._sync_controls()
 
     def _set_rows(self, rows: list[MemberRow]) -> None:
@@ -723,6 +1015,27 @@ class EvolutionPanel(QWidget):
         if len(points):
             self.select_row(int(points[0].data()))
 
+    def _ask_text(self, edit: QLineEdit, title: str) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, title, edit.text(), "Text (*.txt);;All files (*)")
+        if path:
+            edit.setText(path)
+
+    def _ask_save_recipe(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save recipe as", "recipe.json", "Recipe (*.json)")
+        if path:
+            self.save_recipe(path if path.lower().endswith(".json") else path + ".json")
+
+    def _ask_export_gguf(self) -> None:
+        from loomlab.core.llm.quality.gguf_export import export_refusal
+
+        refusal = "" if self._model is None else export_refusal(self._model)
+        if refusal:  # said before a file is asked for
+            self.status.setText(f"not exported: {refusal}")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export as GGUF", "", "GGUF model (*.gguf)")
+        if path:
+            self.export_gguf(path if path.lower().endswith(".gguf") else path + ".gguf")
+
     def _ask_export(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export the best network", "best.loom",
                                               "Loom Lab checkpoint (*.loom);;Loom JSON (*.json)")
@@ -750,17 +1063,21 @@ class EvolutionPanel(QWidget):
         self._sync_controls()
 
     def _can_start(self) -> bool:
-        return self._job is None and not self._closed
+        return self._job is None and self._recipe_job is None and not self._closed
 
     def _sync_controls(self) -> None:
-        idle = self._job is None and not self._closed
+        idle = self._can_start()
         self.start_button.setEnabled(idle and self._plan is not None)
         self.resume_button.setEnabled(idle and self._workspace is not None
                                       and self.runs_box.currentData() is not None)
         self.runs_box.setEnabled(idle)
         self.pause_button.setEnabled(not idle and self._pause is not None and not self._pause.is_set())
-        self.stop_button.setEnabled(not idle)
-        is_recipe = self.task_box.currentData() == RECIPE_TASK  # recipes are not speciated
+        self.stop_button.setEnabled(self._job is not None)
+        task = self.task_box.currentData()
+        is_recipe = task in RECIPE_TASKS  # recipes are not speciated
+        for w in (self.budget_box, self.ctx_edit, *self.text_rows.values()):
+            self.form.setRowVisible(w, task == GGUF_TASK)
+            w.setEnabled(idle)
         self.speciation_check.setEnabled(idle and not is_recipe)
         self.threshold_edit.setEnabled(idle and not is_recipe and self.speciation_check.isChecked())
         self.address_edit.setEnabled(idle and self.scheduler_box.currentData() == "address")
@@ -770,8 +1087,14 @@ class EvolutionPanel(QWidget):
         for w in self.rate_edits.values():  # a recipe's mutation is the task's own (mutation_rate)
             w.setEnabled(idle and not is_recipe)
         self.export_button.setEnabled(isinstance(self.best, VolumetricNetwork))
-        self.apply_button.setEnabled(self.chosen_recipe_row() is not None and bool(self.layer_names))
-        self.progress.setVisible(not idle)
+        chosen = self.chosen_recipe_row() is not None and bool(self.layer_names)
+        gguf = self.task_name == GGUF_TASK  # Apply and Export morph the model: not while a run uses it
+        self.apply_button.setEnabled(chosen and (not gguf or (idle and self._model is not None)))
+        self.save_recipe_button.setEnabled(chosen)
+        self.export_gguf_button.setEnabled(chosen and idle and self._model is not None)
+        self.progress.setVisible(self._job is not None)
+        self.recipe_progress.setVisible(self._recipe_job is not None)
+        self.recipe_cancel_button.setVisible(self._recipe_job is not None)
 
 
 def _integer(field: str, text: str) -> int:

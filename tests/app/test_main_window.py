@@ -224,6 +224,9 @@ def test_dna_and_evolution_panels_reach_the_others(window, qtbot, golden_net_pat
     evolution.recipe_chosen.emit({first: "int8"})
     assert morph.table.cellWidget(0, DTYPE).currentText() == "int8"
     assert [la.cfg.dtype for _, la in weighted_cells(b)][0] != "int8"
+    # a gguf-recipe member applied to the model by the Evolution panel: Morph reads the layers again
+    with qtbot.waitSignal(morph.reported, timeout=10000):
+        evolution.model_morphed.emit([])
 
 
 def test_only_panels_on_screen_watch_the_network(window, qtbot, golden_net_path):

@@ -3,11 +3,12 @@
 A :class:`LiveReporter` runs on the thread that runs the evolution and turns its reporter hooks
 into events: :class:`RunStarted` (what a run, new or resumed, already has), one
 :class:`~.reporters.GenerationStats` and one :class:`Snapshot` (the population table) per
-generation, :class:`BestMember` when the best member changes, and :class:`Progress`. It hands
-each to a ``sink`` callable. In the same process the sink is :meth:`LiveBuffer.accept`, which a
-GUI timer drains; across processes (:mod:`.run_process`) it is a line of JSON
-(:func:`event_to_dict` / :func:`event_from_dict`), which the reading side hands to its own buffer.
-So a view never sees whether the run is beside it or in another process.
+generation, :class:`BestMember` when the best member changes, :class:`References` once after the
+first generation (a task with reference recipes: ``gguf-recipe``'s llama.cpp presets), and
+:class:`Progress`. It hands each to a ``sink`` callable. In the same process the sink is
+:meth:`LiveBuffer.accept`, which a GUI timer drains; across processes (:mod:`.run_process`) it is
+a line of JSON (:func:`event_to_dict` / :func:`event_from_dict`), which the reading side hands to
+its own buffer. So a view never sees whether the run is beside it or in another process.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class MemberRow:
     parameters: int  # weights of a network, packed bytes of a recipe
     kl: float | None = None  # a recipe's mean KL against the unmorphed model
     recipe: tuple[str, ...] | None = None
+    heldout_kl: float | None = None  # a gguf-recipe member's KL on the held-out text, once re-scored
 
 
 @dataclass(frozen=True)
@@ -72,23 +74,31 @@ class BestMember:
 
 
 @dataclass(frozen=True)
+class References:
+    """Recipes a run is compared with (``gguf-recipe``: llama.cpp's presets planned for the model),
+    each ``(name, weight bytes, KL on the held-out text)``."""
+
+    points: list[tuple[str, int, float]]
+
+
+@dataclass(frozen=True)
 class Progress:
     stage: str  # "generation" (done of the run's generations) or "evaluate" (members of one)
     done: int
     total: int
 
 
-Event = RunStarted | GenerationStats | Snapshot | BestMember | Progress
+Event = RunStarted | GenerationStats | Snapshot | BestMember | References | Progress
 
 
 class LiveBuffer:
     """Filled by the run's side, drained by the view's timer. Every generation's statistics are
-    kept (they are the plots); the population table and the best member are only the latest, so a
-    hidden view's buffer stays small however long the run. ``append`` and attribute assignment
-    are atomic, so no lock is needed."""
+    kept (they are the plots), and the references; the population table and the best member are
+    only the latest, so a hidden view's buffer stays small however long the run. ``append`` and
+    attribute assignment are atomic, so no lock is needed."""
 
     def __init__(self):
-        self._events: deque[RunStarted | GenerationStats] = deque()
+        self._events: deque[RunStarted | GenerationStats | References] = deque()
         self.snapshot: Snapshot | None = None
         self.best: BestMember | None = None
 
@@ -98,7 +108,7 @@ class LiveBuffer:
             self.snapshot = event
         elif isinstance(event, BestMember):
             self.best = event
-        elif isinstance(event, RunStarted | GenerationStats):
+        elif isinstance(event, RunStarted | GenerationStats | References):
             self._events.append(event)
 
     def drain(self) -> tuple[list, Snapshot | None, BestMember | None]:
@@ -126,6 +136,8 @@ class LiveReporter(Reporter):
         self._scores: list = []
         self._best = None
         self._last_progress = 0.0
+        self._cancelled: Callable[[], bool] = lambda: False
+        self._referenced = False
 
     def attach(self, run: Evolution) -> None:
         """Watch ``run`` (an :class:`~.run.Evolution` built with this reporter); tells the sink what
@@ -136,6 +148,7 @@ class LiveReporter(Reporter):
 
     def cancel_check(self, cancelled: Callable[[], bool] = lambda: False) -> Callable[[], bool]:
         """The run's ``cancel``: a pause that took effect, or ``cancelled()``."""
+        self._cancelled = cancelled
         return lambda: self.halt or cancelled()
 
     def progress(self, done: int, total: int) -> None:
@@ -161,6 +174,12 @@ class LiveReporter(Reporter):
         self.sink(Snapshot(stats.generation, member_rows(self._members, self._fitness, self._species,
                                                          self._scores)))
         self.sink(stats)
+        if not self._referenced:
+            self._referenced = True
+            references = getattr(self.run.task, "references", None)
+            if callable(references):  # the first generation measured them; else now (Stop: LoomCancelled)
+                self.sink(References([(name, int(s.bytes), float(s.kl_mean))
+                                      for name, s in references(cancel=self._cancelled).items()]))
         if self.run.best is not self._best:
             self._best = self.run.best
             self.sink(BestMember(self.run.best, self.run.best_fitness))
@@ -196,12 +215,13 @@ def member_rows(members: Sequence, fitness: Sequence[float], species: dict[int, 
         m = members[i]
         if isinstance(m, VolumetricNetwork):
             types, size = _counted(la.type_name for _, la in m.layers()), m.parameter_count()
-            kl, recipe = None, None
+            kl, recipe, heldout = None, None, None
         else:  # a recipe: one dtype per layer
             score = scores[i] if i < len(scores) else None
             types, recipe = _counted(KEPT if gene == KEEP_GENE else gene for gene in m), tuple(m)
             size, kl = (score.bytes, score.kl_mean) if score is not None else (0, None)
-        rows.append(MemberRow(rank, i, species.get(i), float(fitness[i]), types, size, kl, recipe))
+            heldout = getattr(score, "heldout_kl", None)
+        rows.append(MemberRow(rank, i, species.get(i), float(fitness[i]), types, size, kl, recipe, heldout))
     return rows
 
 
@@ -220,6 +240,8 @@ def event_to_dict(event: Event) -> dict:
                 "rows": [dataclasses.astuple(r) for r in event.rows]}
     if isinstance(event, Progress):
         return {"event": "progress", "stage": event.stage, "done": event.done, "total": event.total}
+    if isinstance(event, References):
+        return {"event": "references", "points": [list(p) for p in event.points]}
     if isinstance(event, BestMember):
         return {"event": "best", "member": _network_to_dict(event.member), "fitness": event.fitness}
     if isinstance(event, RunStarted):
@@ -240,6 +262,8 @@ def event_from_dict(d: dict) -> Event:
         return Snapshot(d["generation"], [_row(r) for r in d["rows"]])
     if kind == "progress":
         return Progress(d["stage"], int(d["done"]), int(d["total"]))
+    if kind == "references":
+        return References([(str(name), int(size), float(kl)) for name, size, kl in d["points"]])
     if kind == "best":
         return BestMember(_network_from_dict(d["member"]), d["fitness"])
     if kind == "started":
