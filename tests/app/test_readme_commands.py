@@ -241,6 +241,6 @@ def test_every_relative_link_resolves(path):
 
 def test_the_readme_links_every_guide():
     guides = {"workbench.md", "engine.md", "language-models.md", "recipes.md", "serving.md", "evolution.md",
-              "gpu.md", "performance.md", "compat.md"}
+              "gpu.md", "performance.md", "compat.md", "quantization.md"}
     linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", README.read_text("utf-8")))
     assert guides <= linked and guides <= {p.name for p in DOCS}
