@@ -28,22 +28,13 @@ from loomlab.views.format_strip import EMBEDDING, HEAD, format_grid, tensor_kind
 
 from ..core.llm.model.test_architectures import write_gguf
 from .jobs import settle
+from .test_evolution_panel import ByteTokenizer
 
 MIB = 2 ** 20
 CTX = 64
 TRAIN_TEXT = "The mill on the river ground wheat for three hundred years. " * 11  # 660 tokens
 HELDOUT_TEXT = "A lighthouse keeper climbed the stairs each evening to light the lamp. " * 9
 SETTINGS = dict(task=GGUF_TASK, population=8, generations=2, seed=3, budget="pareto", ctx=CTX)
-
-
-class ByteTokenizer:
-    """Enough of a tokenizer for the texts (one token a character; the tiny model ships none)."""
-
-    def encode(self, text, add_special_tokens=True):
-        return [ord(c) % 50 + 1 for c in text]
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,6 @@ from ...io.bounded_read import read_small_text
 from ...llm.quality.drift import DEFAULT_CTX, default_probe
 from ...llm.quality.recipe import PRESET_PREFIX, PRESETS
 from ...units import format_bytes
-from ..genetics.genome import Genome
 from ..genetics.gorand import GoRand
 from ..genetics.neat import NEATConfig
 from ..genetics.values import check_number
@@ -49,8 +48,8 @@ from .format_space import (
     check_formats,
     pareto_ranks,
 )
-from .recipe_genome import check_count, check_probability, recipe_from_bytes, recipe_to_bytes
-from .recipe_task import FITTER_SHARE, RECIPE_MEMBER_BYTES
+from .recipe_genome import check_count, check_probability
+from .recipe_task import RECIPE_MEMBER_BYTES, RecipeGenome
 
 PARETO = "pareto"
 OVER_BUDGET = 10.0  # nats below any recipe within the budget
@@ -78,29 +77,19 @@ class Comparison:
     evolved_score: FormatScore | None
 
 
-class FormatGenome(Genome):
-    """Recipes of a :class:`FormatSpace`, first bred from ``seeds`` (see the module docstring)."""
-
-    member_kind = "recipe"
+class FormatGenome(RecipeGenome):
+    """Recipes of a :class:`FormatSpace`, first bred from ``seeds`` (see the module docstring);
+    children and checkpoints as :class:`RecipeGenome` makes them."""
 
     def __init__(self, space: FormatSpace, seeds: Sequence[Genes], mutation_rate: float):
-        self.space, self.seeds, self.mutation_rate = space, list(seeds), mutation_rate
+        super().__init__(space, mutation_rate)
+        self.seeds = list(seeds)
 
     def initial(self, size: int, rng: GoRand) -> list[Genes]:
         out = self.seeds[:size]
         while len(out) < size:
             out.append(self.space.mutate(self.seeds[len(out) % len(self.seeds)], rng, self.mutation_rate))
         return out
-
-    def offspring(self, a, b, fitness_a, fitness_b, rng) -> Genes:
-        share = 0.5 if fitness_a == fitness_b else FITTER_SHARE if fitness_a > fitness_b else 1 - FITTER_SHARE
-        return self.space.mutate(self.space.crossover(a, b, rng, share), rng, self.mutation_rate)
-
-    def encode(self, member: Sequence[str]) -> bytes:
-        return recipe_to_bytes(member)
-
-    def decode(self, data: bytes) -> Genes:
-        return self.space.validate(recipe_from_bytes(data))
 
 
 class GGUFRecipeTask(Task):
