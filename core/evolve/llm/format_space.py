@@ -347,9 +347,9 @@ class FormatSpace:
             weights = {}
             for part, fmt in parts.items():
                 name = self._layers[position].parts[part]
-                if (name, fmt) not in self._encoded:
-                    self._encoded[name, fmt] = encode(own.blocks[part], fmt, self._weights(name))
                 weights[part] = self._weights(name)
+                if (name, fmt) not in self._encoded:
+                    self._encoded[name, fmt] = encode(own.blocks[part], fmt, weights[part])
             store = own.copy()
             if parts:
                 store.morph_parts(parts, weights)
