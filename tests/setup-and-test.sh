@@ -41,7 +41,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-"$PYTHON" -m pip install -e '.[dev,cluster]'
+"$PYTHON" -m pip install -e '.[dev,cluster,control]'
 
 # lint-imports and ruff are console scripts of the interpreter we just installed into.
 PATH="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"

@@ -72,6 +72,7 @@ class NetworkStack:
                        for key, (members, layers, acts) in found.items()]
         # one group of every member in order: forward returns that stack's rows as they are
         self._whole = len(self.groups) == 1 and self.groups[0].members == list(range(len(self.nets)))
+        self._row_groups: tuple | None = None  # forward_rows' grouping, made on first use
 
     def forward_stacked(self, x, *, catch: Catch = ()) -> list[tuple]:
         """The outputs for input ``x``, group by group: a list of ``(members, result)`` where
@@ -108,6 +109,58 @@ class NetworkStack:
                 for i, y in zip(members, _unstacked(result), strict=True):
                     out[i] = y
         return out
+
+    def forward_rows(self, x, members, *, catch: Catch = ()) -> list[tuple]:
+        """Row ``r`` of ``x`` (``[R, width]``, host float32) through network ``members[r]``: each
+        member acting on observations of its own (a control task's population, one row per
+        member and episode still running). Returns ``(rows, result)`` pairs like
+        :meth:`forward_stacked`: ``rows`` index ``x`` and ``result`` is their outputs
+        ``[len(rows), out]``, or the ``catch`` exception of a member that raised (its rows).
+
+        A row's result is the same bits whichever rows share the call: same-shaped Dense members
+        within the compiled kernel's range run :func:`.batched_kernel.forward_rows`; any other
+        member runs its own ``forward`` one row at a time."""
+        from . import batched_kernel
+
+        x = np.ascontiguousarray(x, np.float32)
+        members = np.asarray(members, np.int64)
+        if self._row_groups is None:
+            self._row_groups = self._kernel_groups()
+        group_of, slot_of, groups = self._row_groups
+        results = []
+        where = group_of[members]
+        for k, group in enumerate(groups):
+            rows = np.flatnonzero(where == k)
+            if len(rows) == 0:
+                continue
+            if x.shape[1] < group.dims[0][0]:  # each member's own forward raises its shape error
+                where[rows] = -1
+                continue
+            _, compute = compute_dtypes(np.float32, group.precision)
+            y = batched_kernel.forward_rows(x[rows], group._packed, slot_of[members[rows]],
+                                            *group._plans[0], compute)
+            results.append((rows, y))
+        for i in np.unique(members[where < 0]):
+            rows = np.flatnonzero(members == i)
+            try:
+                results.append((rows, np.concatenate([to_host(self.nets[i].forward(x[r:r + 1]))
+                                                      for r in rows]).reshape(len(rows), -1)))
+            except catch as e:
+                results.append((rows, e))
+        return results
+
+    def _kernel_groups(self) -> tuple[np.ndarray, np.ndarray, list[_Group]]:
+        """For :meth:`forward_rows`: each member's group among those the row kernel runs whole
+        (numpy, every layer in the kernel's range, sizes chaining; -1: its own forward) and its
+        slot in that group's packed weights."""
+        group_of = np.full(len(self.nets), -1, np.int64)
+        slot_of = np.zeros(len(self.nets), np.int64)
+        groups = [g for g in self.groups
+                  if g.backend.xp is np and g.dims and g.chains and len(g.segments) == 1 and g.segments[0][2]]
+        for k, group in enumerate(groups):
+            group_of[group.members] = k
+            slot_of[group.members] = np.arange(len(group.members))
+        return group_of, slot_of, groups
 
 
 def forward_many(nets: Sequence[VolumetricNetwork], x, *, catch: Catch = ()) -> list:

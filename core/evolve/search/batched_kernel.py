@@ -143,6 +143,49 @@ def _stack(x, w, layers, acts, out, acc):
                 out[n, k] = h[src + k]
 
 
+@njit(inline="always")
+def _rows(x, w, members, layers, acts, out, acc):
+    """Row ``r`` of ``x`` through the layers of member ``members[r]``: :func:`_stack`'s loop at
+    batch 1 (the same sums in the same order), one row at a time."""
+    n_layers = layers.shape[0]
+    width = max(layers[0, 0], layers[:, 1].max())
+    for block in prange((x.shape[0] + _BLOCK - 1) // _BLOCK):
+        h = np.empty(2 * width, np.float32)
+        s = np.empty(width, acc)
+        for r in range(block * _BLOCK, min(x.shape[0], (block + 1) * _BLOCK)):
+            n = members[r]
+            wn = w[n]
+            for k in range(layers[0, 0]):
+                h[k] = x[r, k]
+            src, dst = 0, width
+            for j in range(n_layers):
+                n_in, n_out, at = layers[j, 0], layers[j, 1], layers[j, 2]
+                row_in = h[src: src + n_in]
+                for o in range(n_out):
+                    row_w = wn[at + o * n_in: at + (o + 1) * n_in]
+                    total = acc(0)
+                    for i in range(n_in):
+                        total += acc(row_in[i]) * acc(row_w[i])
+                    s[o] = total
+                _activate(acts[n, j], s, n_out, h, dst, acc)
+                src, dst = dst, src
+            for k in range(out.shape[1]):
+                out[r, k] = h[src + k]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FAST)
+def rows_f32(x, w, members, layers, acts, out):
+    """Each row ``x[r]`` (``[R, in]`` float32) through member ``members[r]``'s layers in float32
+    (``w``, ``layers``, ``acts`` as :func:`stack_f32` takes them); ``out`` ``[R, out]``."""
+    _rows(x, w, members, layers, acts, out, np.float32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FAST)
+def rows_f64(x, w, members, layers, acts, out):
+    """:func:`rows_f32` accumulated in float64."""
+    _rows(x, w, members, layers, acts, out, np.float64)
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FAST)
 def stack_f32(x, w, layers, acts, out):
     """Every member's layers in float32, on the calling thread. ``x`` ``[1 or N, >= B*in]``: the
@@ -200,3 +243,15 @@ def forward(h: np.ndarray, w: np.ndarray, layers: np.ndarray, acts: np.ndarray, 
     finally:
         numba.set_parallel_chunksize(chunksize)
     return out.reshape(n_members, batch, -1)
+
+
+def forward_rows(x: np.ndarray, w: np.ndarray, members: np.ndarray, layers: np.ndarray, acts: np.ndarray,
+                 compute) -> np.ndarray:
+    """Row ``r`` of ``x`` (``[R, in]`` float32) through the layers of member ``members[r]``: each
+    member acting on its own observations (:meth:`.batched.NetworkStack.forward_rows`). A row's
+    result is bit-identical to :func:`forward` of that member alone on that row. On the calling
+    thread: a control task's step is a few thousand small rows."""
+    out = np.empty((len(x), int(layers[-1, 1])), np.float32)
+    kernel = rows_f64 if np.dtype(compute) == np.float64 else rows_f32
+    kernel(np.ascontiguousarray(x, np.float32), w, np.ascontiguousarray(members, np.int64), layers, acts, out)
+    return out

@@ -109,17 +109,17 @@ class Task(ABC):
 
 
 class NetworkTask(Task):
-    """A fitness function over networks with fixed, deterministic data.
+    """A fitness function over networks grown from a seed network of Dense layers.
 
     Subclasses set ``name``, ``floor``, ``defaults`` (their params and defaults, over
-    :data:`COMMON_PARAMS`), build ``inputs`` (``rows x n_inputs``) and ``targets`` in
-    :meth:`_data`, and score stacked outputs in :meth:`_score`.
+    :data:`COMMON_PARAMS`), ``n_inputs`` and ``n_outputs``, say how many ``rows`` a member is
+    evaluated on, and :meth:`evaluate`; :meth:`check_param` validates a parameter of their own.
     """
 
-    floor: ClassVar[float]
+    floor: float
     defaults: ClassVar[dict[str, Any]]
-    n_inputs: ClassVar[int]
-    n_outputs: ClassVar[int]
+    n_inputs: int
+    n_outputs: int
     #: NEATConfig fields :meth:`neat_config` sets over Loom's default (none: Loom's default)
     neat_overrides: ClassVar[dict[str, Any]] = {}
 
@@ -129,37 +129,21 @@ class NetworkTask(Task):
         if unknown:
             raise LoomConfigError(f"task {self.name!r} has no parameter {unknown[0]!r}; "
                                   f"its parameters: {', '.join(sorted(known))}")
-        self.params: dict[str, Any] = {k: _checked(self.name, k, params.get(k, v)) for k, v in known.items()}
+        self.params: dict[str, Any] = {k: self.check_param(k, params.get(k, v)) for k, v in known.items()}
         self.fitness_threshold: float | None = self.params["threshold"]
         sizes = ", ".join(f"{k} {shown_count(self.params[k])}" for k in ("hidden", "depth", "points")
                           if k in self.params)
         check_fits(self.member_bytes(), f"task {self.name!r} with {sizes}: one member")
 
-    @functools.cached_property
-    def _dataset(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._data()  # built on first use: a run too large is refused before this
+    def check_param(self, key: str, value: Any) -> Any:
+        """``value`` of parameter ``key``, validated and in its plain JSON type (a
+        :class:`LoomConfigError` naming it otherwise)."""
+        return _checked(self.name, key, value)
 
-    @property
-    def inputs(self) -> np.ndarray:
-        return self._dataset[0]
-
-    @property
-    def targets(self) -> np.ndarray:
-        return self._dataset[1]
-
-    # ----- what subclasses supply --------------------------------------------------
     @property
     @abstractmethod
     def rows(self) -> int:
-        """How many rows of data a member is evaluated on."""
-
-    @abstractmethod
-    def _data(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(inputs, targets)``: float32 ``rows x n_inputs`` and ``rows x n_outputs``."""
-
-    @abstractmethod
-    def _score(self, y: np.ndarray) -> np.ndarray:
-        """Fitness of each member from its outputs, ``y`` float64 ``[members, rows * n_outputs]``."""
+        """How many rows of input a member is evaluated on at a time."""
 
     # ----- the task's contract -----------------------------------------------------
     def seed_network(self) -> VolumetricNetwork:
@@ -193,6 +177,31 @@ class NetworkTask(Task):
         width = max(self.params["hidden"] if self.params["depth"] else 0, self.n_outputs)
         return dataclasses.replace(NEATConfig.default(width, seed), **self.neat_overrides)
 
+
+class DatasetTask(NetworkTask):
+    """A network task with fixed, deterministic data: subclasses build ``inputs`` (``rows x
+    n_inputs``) and ``targets`` in :meth:`_data`, and score stacked outputs in :meth:`_score`."""
+
+    @functools.cached_property
+    def _dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._data()  # built on first use: a run too large is refused before this
+
+    @property
+    def inputs(self) -> np.ndarray:
+        return self._dataset[0]
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self._dataset[1]
+
+    @abstractmethod
+    def _data(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(inputs, targets)``: float32 ``rows x n_inputs`` and ``rows x n_outputs``."""
+
+    @abstractmethod
+    def _score(self, y: np.ndarray) -> np.ndarray:
+        """Fitness of each member from its outputs, ``y`` float64 ``[members, rows * n_outputs]``."""
+
     def evaluate(self, nets: Sequence[VolumetricNetwork]) -> list[float]:
         """Fitness of each network, in order (see the module's docstring for the floor)."""
         fitness = np.full(len(nets), self.floor)
@@ -213,7 +222,7 @@ class NetworkTask(Task):
         return np.where(ok, np.maximum(score, self.floor), self.floor)
 
 
-class XorTask(NetworkTask):
+class XorTask(DatasetTask):
     name = "xor"
     floor = 0.0
     defaults = {"threshold": 3.9}
@@ -231,7 +240,7 @@ class XorTask(NetworkTask):
         return 4.0 - ((y - self.targets.reshape(1, -1)) ** 2).sum(axis=1)
 
 
-class SineTask(NetworkTask):
+class SineTask(DatasetTask):
     name = "sine"
     floor = -1.0
     defaults = {"points": 32, "hidden": 8, "threshold": -0.01}
@@ -249,7 +258,7 @@ class SineTask(NetworkTask):
         return -((y - self.targets.reshape(1, -1)) ** 2).mean(axis=1)
 
 
-class SpiralsTask(NetworkTask):
+class SpiralsTask(DatasetTask):
     name = "spirals"
     floor = 0.0
     defaults = {"points": 97, "hidden": 16, "depth": 2, "threshold": 0.95}
@@ -279,7 +288,10 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (XorTask, SineTask, Spi
 # edge from this floor up to the llm floor, out of import-linter's sight (see the package's
 # docstring), so that a run of a network task never loads that runtime.
 LAZY_TASKS = {"quant-recipe": ("loomlab.core.evolve.llm.recipe_task", "RecipeTask"),
-              "gguf-recipe": ("loomlab.core.evolve.llm.format_task", "GGUFRecipeTask")}
+              "gguf-recipe": ("loomlab.core.evolve.llm.format_task", "GGUFRecipeTask"),
+              **{name: ("loomlab.core.evolve.control.control_task", "CONTROL_TASKS") for name in
+                 ("cartpole", "acrobot", "mountaincar", "mountaincar-continuous", "pendulum", "lunarlander",
+                  "gym")}}
 
 
 def get_task(name: str, **params: Any) -> Task:
@@ -294,6 +306,8 @@ def get_task(name: str, **params: Any) -> Task:
     if cls is None and name in LAZY_TASKS:
         module, attr = LAZY_TASKS[name]
         cls = getattr(import_module(module), attr)
+        if isinstance(cls, dict):  # a module's table of tasks by name
+            cls = cls[name]
     if cls is None:
         raise LoomConfigError(f"unknown task {name!r}; built-in tasks: "
                               f"{', '.join(sorted([*TASKS, *LAZY_TASKS]))}")

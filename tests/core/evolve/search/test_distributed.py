@@ -62,7 +62,8 @@ def scheduler_keys(client):
         lambda dask_scheduler: [k for k in dask_scheduler.tasks if str(k).startswith("loomlab-fitness")])
 
 
-@pytest.mark.parametrize("name, n", [("xor", 40), ("sine", 25), ("spirals", 20)])
+@pytest.mark.parametrize("name, n", [("xor", 40), ("sine", 25), ("spirals", 20),
+                                     ("cartpole", 30), ("pendulum", 12)])
 def test_one_and_two_workers_give_the_in_process_fitness_bit_for_bit(name, n, one_worker, two_workers):
     task = get_task(name)
     members = population(task, n)
