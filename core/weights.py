@@ -269,3 +269,21 @@ class WeightStore:
         clone = WeightStore(self.master.copy(), self.scale)
         clone.native = {k: v.copy() for k, v in self.native.items()}
         return clone
+
+
+class LoomShapedWeights(WeightStore):
+    """The weights of a layer NEAT re-initialised as a CNN1 or ConvTransposed1D: Loom gives it
+    F·C·k² weights (a 2-D kernel its 1-D layer cannot use), ours runs on F·C·k. ``master`` holds
+    the first F·C·k of Loom's values, which the layer runs on, saves and splices; ``loom_rest``
+    the others, so that a later mutation draws one perturbation per Loom weight, in Loom's order
+    (spec §7.4). Copies (a clone, a splice's child) and checkpoints keep them; Loom JSON does not
+    (docs/compat.md)."""
+
+    def __init__(self, master, loom_rest, scale: float = 1.0):
+        super().__init__(master, scale)
+        self.loom_rest = np.ascontiguousarray(loom_rest, dtype=np.float32).reshape(-1)
+
+    def copy(self) -> LoomShapedWeights:
+        clone = LoomShapedWeights(self.master.copy(), self.loom_rest.copy(), self.scale)
+        clone.native = {k: v.copy() for k, v in self.native.items()}
+        return clone

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import LoomFormatError
 from ..network import VolumetricNetwork
+from ..weights import LoomShapedWeights
 from .atomic import write_atomic
 from .loom_json import (
     MAX_LAYERS,
@@ -32,6 +34,9 @@ from .loom_json import (
 )
 
 METADATA_KEY = "loomlab"
+#: a layer's blob named ``layers[3]`` + this holds the rest of Loom's weights of a CNN1 or
+#: ConvTransposed1D NEAT re-initialised (float32; core.weights.LoomShapedWeights)
+LOOM_REST = "#loom_rest"
 FORMAT = "loomlab-checkpoint/1"
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the header
 
@@ -42,6 +47,9 @@ def checkpoint_bytes(net: VolumetricNetwork) -> bytes:
 
     blobs: dict[str, bytes | memoryview] = {}
     spec = network_to_dict(net, blobs)
+    for i, layer in enumerate(net.cells):
+        if layer is not None and isinstance(layer.weights, LoomShapedWeights):
+            blobs[f"layers[{i}]{LOOM_REST}"] = layer.weights.loom_rest.astype("<f4").tobytes()
     tensors = {name: np.frombuffer(blob, dtype=np.uint8) for name, blob in blobs.items()}
     metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "network": spec}, separators=(",", ":"))}
     return save(tensors, metadata=metadata)
@@ -156,4 +164,15 @@ def _network_from(meta: str, blobs: dict[str, np.ndarray], origin: str, backend:
         found = doc.get("format") if isinstance(doc, dict) else doc
         raise LoomFormatError(origin, f"not a Loom Lab checkpoint (format {brief(found)}, "
                                       f"expected {FORMAT!r})")
-    return read_network(doc.get("network"), schema="persistence", backend=backend, blobs=blobs)
+    rests = {name: blobs.pop(name) for name in [n for n in blobs if n.endswith(LOOM_REST)]}
+    net = read_network(doc.get("network"), schema="persistence", backend=backend, blobs=blobs)
+    for name, rest in rests.items():
+        index = re.fullmatch(r"layers\[(\d+)\]", name[:-len(LOOM_REST)])
+        i = int(index[1]) if index else -1
+        store = net.cells[i].weights if 0 <= i < len(net.cells) and net.cells[i] is not None else None
+        if store is None or len(rest) % 4:
+            raise LoomFormatError(f"$.{name}", "Loom's further weights for no weighted layer")
+        shaped = LoomShapedWeights(store.master, np.frombuffer(bytes(rest), "<f4"), store.scale)
+        shaped.native = store.native
+        net.cells[i].weights = shaped
+    return net

@@ -5,6 +5,12 @@ order, so a seed gives Loom's child. Where Loom's re-initialisation builds a lay
 run (a CNN1 given a 2-D kernel, 2-D/3-D convolutions with zero-size axes, a Parallel keeping a
 Dense's weights), the same draws make the same choices but the layer built runs: the differences
 are listed in docs/compat.md.
+
+A CNN1 or ConvTransposed1D re-initialised by NEAT holds F·C·k² weights in Loom, a 2-D kernel, and
+F·C·k here: its store (:class:`LoomShapedWeights`) keeps Loom's other values beside the runnable
+ones, so that a later mutation of it (a population's next generation) perturbs as many weights
+as Loom does and every draw after it, in this layer and in the layers and children that follow,
+stays Loom's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from ...enums import LAYER_TYPES, by_id
 from ...errors import LoomConfigError
 from ...layers.base import Layer, LayerConfig, layer_class
 from ...network import VolumetricNetwork
-from ...weights import WeightStore
+from ...weights import LoomShapedWeights, WeightStore
 from .budget import check_fits
 from .clone import clone_network
 from .gorand import GoRand
@@ -40,6 +46,9 @@ _RATES = ("weight_perturb_rate", "node_mutate_rate", "connection_add_rate", "con
 #: the sizes of re-initialised layers and their least values (0: Loom's fallback, as in its code)
 _SIZES = {"d_model": 1, "default_num_heads": 0, "default_in_channels": 0, "default_filters": 0,
           "default_kernel_size": 0, "default_vocab_size": 1, "default_num_clusters": 1}
+#: the layer types whose NEAT re-initialisation Loom gives a 2-D kernel (F·C·k², spec §7.5) where
+#: ours, 1-D, runs on F·C·k weights
+_LOOM_SQUARE_KERNEL = ("CNN1", "ConvTransposed1D")
 #: the sizes that set the weight count of a re-initialised layer of a type (else d_model alone)
 _SIZES_OF = {"Embedding": ("default_vocab_size", "d_model"), "KMeans": ("default_num_clusters", "d_model"),
              "CNN": ("default_filters", "default_in_channels", "default_kernel_size"),
@@ -131,12 +140,14 @@ class NEATConfig:
 
     def largest_new_layer(self) -> tuple[str, int]:
         """The allowed layer type NEAT re-initialises with the most weights at these sizes, and
-        that weight count (``("", 0)`` when no allowed type has weights)."""
+        that weight count, Loom's (what the layer holds, :func:`loom_weight_count`; ``("", 0)``
+        when no allowed type has weights)."""
         best = ("", 0)
         for t in dict.fromkeys(self.allowed_layer_types):
             cls = layer_class(by_id(LAYER_TYPES, t).name)
             if cls.weighted:
-                weights = cls.param_count(_reinit_config(LayerConfig(type="Dense"), cls, self, GoRand(0))[0])
+                weights = loom_weight_count(cls, _reinit_config(LayerConfig(type="Dense"), cls, self,
+                                                                GoRand(0))[0])
                 best = max(best, (cls.type_name, weights), key=lambda pair: pair[1])
         return best
 
@@ -192,9 +203,15 @@ def neat_mutate(net: VolumetricNetwork, config: NEATConfig) -> VolumetricNetwork
 def _mutate_layer(layer: Layer, config: NEATConfig, rng: GoRand) -> Layer:
     store = layer.weights
     if rng.float64() < config.weight_perturb_rate and store is not None and len(store):
-        noise = (rng.float32_array(len(store)) * np.float32(2) - np.float32(1)) \
+        # one draw per weight Loom's layer holds, in Loom's order: the runnable ones, then any
+        # more that Loom's re-initialisation gave it (LoomShapedWeights)
+        rest = store.loom_rest if isinstance(store, LoomShapedWeights) else None
+        n = len(store)
+        noise = (rng.float32_array(n + (0 if rest is None else rest.size)) * np.float32(2) - np.float32(1)) \
             * np.float32(config.weight_perturb_scale)
-        store.master = store.master + noise
+        store.master = store.master + noise[:n]
+        if rest is not None:
+            store.loom_rest = rest + noise[n:]
         store.touch()
     if rng.float64() < config.activation_mut_rate:
         layer.cfg.activation = MUTATION_ACTIVATIONS[rng.intn(len(MUTATION_ACTIVATIONS))]
@@ -209,18 +226,27 @@ def _mutate_layer(layer: Layer, config: NEATConfig, rng: GoRand) -> Layer:
     return layer
 
 
+def loom_weight_count(cls: type[Layer], cfg: LayerConfig) -> int:
+    """How many weights Loom's NEAT re-initialisation gives a ``cls`` layer of ``cfg`` (spec §7.5):
+    the layer's own count, but F·C·k² for a CNN1 or ConvTransposed1D."""
+    if cls.type_name in _LOOM_SQUARE_KERNEL:
+        return cfg.filters * cfg.input_channels * cfg.kernel_size ** 2
+    return cls.param_count(cfg)
+
+
 def reinitialised(layer: Layer, new_type: str, config: NEATConfig, rng: GoRand) -> Layer:
     """``layer`` turned into a fresh ``new_type`` layer of width ``config.d_model`` (spec §7.5),
-    drawing the new weights' seed from ``rng`` as Loom does."""
+    drawing the new weights' seed from ``rng`` as Loom does (one ``Int63``, whatever the layer)."""
     cls = layer_class(new_type)
     cfg, weights_seed = _reinit_config(layer.cfg, cls, config, rng)
     out = cls(cfg, None, layer.children)
     out.children_key = layer.children_key
     if cls.weighted:
-        n = cls.param_count(cfg)
-        # Loom's Randomize(seed, 0.05): a generator of its own, one Float32 per weight
-        values = (GoRand(weights_seed).float32_array(n) * np.float32(2) - np.float32(1)) * INIT_SCALE
-        out.weights = WeightStore(values, 1.0)
+        n, loom_n = cls.param_count(cfg), loom_weight_count(cls, cfg)
+        # Loom's Randomize(seed, 0.05): a generator of its own, one Float32 per weight of Loom's
+        # layer; ours runs on the first n (all but a CNN1's or ConvTransposed1D's: F·C·k of F·C·k²)
+        values = (GoRand(weights_seed).float32_array(loom_n) * np.float32(2) - np.float32(1)) * INIT_SCALE
+        out.weights = WeightStore(values, 1.0) if loom_n == n else LoomShapedWeights(values[:n], values[n:])
     return out
 
 
