@@ -119,7 +119,7 @@ class NetworkStack:
 
         A row's result is the same bits whichever rows share the call: same-shaped Dense members
         within the compiled kernel's range run :func:`.batched_kernel.forward_rows`; any other
-        member runs its own ``forward`` one row at a time."""
+        member runs its own ``forward`` one row at a time, each from a reset state."""
         from . import batched_kernel
 
         x = np.ascontiguousarray(x, np.float32)
@@ -143,11 +143,17 @@ class NetworkStack:
         for i in np.unique(members[where < 0]):
             rows = np.flatnonzero(members == i)
             try:
-                results.append((rows, np.concatenate([to_host(self.nets[i].forward(x[r:r + 1]))
+                results.append((rows, np.concatenate([self._own_row(i, x[r:r + 1])
                                                       for r in rows]).reshape(len(rows), -1)))
             except catch as e:
                 results.append((rows, e))
         return results
+
+    def _own_row(self, i: int, row) -> np.ndarray:
+        """Member ``i``'s own forward of one row, from a reset state (an attention layer's KV
+        cache would otherwise carry one row into the next: another episode, another step)."""
+        self.nets[i].reset_state()
+        return to_host(self.nets[i].forward(row))
 
     def _kernel_groups(self) -> tuple[np.ndarray, np.ndarray, list[_Group]]:
         """For :meth:`forward_rows`: each member's group among those the row kernel runs whole

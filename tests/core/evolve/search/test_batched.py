@@ -310,3 +310,40 @@ def numba_vectorize(fn):
     import numba
 
     return numba.vectorize(["float64(float64)"])(fn.py_func)
+
+
+@pytest.mark.parametrize("precision", ["loom", "fast"])
+def test_rows_through_their_own_members_equal_each_member_alone(precision):
+    """forward_rows (a control task's step: each row its own member's observation) gives each row
+    the bits of that member's stack alone on that row, in any company and order, and its own
+    forward's output to float32 rounding; members that raise get their exception."""
+    rng = np.random.default_rng(5)
+    nets = population(rng, 60, [4, 6, 6, 2], precision=precision, rate=0.4)
+    x = rng.standard_normal((300, 4)).astype(np.float32)
+    members = rng.integers(0, len(nets), 300)
+    got = {}
+    for rows, y in NetworkStack(nets).forward_rows(x, members, catch=LoomError):
+        for j, r in enumerate(rows):
+            got[int(r)] = y if isinstance(y, BaseException) else y[j]
+    assert sorted(got) == list(range(300))
+    kinds = set()
+    for r, i in enumerate(members):
+        nets[i].reset_state()  # an attention layer's KV cache: each row from a fresh state
+        try:
+            alone = NetworkStack([nets[i]]).forward(x[r:r + 1])[0]
+        except LoomError as e:
+            assert type(got[r]) is type(e)
+            kinds.add("raised")
+            continue
+        assert got[r].tobytes() == np.asarray(alone).reshape(-1).tobytes()
+        nets[i].reset_state()
+        ref = nets[i].forward(x[r:r + 1]).reshape(-1)
+        np.testing.assert_allclose(got[r], ref, rtol=2e-6, atol=2e-6 * max(float(np.abs(ref).max()), 1.0))
+        kinds.add("kernel" if group_key(nets[i]) is not None else "own forward")
+    assert {"kernel", "own forward"} <= kinds
+    shuffled = rng.permutation(300)
+    for rows, y in NetworkStack(nets[::-1]).forward_rows(x[shuffled], len(nets) - 1 - members[shuffled],
+                                                         catch=LoomError):
+        for j, r in enumerate(rows):
+            if not isinstance(y, BaseException):
+                assert y[j].tobytes() == got[int(shuffled[r])].tobytes()
