@@ -57,6 +57,9 @@ def register(sub) -> None:
     ev.add_argument("--recipe-out", metavar="FILE",
                     help="quant-recipe, gguf-recipe: where to save the best recipe "
                          "(default: TASK-run-RUN.json)")
+    ev.add_argument("--replay-out", metavar="FILE",
+                    help="control tasks (cartpole ...): where to save the best member's first episode, "
+                         ".gif or .mp4 (default: TASK-run-RUN.gif)")
     ev.add_argument("--scheduler", help="evaluate on Dask: 'local' (a local cluster) or tcp://host:port")
     ev.add_argument("--workspace", help="the workspace database (default: the workbench's)")
     ev.add_argument("--list", action="store_true", help="list the workspace's runs and exit")
@@ -182,7 +185,19 @@ def cmd_evolve(args) -> int:
     print(line)
     if run.genome.member_kind == "recipe" and run.best is not None:
         _save_best_recipe(run, args.recipe_out or f"{run.task.name}-run-{result.run_id}.json")
+    if hasattr(run.task, "episode") and run.best is not None:
+        _save_replay(run, args.replay_out or f"{run.task.name}-run-{result.run_id}.gif")
     return 0
+
+
+def _save_replay(run, path: str) -> None:
+    """A control run's best member in its first evaluation episode, saved as GIF or MP4."""
+    from loomlab.core.evolve.control.frames import save_replay
+
+    episode = run.task.episode(run.best)
+    saved = save_replay(episode, path)
+    print(f"replay of the best member ({episode.env_id}, seed {episode.seed}, {len(episode)} steps, "
+          f"return {episode.total:g}): {saved}")
 
 
 def _save_best_recipe(run, path: str) -> None:
