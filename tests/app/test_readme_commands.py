@@ -148,7 +148,9 @@ def test_files_the_readme_commands_read_come_from_earlier_lines():
             if argv[0] == "quantize":
                 outputs.add([w for w in argv[1:] if not w.startswith("-")][1])
             for word in argv:
-                if word.endswith(FILE_SUFFIXES) and word not in outputs and not word.startswith("$ex/"):
+                if word.startswith("examples/"):  # the clone's top-level examples
+                    assert (ROOT / word).is_file(), f"{line!r} reads {word}, which the clone lacks"
+                elif word.endswith(FILE_SUFFIXES) and word not in outputs and not word.startswith("$ex/"):
                     assert word in made, f"{line!r} reads {word}, which no earlier line makes"
             made |= outputs
 
@@ -212,7 +214,7 @@ def test_the_headless_readme_commands_run_as_pasted(tmp_path, monkeypatch, capsy
                 ex = str(ROOT / "resources" / "examples")  # the clone's folder, seen from here
             elif line.startswith("~/.loomlab/bin/python -c "):  # the README's interpreter: ours here
                 exec(words[words.index("-c") + 1], {})
-            argv = loomlab_argv(line.replace("$ex", ex or "$ex"))
+            argv = loomlab_argv(line.replace("$ex", ex or "$ex").replace(" examples/", f" {ROOT}/examples/"))
             if argv is None or needs_a_language_model(argv) or not argv:
                 continue
             if argv != ["--version"] and build_parser().parse_args(argv).command is None:
@@ -222,10 +224,11 @@ def test_the_headless_readme_commands_run_as_pasted(tmp_path, monkeypatch, capsy
     assert ran == ["--version", "net info", "net run", "net run", "net morph", "net morph-report",
                    "dna " + ex + "/dense3.json", "net morph", "dna " + ex + "/dense3.json",
                    "splice " + ex + "/dense3.json", "evolve " + ex + "/xor.toml", "evolve --resume",
-                   "evolve --list"]
+                   "evolve --list", f"evolve {ROOT}/examples/cartpole.toml"]
     out = capsys.readouterr().out
     assert "Dense" in out and "logic shifts" in out and "run 1 finished at generation 10" in out
-    for made in ("out.npy", "net8.loom", "dense3-int8.json", "child.loom"):
+    assert "run 2 solved" in out and "cartpole-run-2.gif" in out
+    for made in ("out.npy", "net8.loom", "dense3-int8.json", "child.loom", "cartpole-run-2.gif"):
         assert (tmp_path / made).is_file(), made
 
 
