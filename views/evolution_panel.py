@@ -26,6 +26,10 @@ morphs the loaded model to the member's formats in a job, and "Export GGUF…" d
 writes the model as a GGUF file (cancellable); "Save recipe…" writes the JSON recipe ``loomlab
 quantize --recipe`` reads.
 
+A control run (cartpole, acrobot, ...) shows its best member beside the population table
+(:mod:`.control_replay`): its episode replayed with its observation and action traces, and its
+network as a graph (:mod:`.network_graph`), both following each new best.
+
 Signals: :attr:`EvolutionPanel.best_changed` (the best network so far, for the Topology view),
 :attr:`EvolutionPanel.recipe_chosen` (``{layer: dtype}`` of a quant-recipe member, for the Morph
 panel) and :attr:`EvolutionPanel.model_morphed` (the loaded model was morphed to a gguf-recipe
@@ -61,6 +65,7 @@ from PySide6.QtWidgets import (
 )
 
 from loomlab.core.errors import LoomConfigError, LoomError
+from loomlab.core.evolve.control.control_task import CONTROL_TASKS, ControlTask
 from loomlab.core.evolve.genetics.neat import NEATConfig
 from loomlab.core.evolve.llm.format_space import pareto_front
 from loomlab.core.evolve.search.live import (
@@ -78,7 +83,7 @@ from loomlab.core.evolve.search.reporters import GenerationStats
 from loomlab.core.evolve.search.run import Evolution, RunResult
 from loomlab.core.evolve.search.run_config import RunPlan, model_source, plan_from_dict
 from loomlab.core.evolve.search.run_process import run_in_child
-from loomlab.core.evolve.search.tasks import TASKS
+from loomlab.core.evolve.search.tasks import TASKS, get_task
 from loomlab.core.io import save_network
 from loomlab.core.io.checkpoint import checkpoint_from_bytes
 from loomlab.core.llm.quality import recipe as recipes
@@ -88,6 +93,7 @@ from loomlab.core.units import format_bytes
 from loomlab.core.workspace.evolution_runs import EvolutionRuns
 from loomlab.core.workspace.store import Workspace, WorkspaceError
 
+from .control_replay import BestMemberViews
 from .format_strip import FormatStrip
 from .morph_panel import AS_LOADED
 from .scrolling import scrolling
@@ -97,7 +103,8 @@ from .workers import Job, JobRunner
 RECIPE_TASK = "quant-recipe"  # a Loom dtype per weighted layer
 GGUF_TASK = "gguf-recipe"  # a GGUF format per matrix, against llama.cpp's presets
 RECIPE_TASKS = (RECIPE_TASK, GGUF_TASK)  # run beside the loaded model, shown as a size-vs-KL scatter
-TASK_NAMES = (*TASKS, *RECIPE_TASKS)
+CONTROL_TASK_NAMES = tuple(n for n in CONTROL_TASKS if n != "gym")  # gym needs an env id: no field for it
+TASK_NAMES = (*TASKS, *CONTROL_TASK_NAMES, *RECIPE_TASKS)
 PARETO = "pareto"
 BUDGETS = (PARETO, *recipes.PRESETS)  # a gguf-recipe run's budget: the Pareto front, or a preset's bytes
 #: the NEAT settings the form shows, with their labels (the rest keep the task's defaults)
@@ -124,8 +131,9 @@ GGUF_TITLE = "Recipes: weight size vs held-out KL (Pareto front in red, llama.cp
 REFERENCE_COLOUR = "#1f77b4"
 REFERENCE_FONT_SCALE = 0.85  # the presets' labels: small, several presets can lie close together
 RECIPE_VIEWS_SHARES = (3, 2)  # the scatter and the format strip side by side
-GGUF_LOWER_SHARE = 2  # a gguf-recipe run: the scatter and table this many times the fitness plot's height
+LOWER_SHARE = 2  # a gguf-recipe or control run: the lower row this many times the fitness plot's height
 GGUF_RECIPE_SHARE = 2  # and the scatter and strip this many times the table's width
+CONTROL_SHARE = 2  # a control run: the replay this many times the species plot's and the table's width
 FITNESS_PENS = {"best": "#2ca02c", "mean": "#1f77b4", "worst": "#d62728"}
 SPECIES_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
                    "#ff9da7", "#9c755f", "#bab0ac")
@@ -188,7 +196,8 @@ class EvolutionPanel(QWidget):
         self.front: list[int] = []  # indices into rows of the recipe scatter's Pareto front
         self.references: list[tuple[str, int, float]] = []  # (preset, bytes, held-out KL) of a gguf run
         self.selected_row: int | None = None
-        self._gguf_layout = False  # the plots' shares are a gguf-recipe run's
+        self._layout_kind = ""  # whose shares the plots have: a gguf-recipe or a control run's, or ""
+        self._control_task: ControlTask | None = None  # a control run's task, for the replay
         self.timer = QTimer(self)  # drains the buffer while a run goes
         self.timer.setInterval(round(1000 / rate_hz))
         self.timer.timeout.connect(self._tick)
@@ -378,8 +387,11 @@ class EvolutionPanel(QWidget):
         lower = QSplitter(Qt.Orientation.Horizontal)
         lower.addWidget(self.species_plot)
         lower.addWidget(self.recipe_box)
+        self.member_views = BestMemberViews(self._runner)  # a control run's best member
+        self.member_views.hide()
+        lower.addWidget(self.member_views)
         lower.addWidget(self.table)
-        lower.setSizes([1000, 1000, 1000])  # equal shares (a hidden one's goes to the others)
+        lower.setSizes([1000] * 4)  # equal shares (a hidden one's goes to the others)
         self.lower = lower
         plots = QSplitter(Qt.Orientation.Vertical)
         plots.addWidget(self.fitness_plot)
@@ -737,7 +749,7 @@ class EvolutionPanel(QWidget):
             self.status.setText(str(e))
             return
         best = None
-        if record.task in TASKS and state.get("best") is not None:
+        if record.task not in RECIPE_TASKS and state.get("best") is not None:  # a network task
             best = checkpoint_from_bytes(bytes.fromhex(state["best"]))
         history = [GenerationStats.from_dict(d) for d in state["history"]]
         fitness = state.get("best_fitness")
@@ -781,6 +793,7 @@ class EvolutionPanel(QWidget):
         """Stop the run (its last checkpoint stays, to resume later) and join its job."""
         self._closed = True
         self.timer.stop()
+        self.member_views.shutdown()
         self.stop()
         if self._job is not None:
             self._job.wait()
@@ -861,6 +874,7 @@ class EvolutionPanel(QWidget):
 
     def _clear_view(self) -> None:
         self.history, self.run_id, self.task_name = [], None, ""
+        self.member_views.clear()
         self.best, self.best_fitness, self.layer_names = None, float("-inf"), ()
         self.references = []
         self._set_rows([])
@@ -868,6 +882,10 @@ class EvolutionPanel(QWidget):
 
     def _apply_start(self, e: RunStarted) -> None:
         self.run_id, self.task_name, self.layer_names = e.run_id, e.task, e.layer_names
+        control = e.task in CONTROL_TASK_NAMES
+        self._control_task = self._run_task(e.run_id, e.task) if control else None
+        self.member_views.clear()
+        self.member_views.setVisible(control)
         self.history = list(e.history)
         self.references = []
         self.best, self.best_fitness = None, float("-inf")
@@ -884,15 +902,30 @@ class EvolutionPanel(QWidget):
         size_column = RECIPE_SIZE_COLUMN if recipe else COLUMNS[-1]
         self.table.horizontalHeaderItem(len(COLUMNS) - 1).setText(size_column)
         self.species_plot.setVisible(not recipe)
-        if gguf != self._gguf_layout:  # the scatter and the strip take most of the room; else equal shares
-            self._gguf_layout = gguf
-            self.plots.setSizes([1000, GGUF_LOWER_SHARE * 1000 if gguf else 1000])
-            self.lower.setSizes([1000, GGUF_RECIPE_SHARE * 1000 if gguf else 1000, 1000])
+        kind = GGUF_TASK if gguf else "control" if control else ""
+        if kind != self._layout_kind:  # the scatter and strip, or the replay, take most room; else equal
+            self._layout_kind = kind
+            self.plots.setSizes([1000, LOWER_SHARE * 1000 if kind else 1000])
+            self.lower.setSizes([1000, GGUF_RECIPE_SHARE * 1000 if gguf else 1000,
+                                 CONTROL_SHARE * 1000 if control else 1000, 1000])
+
+    def _run_task(self, run_id: int | None, name: str) -> ControlTask | None:
+        """A control run's task with the parameters the workspace stored for it (a run from a TOML
+        file may set them; a run without a workspace has the form's, the defaults), or None where
+        it cannot be built (an environment this install lacks): the replay then shows nothing."""
+        try:
+            params = {} if run_id is None or self._workspace is None else \
+                EvolutionRuns(self._workspace).get(run_id).config["task"]["params"]
+            return get_task(name, **params)
+        except LoomError:
+            return None
 
     def _set_best(self, best: Any, fitness: float) -> None:
         self.best, self.best_fitness = best, fitness
         if isinstance(best, VolumetricNetwork):
             self.best_changed.emit(best)
+            if self._control_task is not None:
+                self.member_views.show_member(self._control_task, best)
         self._sync_controls()
 
     def _redraw(self) -> None:
