@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -41,6 +41,9 @@ class ControlTask(NetworkTask):
     env_id: ClassVar[str | None] = None  # None: the ``env`` parameter names it
     neat_overrides = {"allowed_layer_types": (LAYER_TYPES["dense"].id,)}  # the seed's chain stays Dense
     n_inputs = n_outputs = 0  # per instance, from the environment (set in __init__)
+    # the whole population steps together, but an episode can be a thousand steps of Python
+    # environments (LunarLander): report members as they finish, stop between steps
+    member_by_member = True
 
     def __init__(self, **params: Any):
         env_id = params.get("env", self.env_id) if self.env_id is None else self.env_id
@@ -79,12 +82,16 @@ class ControlTask(NetworkTask):
         """As a network task's, with the batch's rows: a copy of the environment per episode."""
         return super().member_bytes(config) + network_member_bytes(0, 0, self.rows, 64)
 
-    def evaluate(self, nets: Sequence[VolumetricNetwork]) -> list[float]:
-        """Each network's mean return over the task's episodes (the floor if it cannot act)."""
+    def evaluate(self, nets: Sequence[VolumetricNetwork], *,
+                 progress: Callable[[int, int], None] | None = None,
+                 cancel: Callable[[], bool] | None = None) -> list[float]:
+        """Each network's mean return over the task's episodes (the floor if it cannot act);
+        ``progress`` hears members as their last episode ends, ``cancel`` is asked every step."""
         if not nets:
             return []
         with np.errstate(all="ignore"):
-            totals, failed = returns(nets, self.environment, self.seeds(), self.max_steps)
+            totals, failed = returns(nets, self.environment, self.seeds(), self.max_steps,
+                                     progress=progress, cancel=cancel)
         fitness = np.where(failed, self.floor, np.maximum(totals.mean(axis=1), self.floor))
         return [float(f) for f in fitness]
 

@@ -52,12 +52,15 @@ class Episode:
 
 
 def returns(nets: Sequence[VolumetricNetwork], environment: Environment, seeds: list[int], max_steps: int,
-            *, cancel: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+            *, progress: Callable[[int, int], None] | None = None,
+            cancel: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every member's return in every episode: ``(returns [members, episodes], failed [members])``.
 
     A member whose network raises a :class:`LoomError` on an observation, or whose output has
     fewer values than an action takes, stops there and is ``failed`` (the task scores it its
-    floor). ``cancel`` is asked between steps (a true answer raises :class:`LoomCancelled`)."""
+    floor). ``progress(done, members)`` hears how many members have finished all their episodes
+    whenever that number grows; ``cancel`` is asked between steps (a true answer raises
+    :class:`LoomCancelled`)."""
     n, episodes = len(nets), len(seeds)
     stack = NetworkStack(nets)
     batch = environment.start(seeds, n)  # seed-major: row k * n + m is member m in episode k
@@ -65,6 +68,7 @@ def returns(nets: Sequence[VolumetricNetwork], environment: Environment, seeds: 
     totals = np.zeros(n * episodes)
     alive = np.arange(n * episodes)
     failed = np.zeros(n, bool)
+    done = 0
     for _ in range(max_steps):
         if cancel is not None and cancel():
             raise LoomCancelled("the episodes were cancelled")
@@ -82,8 +86,13 @@ def returns(nets: Sequence[VolumetricNetwork], environment: Environment, seeds: 
             keep = np.flatnonzero(~ended)
             alive = alive[keep]
             batch.keep(keep)
+            if progress is not None and (finished := n - len(np.unique(member[alive]))) > done:
+                done = finished
+                progress(done, n)
             if len(alive) == 0:
                 break
+    if progress is not None and done < n:
+        progress(n, n)
     return totals.reshape(episodes, n).T, failed
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from loomlab.core.errors import LoomConfigError
+from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.control.control_task import ControlTask
 from loomlab.core.evolve.control.environments import Environment
 from loomlab.core.evolve.genetics.neat import NEATConfig, neat_mutate
@@ -181,3 +181,20 @@ def test_lunarlander_needs_box2d_or_names_its_extra():
     for i, net in enumerate(members):
         totals = [sum(alone(net, "LunarLander-v3", s, task.max_steps)[2]) for s in task.seeds()]
         assert fitness[i] == pytest.approx(np.mean(totals), abs=0, rel=0)
+
+
+def test_progress_counts_members_whose_episodes_ended_and_cancel_stops_between_steps():
+    task = get_task("cartpole", episodes=2, hidden=6, init_scale=2.0)
+    members = mutants(task, 6) + [get_task("cartpole", hidden=6, init_scale=2.0, seed=s).seed_network()
+                                  for s in range(1, 7)]
+    heard = []
+    fitness = task.evaluate(members, progress=lambda done, total: heard.append((done, total)))
+    assert fitness == task.evaluate(members)
+    assert heard[-1] == (12, 12) and all(t == 12 for _, t in heard)
+    # a member is done when the longer of its two episodes ends: the counts follow those lengths
+    ends = [max(len(task.episode(m, k)) for k in range(2)) for m in members]
+    assert [d for d, _ in heard] == [sum(e <= t for e in ends) for t in sorted(set(ends))]
+    asked = []
+    with pytest.raises(LoomCancelled):
+        task.evaluate(members, cancel=lambda: asked.append(1) or len(asked) > 5)
+    assert len(asked) == 6  # once a step, and it stopped at the sixth
