@@ -192,9 +192,10 @@ def cmd_evolve(args) -> int:
 
 def _save_replay(run, path: str) -> None:
     """A control run's best member in its first evaluation episode, saved as GIF or MP4."""
-    from loomlab.core.evolve.control.frames import save_replay
+    from loomlab.core.evolve.control.frames import DRAWN, save_replay
 
-    episode = run.task.episode(run.best)
+    # an environment whose frames are not drawn from its state is recorded with its own render
+    episode = run.task.episode(run.best, render=run.task.environment.env_id not in DRAWN)
     saved = save_replay(episode, path)
     print(f"replay of the best member ({episode.env_id}, seed {episode.seed}, {len(episode)} steps, "
           f"return {episode.total:g}): {saved}")
