@@ -112,6 +112,18 @@ def _activate(act, s, n, out, at, acc):
 
 
 @njit(inline="always")
+def _sums(row_in, wn, at, n_in, n_out, s, acc):
+    """``s[o]`` = the dot product of input row ``row_in`` with weight row ``o`` of the layer at
+    ``wn[at:]`` (``[n_out, n_in]``): the one order of sums every kernel here uses."""
+    for o in range(n_out):
+        row_w = wn[at + o * n_in: at + (o + 1) * n_in]
+        total = acc(0)
+        for i in range(n_in):
+            total += acc(row_in[i]) * acc(row_w[i])
+        s[o] = total
+
+
+@njit(inline="always")
 def _stack(x, w, layers, acts, out, acc):
     n_members = w.shape[0]
     n_layers = layers.shape[0]
@@ -130,13 +142,7 @@ def _stack(x, w, layers, acts, out, acc):
                 for b in range(batch):
                     # rows of n_in from the flat input, as batch_rows reads them; contiguous
                     # slices, not computed indices, are what LLVM vectorises (2x faster)
-                    row_in = h[src + b * n_in: src + (b + 1) * n_in]
-                    for o in range(n_out):
-                        row_w = wn[at + o * n_in: at + (o + 1) * n_in]
-                        total = acc(0)
-                        for i in range(n_in):
-                            total += acc(row_in[i]) * acc(row_w[i])
-                        s[o] = total
+                    _sums(h[src + b * n_in: src + (b + 1) * n_in], wn, at, n_in, n_out, s, acc)
                     _activate(acts[n, j], s, n_out, h, dst + b * n_out, acc)
                 src, dst = dst, src
             for k in range(out.shape[1]):
@@ -160,13 +166,7 @@ def _rows(x, w, members, layers, acts, out, acc):
             src, dst = 0, width
             for j in range(n_layers):
                 n_in, n_out, at = layers[j, 0], layers[j, 1], layers[j, 2]
-                row_in = h[src: src + n_in]
-                for o in range(n_out):
-                    row_w = wn[at + o * n_in: at + (o + 1) * n_in]
-                    total = acc(0)
-                    for i in range(n_in):
-                        total += acc(row_in[i]) * acc(row_w[i])
-                    s[o] = total
+                _sums(h[src: src + n_in], wn, at, n_in, n_out, s, acc)
                 _activate(acts[n, j], s, n_out, h, dst, acc)
                 src, dst = dst, src
             for k in range(out.shape[1]):
