@@ -58,7 +58,8 @@ def test_a_python_that_can_make_a_venv_pulls_no_debian_python(tmp_path):
     assert "python3-venv" not in packages and "xvfb" in packages and "libxcb-cursor0" in packages
     assert "python3 -m venv .venv" in calls
     # everything after that runs in the project's .venv, the pytest arguments passed on
-    assert "venv-python -m pip install -e .[dev,cluster,control]" in calls and calls[-1] == "venv-python -m pytest -x"
+    assert "venv-python -m pip install -e .[dev,cluster,control]" in calls
+    assert calls[-1] == "venv-python -m pytest -x"
 
 
 def test_a_python_without_ensurepip_gets_python3_venv(tmp_path):
