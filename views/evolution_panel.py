@@ -103,7 +103,9 @@ from .workers import Job, JobRunner
 RECIPE_TASK = "quant-recipe"  # a Loom dtype per weighted layer
 GGUF_TASK = "gguf-recipe"  # a GGUF format per matrix, against llama.cpp's presets
 RECIPE_TASKS = (RECIPE_TASK, GGUF_TASK)  # run beside the loaded model, shown as a size-vs-KL scatter
-CONTROL_TASK_NAMES = tuple(n for n in CONTROL_TASKS if n != "gym")  # gym needs an env id: no field for it
+CONTROL_TASK_NAMES = tuple(CONTROL_TASKS)  # agents in Gymnasium's environments ("gym": any id)
+GENERIC_CONTROL = "gym"  # the control task whose environment the form names
+DEFAULT_EPISODES = 5
 TASK_NAMES = (*TASKS, *CONTROL_TASK_NAMES, *RECIPE_TASKS)
 PARETO = "pareto"
 BUDGETS = (PARETO, *recipes.PRESETS)  # a gguf-recipe run's budget: the Pareto front, or a preset's bytes
@@ -239,6 +241,12 @@ class EvolutionPanel(QWidget):
         self.heldout_edit.setPlaceholderText("the shipped probe text")
         self.heldout_edit.setToolTip("The text file members are re-scored on, never seen by the search: "
                                      "the scatter's KL")
+        # a control run's own settings: the environment ("gym" only) and the episodes per member
+        self.env_edit = QLineEdit()
+        self.env_edit.setPlaceholderText("a Gymnasium id, e.g. BipedalWalker-v3")
+        self.env_edit.setToolTip("Any Gymnasium environment with Box or Discrete spaces")
+        self.episodes_edit = QLineEdit(str(DEFAULT_EPISODES))
+        self.episodes_edit.setToolTip("Seeded episodes per member: its fitness is their mean return")
         self.ctx_edit = QLineEdit(str(DEFAULT_CTX))
         self.ctx_edit.setToolTip("Tokens per chunk of both texts (each needs at least max(512, 2 x ctx) "
                                  "tokens)")
@@ -279,6 +287,8 @@ class EvolutionPanel(QWidget):
             self.text_rows[edit] = row
             form.addRow(label, row)
         form.addRow("Context", self.ctx_edit)
+        form.addRow("Environment", self.env_edit)
+        form.addRow("Episodes", self.episodes_edit)
         self.form = form
 
         self.start_button = QPushButton("Start")
@@ -404,7 +414,7 @@ class EvolutionPanel(QWidget):
 
         for edit in (self.population_edit, self.generations_edit, self.seed_edit, self.threshold_edit,
                      self.address_edit, self.train_edit, self.heldout_edit, self.ctx_edit,
-                     *self.rate_edits.values()):
+                     self.env_edit, self.episodes_edit, *self.rate_edits.values()):
             edit.textChanged.connect(self._validate)
         self.task_box.currentIndexChanged.connect(self._validate)
         self.budget_box.currentIndexChanged.connect(self._validate)
@@ -468,6 +478,10 @@ class EvolutionPanel(QWidget):
             doc["task"] = {"model": model_source(self._model)}
             if task == GGUF_TASK:
                 doc["task"].update(self._gguf_params())
+        elif task in CONTROL_TASK_NAMES:
+            doc["task"] = {"episodes": _integer("episodes", self.episodes_edit.text())}
+            if task == GENERIC_CONTROL:
+                doc["task"]["env"] = self.env_edit.text().strip()
         if self.speciation_check.isChecked() and task not in RECIPE_TASKS:
             doc["speciation"] = {"compatibility_threshold": _number("threshold", self.threshold_edit.text())}
         return doc
@@ -492,10 +506,12 @@ class EvolutionPanel(QWidget):
                  generations: int | None = None, seed: int | str | None = None,
                  speciation: bool | None = None, threshold: float | None = None,
                  scheduler: str | None = None, budget: str | None = None, train: str | None = None,
-                 heldout: str | None = None, ctx: int | None = None, **rates: float) -> None:
+                 heldout: str | None = None, ctx: int | None = None, env: str | None = None,
+                 episodes: int | None = None, **rates: float) -> None:
         """Fill form fields (what a person would type); ``scheduler`` is "inprocess", "local" or an
         address; ``budget``, ``train``, ``heldout`` and ``ctx`` are the gguf-recipe task's (a
-        budget of :data:`BUDGETS`, text file paths, tokens per chunk); ``rates`` are NEAT fields of
+        budget of :data:`BUDGETS`, text file paths, tokens per chunk); ``env`` (the gym task's
+        Gymnasium id) and ``episodes`` a control task's; ``rates`` are NEAT fields of
         :data:`NEAT_FIELDS`."""
         if task is not None:
             self.task_box.setCurrentIndex(self.task_box.findData(task))
@@ -506,7 +522,8 @@ class EvolutionPanel(QWidget):
             self.budget_box.setCurrentIndex(index)
         for edit, value in ((self.population_edit, population), (self.generations_edit, generations),
                             (self.seed_edit, seed), (self.threshold_edit, threshold),
-                            (self.train_edit, train), (self.heldout_edit, heldout), (self.ctx_edit, ctx)):
+                            (self.train_edit, train), (self.heldout_edit, heldout), (self.ctx_edit, ctx),
+                            (self.env_edit, env), (self.episodes_edit, episodes)):
             if value is not None:
                 edit.setText(str(value))
         if speciation is not None:
@@ -911,12 +928,14 @@ class EvolutionPanel(QWidget):
 
     def _run_task(self, run_id: int | None, name: str) -> ControlTask | None:
         """A control run's task with the parameters the workspace stored for it (a run from a TOML
-        file may set them; a run without a workspace has the form's, the defaults), or None where
-        it cannot be built (an environment this install lacks): the replay then shows nothing."""
+        file may set them; a run without a workspace has the form's), or None where it cannot be
+        built (an environment this install lacks): the replay then shows nothing."""
         try:
-            params = {} if run_id is None or self._workspace is None else \
-                EvolutionRuns(self._workspace).get(run_id).config["task"]["params"]
-            return get_task(name, **params)
+            if run_id is not None and self._workspace is not None:
+                return get_task(name, **EvolutionRuns(self._workspace).get(run_id).config["task"]["params"])
+            if self._plan is not None and self._plan.task.name == name:
+                return self._plan.task
+            return get_task(name)
         except LoomError:
             return None
 
@@ -1110,6 +1129,10 @@ class EvolutionPanel(QWidget):
         is_recipe = task in RECIPE_TASKS  # recipes are not speciated
         for w in (self.budget_box, self.ctx_edit, *self.text_rows.values()):
             self.form.setRowVisible(w, task == GGUF_TASK)
+            w.setEnabled(idle)
+        for w, shown in ((self.env_edit, task == GENERIC_CONTROL),
+                         (self.episodes_edit, task in CONTROL_TASK_NAMES)):
+            self.form.setRowVisible(w, shown)
             w.setEnabled(idle)
         self.speciation_check.setEnabled(idle and not is_recipe)
         self.threshold_edit.setEnabled(idle and not is_recipe and self.speciation_check.isChecked())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from PySide6.QtGui import QImage
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from loomlab.core.evolve.control.frames import GIF_MAX_FPS, episode_frames, frame, replay_fps
 from loomlab.core.evolve.genetics.neat import neat_mutate
@@ -230,5 +230,39 @@ def test_a_cartpole_run_in_the_panel_replays_its_best_member(qtbot, runner, tmp_
             panel.show_run(panel.run_id)
             settle(qtbot, views)
             assert_same_episode(views.replay.episode, get_task("cartpole").episode(panel.best))
+        finally:
+            panel.shutdown()
+
+
+def test_the_gym_task_takes_its_environment_and_episodes_from_the_form(qtbot, runner, tmp_path):
+    """Any Gymnasium id through the form: the Environment row shows for gym only, a wrong id is
+    the form's message (Start off), and a FrozenLake run replays its best member's episode with
+    Gymnasium's own rendered frames."""
+    with Workspace(tmp_path / "ws.sqlite3") as workspace:
+        panel = EvolutionPanel(runner, workspace)
+        qtbot.addWidget(panel)
+        panel.resize(1280, 520)
+        panel.show()
+        try:
+            choose(qtbot, panel.task_box, "cartpole")
+            assert not panel.env_edit.isVisibleTo(panel) and panel.episodes_edit.isVisibleTo(panel)
+            qtbot.wait(QApplication.keyboardInputInterval() + 100)  # a new search, not "cartpolegym"
+            choose(qtbot, panel.task_box, "gym")
+            assert panel.env_edit.isVisibleTo(panel)
+            panel.set_form(env="NoSuchEnv-v9", population=4, generations=1, seed=2, scheduler="inprocess")
+            assert "'NoSuchEnv-v9' is not a Gymnasium environment" in panel.message.text()
+            assert not panel.start_button.isEnabled()
+            panel.set_form(env="FrozenLake-v1", episodes=2)
+            assert panel.message.text() == "" and panel.start_button.isEnabled()
+            assert panel.form_settings()["task"] == {"episodes": 2, "env": "FrozenLake-v1"}
+            task = get_task("gym", env="FrozenLake-v1", episodes=2)
+            assert panel.run_plan().task == task
+            panel.start()
+            settle(qtbot, panel, timeout=60000)
+            assert panel.status.text().startswith("run 1 finished at generation 1"), panel.status.text()
+            settle(qtbot, panel.member_views)
+            episode = panel.member_views.replay.episode
+            assert_same_episode(episode, task.episode(panel.best))
+            assert len(episode.frames) == len(episode) + 1  # Gymnasium's rgb_array frames
         finally:
             panel.shutdown()
