@@ -5,9 +5,9 @@ not below: a docked panel has more width than height to give), and saved as a GI
 The episode is computed off the GUI thread (``task.episode(net, k)`` in a job; a member asked for
 while one is computed waits, and only the latest one waiting is played). A classic-control frame
 is drawn from the episode's state when its step is shown (:func:`~loomlab.core.evolve.control.
-frames.frame`, ~2 ms); any other environment's episode is rendered by Gymnasium in the job, and its
-frames kept. "Export replay…" writes the file (:func:`~loomlab.core.evolve.control.frames.
-save_replay`) in a job; Cancel discards what it wrote, leaving any file that was there.
+frames.state_frame`, ~2 ms); any other environment's episode is rendered by Gymnasium in the job,
+and its frames kept. "Export replay…" writes the file (:func:`~loomlab.core.evolve.control.frames.
+save_replay`) in a job; Cancel stops it between frames, leaving any file that was there.
 
 :class:`BestMemberViews` holds the replay beside the network's graph (:mod:`.network_graph`), as
 the Evolution panel shows a control run's best member.
@@ -42,9 +42,9 @@ from loomlab.core.evolve.control.frames import (
     DRAWN,
     REPLAY_SUFFIXES,
     episode_frames,
-    frame,
     replay_fps,
     save_replay,
+    state_frame,
 )
 from loomlab.core.evolve.control.rollout import Episode
 from loomlab.core.evolve.genetics.clone import clone_network
@@ -239,11 +239,9 @@ class ControlReplay(QWidget):
 
     def picture(self, step: int) -> np.ndarray:
         """The episode's picture at state ``step``, ``FRAME_SIZE``."""
-        episode = self.episode
         if self.pictures:
             return self.pictures[step]
-        action = episode.actions[step - 1] if step > 0 else None  # the action that led to the state
-        return frame(episode.env_id, episode.states[step], *FRAME_SIZE, action)
+        return state_frame(self.episode, step, *FRAME_SIZE)
 
     def set_step(self, step: int) -> None:
         """Show state ``step`` (clamped to the episode): the picture, the slider and the cursors."""
@@ -377,17 +375,9 @@ class ControlReplay(QWidget):
         if path.suffix.lower() not in REPLAY_SUFFIXES:
             self.status.setText(f"not exported: a replay is saved as {' or '.join(REPLAY_SUFFIXES)}")
             return
-        scratch = path.with_name(f".{path.stem}.export{path.suffix}")  # Cancel leaves the old file
 
-        def work(job: Job) -> Path | None:
-            try:
-                save_replay(episode, scratch)
-                if job.is_cancelled():
-                    return None
-                os.replace(scratch, path)
-            finally:
-                scratch.unlink(missing_ok=True)
-            return path
+        def work(job: Job) -> Path:  # a cancel stops it between frames and leaves the old file
+            return save_replay(episode, path, cancel=job.is_cancelled)
 
         self._export = self._runner.start(work, name="export replay",
                                           on_success=lambda p: self._exported(f"saved {p}"),

@@ -197,72 +197,68 @@ def test_the_best_member_views_show_the_replay_and_the_graph(qtbot, runner, task
         views.shutdown()
 
 
-def test_a_cartpole_run_in_the_panel_replays_its_best_member(qtbot, runner, tmp_path):
+@pytest.fixture
+def panel(qtbot, runner, tmp_path):
+    """An Evolution panel on a workspace of its own, at a docked panel's size."""
     with Workspace(tmp_path / "ws.sqlite3") as workspace:
-        panel = EvolutionPanel(runner, workspace)
-        qtbot.addWidget(panel)
-        panel.resize(1280, 520)
-        panel.show()
-        try:
-            views = panel.member_views
-            assert not views.isVisibleTo(panel)  # an XOR run's panel, as before
-            choose(qtbot, panel.task_box, "cartpole")
-            panel.set_form(population=6, generations=2, seed=3, scheduler="inprocess")
-            assert panel.message.text() == "" and panel.run_plan().task == get_task("cartpole")
-            panel.start()
-            settle(qtbot, panel, timeout=60000)
-            assert panel.status.text().startswith("run 1 finished at generation 2"), panel.status.text()
-            assert views.isVisibleTo(panel) and len(panel.history) == 2 and len(panel.rows) == 6
-            settle(qtbot, views)
-            best = panel.best
-            assert_same_episode(views.replay.episode, get_task("cartpole").episode(best))
-            assert views.replay.episode.total == pytest.approx(
-                get_task("cartpole", episodes=1).evaluate([best])[0])
-            weights = [layer.weights.master for _, layer in best.layers() if not layer.cfg.is_disabled]
-            assert len(views.graph.graph.edges) == sum(np.count_nonzero(w) for w in weights)
-            # the replay and the graph fit a docked panel of a 1280x800 window, nothing cut off
-            need = panel.minimumSizeHint()
-            assert need.width() <= 1280 and need.height() <= DOCKED[1], need
-            for tab in range(views.count()):
-                views.setCurrentIndex(tab)
-                assert assert_unclipped(panel) > 0
-            # a past run picked from the list shows its best member the same way
-            panel.show_run(panel.run_id)
-            settle(qtbot, views)
-            assert_same_episode(views.replay.episode, get_task("cartpole").episode(panel.best))
-        finally:
-            panel.shutdown()
+        p = EvolutionPanel(runner, workspace)
+        qtbot.addWidget(p)
+        p.resize(1280, 520)
+        p.show()
+        yield p
+        p.shutdown()
 
 
-def test_the_gym_task_takes_its_environment_and_episodes_from_the_form(qtbot, runner, tmp_path):
+def test_a_cartpole_run_in_the_panel_replays_its_best_member(qtbot, panel):
+    views = panel.member_views
+    assert not views.isVisibleTo(panel)  # an XOR run's panel, as before
+    choose(qtbot, panel.task_box, "cartpole")
+    panel.set_form(population=6, generations=2, seed=3, scheduler="inprocess")
+    assert panel.message.text() == "" and panel.run_plan().task == get_task("cartpole")
+    panel.start()
+    settle(qtbot, panel, timeout=60000)
+    assert panel.status.text().startswith("run 1 finished at generation 2"), panel.status.text()
+    assert views.isVisibleTo(panel) and len(panel.history) == 2 and len(panel.rows) == 6
+    settle(qtbot, views)
+    best = panel.best
+    assert_same_episode(views.replay.episode, get_task("cartpole").episode(best))
+    assert views.replay.episode.total == pytest.approx(
+        get_task("cartpole", episodes=1).evaluate([best])[0])
+    weights = [layer.weights.master for _, layer in best.layers() if not layer.cfg.is_disabled]
+    assert len(views.graph.graph.edges) == sum(np.count_nonzero(w) for w in weights)
+    # the replay and the graph fit a docked panel of a 1280x800 window, nothing cut off
+    need = panel.minimumSizeHint()
+    assert need.width() <= 1280 and need.height() <= DOCKED[1], need
+    for tab in range(views.count()):
+        views.setCurrentIndex(tab)
+        assert assert_unclipped(panel) > 0
+    # a past run picked from the list shows its best member the same way
+    panel.show_run(panel.run_id)
+    settle(qtbot, views)
+    assert_same_episode(views.replay.episode, get_task("cartpole").episode(panel.best))
+
+
+def test_the_gym_task_takes_its_environment_and_episodes_from_the_form(qtbot, panel):
     """Any Gymnasium id through the form: the Environment row shows for gym only, a wrong id is
     the form's message (Start off), and a FrozenLake run replays its best member's episode with
     Gymnasium's own rendered frames."""
-    with Workspace(tmp_path / "ws.sqlite3") as workspace:
-        panel = EvolutionPanel(runner, workspace)
-        qtbot.addWidget(panel)
-        panel.resize(1280, 520)
-        panel.show()
-        try:
-            choose(qtbot, panel.task_box, "cartpole")
-            assert not panel.env_edit.isVisibleTo(panel) and panel.episodes_edit.isVisibleTo(panel)
-            qtbot.wait(QApplication.keyboardInputInterval() + 100)  # a new search, not "cartpolegym"
-            choose(qtbot, panel.task_box, "gym")
-            assert panel.env_edit.isVisibleTo(panel)
-            panel.set_form(env="NoSuchEnv-v9", population=4, generations=1, seed=2, scheduler="inprocess")
-            assert "'NoSuchEnv-v9' is not a Gymnasium environment" in panel.message.text()
-            assert not panel.start_button.isEnabled()
-            panel.set_form(env="FrozenLake-v1", episodes=2)
-            assert panel.message.text() == "" and panel.start_button.isEnabled()
-            assert panel.form_settings()["task"] == {"episodes": 2, "env": "FrozenLake-v1"}
-            task = get_task("gym", env="FrozenLake-v1", episodes=2)
-            assert panel.run_plan().task == task
-            panel.start()
-            settle(qtbot, panel, timeout=60000)
-            assert panel.status.text().startswith("run 1 finished at generation 1"), panel.status.text()
-            settle(qtbot, panel.member_views)
-            episode = panel.member_views.replay.episode
-            assert_same_episode(episode, task.episode(panel.best))
-            assert len(episode.frames) == len(episode) + 1  # Gymnasium's rgb_array frames
-        finally:
-            panel.shutdown()
+    choose(qtbot, panel.task_box, "cartpole")
+    assert not panel.env_edit.isVisibleTo(panel) and panel.episodes_edit.isVisibleTo(panel)
+    qtbot.wait(QApplication.keyboardInputInterval() + 100)  # a new search, not "cartpolegym"
+    choose(qtbot, panel.task_box, "gym")
+    assert panel.env_edit.isVisibleTo(panel)
+    panel.set_form(env="NoSuchEnv-v9", population=4, generations=1, seed=2, scheduler="inprocess")
+    assert "'NoSuchEnv-v9' is not a Gymnasium environment" in panel.message.text()
+    assert not panel.start_button.isEnabled()
+    panel.set_form(env="FrozenLake-v1", episodes=2)
+    assert panel.message.text() == "" and panel.start_button.isEnabled()
+    assert panel.form_settings()["task"] == {"episodes": 2, "env": "FrozenLake-v1"}
+    task = get_task("gym", env="FrozenLake-v1", episodes=2)
+    assert panel.run_plan().task == task
+    panel.start()
+    settle(qtbot, panel, timeout=60000)
+    assert panel.status.text().startswith("run 1 finished at generation 1"), panel.status.text()
+    settle(qtbot, panel.member_views)
+    episode = panel.member_views.replay.episode
+    assert_same_episode(episode, task.episode(panel.best))
+    assert len(episode.frames) == len(episode) + 1  # Gymnasium's rgb_array frames

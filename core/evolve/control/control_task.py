@@ -29,7 +29,7 @@ from ...errors import LoomConfigError
 from ...network import VolumetricNetwork
 from ..genetics.budget import network_member_bytes
 from ..search.tasks import NetworkTask
-from .environments import Environment
+from .environments import Environment, gymnasium
 from .rollout import Episode, play, returns
 
 CONTROL_PARAMS: dict[str, Any] = {"episodes": 5, "episode_seed": 0, "max_steps": None, "floor": None}
@@ -55,7 +55,6 @@ class ControlTask(NetworkTask):
         super().__init__(**params)
         self.max_steps = self.params["max_steps"] or self.environment.max_steps
         self.floor = self.params["floor"] if self.params["floor"] is not None else self.lowest_return()
-        self.fitness_threshold = self.params["threshold"]
 
     @property
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
@@ -125,8 +124,6 @@ class ControlTask(NetworkTask):
 
 def _reward_threshold(env_id: str) -> float | None:
     """Gymnasium's own "solved" return for the id (its spec's ``reward_threshold``)."""
-    from .environments import gymnasium
-
     threshold = gymnasium().spec(env_id).reward_threshold
     return None if threshold is None else float(threshold)
 

@@ -35,6 +35,9 @@ class BatchDynamics:
         """Keep only the copies ``rows`` (indices, in order)."""
         self.state = self.state[rows]
 
+    def close(self) -> None:
+        """Nothing to release: the copies are arrays (a batch of Gymnasium environments closes them)."""
+
     def observe(self) -> np.ndarray:
         """Each copy's observation, float32 ``[n, obs]``."""
         return self.state.astype(np.float32)

@@ -114,6 +114,7 @@ class Environment:
             for seed in seeds:
                 env.reset(seed=seed)
                 states.append(np.array(env.unwrapped.state))
+            env.close()  # its constants stay readable: the dynamics read them
             return DYNAMICS[self.env_id](env.unwrapped, np.repeat(np.stack(states), copies, axis=0))
         return GymnasiumCopies(self, [s for s in seeds for _ in range(copies)], render=render)
 

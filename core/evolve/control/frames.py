@@ -27,14 +27,17 @@ import functools
 import math
 import numbers
 import os
-import uuid
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...errors import LoomConfigError
+from ...cancel import Cancel, as_cancel_check
+from ...errors import LoomCancelled, LoomConfigError
+from ...io.atomic import replacing
 from .environments import make
 from .rollout import Episode
 
@@ -75,21 +78,29 @@ def frame(env_id: str, state: np.ndarray, width: int = 600, height: int = 400,
     return np.array(draw(_env(env_id), np.asarray(state, np.float64), action, width, height).image)
 
 
+def state_frame(episode: Episode, step: int, width: int = 600, height: int = 400) -> np.ndarray:
+    """State ``step`` of a classic-control episode drawn (:func:`frame`), with the action that led
+    to it (none to the first)."""
+    action = episode.actions[step - 1] if step > 0 else None
+    return frame(episode.env_id, episode.states[step], width, height, action)
+
+
 def replay_fps(env_id: str) -> float:
     """The environment's own frame rate (its class's ``metadata["render_fps"]``; 30 if it has none)."""
     return float(_env(env_id).metadata.get("render_fps") or 30)
 
 
 def save_replay(episode: Episode, path: str | os.PathLike, fps: float | None = None, *,
-                width: int = 600, height: int = 400) -> Path:
+                width: int = 600, height: int = 400, cancel: Cancel = None) -> Path:
     """Write the episode's frames (:func:`episode_frames`) to ``path`` as an animated GIF (``.gif``)
     or an H.264 MP4 (``.mp4``, which needs imageio-ffmpeg) at ``fps`` frames a second, and return
     the path. ``fps`` defaults to the environment's own rate (:func:`replay_fps`); a GIF plays at
     most :data:`GIF_MAX_FPS`, and merges consecutive identical frames into one shown for their
     summed time.
 
-    The file is written beside ``path`` under a temporary name and then moved over it, so an
-    interrupted save leaves the old file or the new one, never a part."""
+    The file is replaced atomically (:func:`~loomlab.core.io.atomic.replacing`), so an
+    interrupted save, or one ``cancel`` stops (it is asked before each frame: a
+    :class:`LoomCancelled`), leaves the old file or the new one, never a part."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in REPLAY_SUFFIXES:
@@ -99,14 +110,16 @@ def save_replay(episode: Episode, path: str | os.PathLike, fps: float | None = N
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(fps) or fps <= 0:
         raise LoomConfigError(f"a replay's fps must be a positive number, got {fps!r}")
     write = _write_gif if suffix == ".gif" else _write_mp4
-    count, at = _frames(episode, width, height)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
-    try:
-        write(temp, count, at, fps, width, height)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    count, draw = _frames(episode, width, height)
+    stop = as_cancel_check(cancel)
+
+    def at(i: int) -> np.ndarray:
+        if stop():
+            raise LoomCancelled(f"the replay {path.name} was cancelled")
+        return draw(i)
+
+    with replacing(path) as f:
+        write(f, count, at, fps, width, height)
     return path
 
 
@@ -115,23 +128,21 @@ def _frames(episode: Episode, width: int, height: int) -> tuple[int, Callable[[i
     replay draws each as it writes it."""
     _check_size(width, height)
     if episode.env_id in DRAWN:
-        env_id, states = episode.env_id, episode.states
-        actions = [None, *episode.actions]  # the action that led to each state (none to the first)
-        return len(states), lambda i: frame(env_id, states[i], width, height, actions[i])
+        return len(episode.states), lambda i: state_frame(episode, i, width, height)
     if not episode.frames:
         raise LoomConfigError(f"{episode.env_id} has no drawn frames and the episode was not rendered: "
                               "record it with render=True to replay it")
     return len(episode.frames), lambda i: _fit(episode.frames[i], width, height)
 
 
-def _write_gif(path: Path, count: int, at: Callable[[int], np.ndarray], fps: float, width: int,
+def _write_gif(f: BinaryIO, count: int, at: Callable[[int], np.ndarray], fps: float, width: int,
                height: int) -> None:
     """A looping GIF of the ``count`` frames ``at(i)`` in one palette (:class:`_Palette`)."""
     picks = np.linspace(0, count - 1, min(count, PALETTE_SAMPLES)).round().astype(int)
     palette = _Palette(np.concatenate([at(i) for i in picks]))
     frames = (palette.image(at(i)) for i in range(count))
     delay = max(100 // GIF_MAX_FPS, round(100 / fps))  # hundredths of a second
-    next(frames).save(path, format="GIF", save_all=True, append_images=frames, duration=10 * delay, loop=0)
+    next(frames).save(f, format="GIF", save_all=True, append_images=frames, duration=10 * delay, loop=0)
 
 
 class _Palette:
@@ -173,18 +184,24 @@ def _packed(rgb: np.ndarray) -> np.ndarray:
     return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
 
 
-def _write_mp4(path: Path, count: int, at: Callable[[int], np.ndarray], fps: float, width: int,
+def _write_mp4(f: BinaryIO, count: int, at: Callable[[int], np.ndarray], fps: float, width: int,
                height: int) -> None:
     """An H.264 MP4 of the ``count`` frames ``at(i)`` through imageio-ffmpeg's frame stream
-    (yuv420p: an odd size is scaled up to the next even one)."""
-    stream = _imageio_ffmpeg().write_frames(str(path), (width, height), fps=fps, codec="libx264",
-                                            macro_block_size=2, ffmpeg_log_level="error")
-    stream.send(None)  # starts ffmpeg
-    try:
-        for i in range(count):
-            stream.send(at(i))
-    finally:
-        stream.close()
+    (yuv420p: an odd size is scaled up to the next even one). ffmpeg writes a path of its own (an
+    MP4's index goes at its start once all frames are in), copied into ``f`` at the end."""
+    ffmpeg = _imageio_ffmpeg()
+    with tempfile.TemporaryDirectory(prefix="loomlab-replay-") as scratch:
+        out = Path(scratch) / "replay.mp4"
+        stream = ffmpeg.write_frames(str(out), (width, height), fps=fps, codec="libx264",
+                                     macro_block_size=2, ffmpeg_log_level="error")
+        stream.send(None)  # starts ffmpeg
+        try:
+            for i in range(count):
+                stream.send(at(i))
+        finally:
+            stream.close()
+        with out.open("rb") as written:
+            shutil.copyfileobj(written, f)
 
 
 class _Canvas:

@@ -64,35 +64,38 @@ def returns(nets: Sequence[VolumetricNetwork], environment: Environment, seeds: 
     n, episodes = len(nets), len(seeds)
     stack = NetworkStack(nets)
     batch = environment.start(seeds, n)  # seed-major: row k * n + m is member m in episode k
-    member = np.tile(np.arange(n), episodes)
-    totals = np.zeros(n * episodes)
-    alive = np.arange(n * episodes)
-    failed = np.zeros(n, bool)
-    done = 0
-    for _ in range(max_steps):
-        if cancel is not None and cancel():
-            raise LoomCancelled("the episodes were cancelled")
-        outputs, broken = _outputs(stack, batch.observe(), member[alive], environment)
-        if broken.any():
-            failed[np.unique(member[alive][broken])] = True
-            keep = ~failed[member[alive]]
-            alive, outputs = alive[keep], outputs[keep]
-            batch.keep(np.flatnonzero(keep))
-            if len(alive) == 0:
-                break
-        rewards, ended = batch.step(environment.action.actions(outputs))
-        totals[alive] += rewards
-        if ended.any():
-            keep = np.flatnonzero(~ended)
-            alive = alive[keep]
-            batch.keep(keep)
-            if progress is not None and (finished := n - len(np.unique(member[alive]))) > done:
-                done = finished
-                progress(done, n)
-            if len(alive) == 0:
-                break
-    if progress is not None and done < n:
-        progress(n, n)
+    try:
+        member = np.tile(np.arange(n), episodes)
+        totals = np.zeros(n * episodes)
+        alive = np.arange(n * episodes)
+        failed = np.zeros(n, bool)
+        done = 0
+        for _ in range(max_steps):
+            if cancel is not None and cancel():
+                raise LoomCancelled("the episodes were cancelled")
+            outputs, broken = _outputs(stack, batch.observe(), member[alive], environment)
+            if broken.any():
+                failed[np.unique(member[alive][broken])] = True
+                keep = ~failed[member[alive]]
+                alive, outputs = alive[keep], outputs[keep]
+                batch.keep(np.flatnonzero(keep))
+                if len(alive) == 0:
+                    break
+            rewards, ended = batch.step(environment.action.actions(outputs))
+            totals[alive] += rewards
+            if ended.any():
+                keep = np.flatnonzero(~ended)
+                alive = alive[keep]
+                batch.keep(keep)
+                if progress is not None and (finished := n - len(np.unique(member[alive]))) > done:
+                    done = finished
+                    progress(done, n)
+                if len(alive) == 0:
+                    break
+        if progress is not None and done < n:
+            progress(n, n)
+    finally:
+        batch.close()
     return totals.reshape(episodes, n).T, failed
 
 
@@ -102,25 +105,26 @@ def play(net: VolumetricNetwork, environment: Environment, seed: int, max_steps:
     environment's own frames (ids without drawn frames)."""
     stack = NetworkStack([net])
     batch = environment.start([seed], 1, render=render)
-    observations, actions, rewards, outputs = [], [], [], []
-    states = [np.array(batch.state[0], np.float64)]
-    member = np.zeros(1, np.int64)
-    for _ in range(max_steps):
-        obs = batch.observe()
-        y, broken = _outputs(stack, obs, member, environment)
-        if broken.any():
-            break
-        action = environment.action.actions(y)
-        reward, ended = batch.step(action)
-        observations.append(obs[0])
-        outputs.append(y[0])
-        actions.append(action[0])
-        rewards.append(reward[0])
-        states.append(np.array(batch.state[0], np.float64))
-        if ended[0]:
-            break
-    frames = batch.frames[0] if render else []
-    if render:
+    try:
+        observations, actions, rewards, outputs = [], [], [], []
+        states = [np.array(batch.state[0], np.float64)]
+        member = np.zeros(1, np.int64)
+        for _ in range(max_steps):
+            obs = batch.observe()
+            y, broken = _outputs(stack, obs, member, environment)
+            if broken.any():
+                break
+            action = environment.action.actions(y)
+            reward, ended = batch.step(action)
+            observations.append(obs[0])
+            outputs.append(y[0])
+            actions.append(action[0])
+            rewards.append(reward[0])
+            states.append(np.array(batch.state[0], np.float64))
+            if ended[0]:
+                break
+        frames = batch.frames[0] if render else []
+    finally:
         batch.close()
     width = environment.observation.size
     return Episode(environment.env_id, seed, np.array(observations, np.float32).reshape(-1, width),

@@ -198,3 +198,12 @@ def test_progress_counts_members_whose_episodes_ended_and_cancel_stops_between_s
     with pytest.raises(LoomCancelled):
         task.evaluate(members, cancel=lambda: asked.append(1) or len(asked) > 5)
     assert len(asked) == 6  # once a step, and it stopped at the sixth
+
+
+def test_every_control_task_is_registered_by_name():
+    """get_task finds each control task without importing this module first (LAZY_TASKS)."""
+    from loomlab.core.evolve.control.control_task import CONTROL_TASKS
+    from loomlab.core.evolve.search.tasks import LAZY_TASKS
+
+    lazy = {name for name, (module, _) in LAZY_TASKS.items() if module.endswith(".control_task")}
+    assert lazy == set(CONTROL_TASKS)

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from loomlab.core.errors import LoomConfigError
+from loomlab.core.errors import LoomCancelled, LoomConfigError
 from loomlab.core.evolve.control import frames as frames_module
 from loomlab.core.evolve.control.frames import DRAWN, episode_frames, frame, replay_fps, save_replay
 from loomlab.core.evolve.control.rollout import Episode
@@ -247,3 +247,14 @@ def test_a_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     save_replay(ep, path)  # a whole save replaces it
     assert sorted(tmp_path.iterdir()) == [path] and iio.imread(path, index=0).shape == (400, 600, 3)
+
+
+def test_a_cancelled_save_stops_between_frames_and_leaves_the_old_file(tmp_path):
+    ep = episode("cartpole", 60)
+    path = tmp_path / "replay.gif"
+    path.write_bytes(b"the old replay")
+    asked = []
+    with pytest.raises(LoomCancelled):
+        save_replay(ep, path, cancel=lambda: asked.append(1) or len(asked) > 12)
+    assert len(asked) == 13  # once before each frame drawn: the palette's samples, then the frames
+    assert sorted(tmp_path.iterdir()) == [path] and path.read_bytes() == b"the old replay"
